@@ -1,0 +1,70 @@
+"""Frozen dataclasses: SpecConfig (the user's knobs) and PassContext/PassResult (what passes see)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+
+from graphspec.errors import InputError
+
+MAX_K = 16
+SAMPLING_MODES = ("greedy", "sample")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """What a user chooses when compiling. Validated on construction, before any work starts."""
+
+    k: int = 4
+    batch_sizes: tuple[int, ...] = (1,)
+    dtype: str = "bfloat16"
+    device: str = "cuda"
+    max_seq_len: int = 1024
+    # Capture strategy per bucket on CUDA: "auto" picks full-graph capture when every op is
+    # capturable and falls back to piecewise; "piecewise" forces eager attention between pieces.
+    capture: str = "auto"
+    lowering: str = "auto"  # "auto": Triton kernels where the registry has one for this SM; "reference": none
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int):
+            raise InputError(f"k must be an int, got {self.k!r}")
+        if not 1 <= self.k <= MAX_K:
+            raise InputError(f"k must be between 1 and {MAX_K}, got {self.k}")
+        sizes = tuple(self.batch_sizes)
+        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+            raise InputError(f"batch_sizes must be positive ints, got {self.batch_sizes!r}")
+        object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise InputError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.capture not in ("auto", "full", "piecewise", "none"):
+            raise InputError(f"capture must be auto, full, piecewise or none, got {self.capture!r}")
+        if self.lowering not in ("auto", "reference"):
+            raise InputError(f"lowering must be auto or reference, got {self.lowering!r}")
+        if self.max_seq_len < self.k + 3:
+            raise InputError(f"max_seq_len={self.max_seq_len} is too small for k={self.k}")
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """Everything a pass may look at. Passes keep no state of their own."""
+
+    k: int
+    batch: int  # the bucket this graph is compiled for
+    mode: str  # "greedy" or "sample"
+    sm: int | None  # compute capability as major*10+minor (90 for H100/H200), None on CPU
+    device: str = "cpu"
+    dtype: str = "float32"
+    capture: str = "auto"
+    lowering: str = "auto"
+    scratch_slot: int = -1  # cache slot padded rows are redirected to (the runtime's spare slot)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PassResult:
+    gm: fx.GraphModule
+    changed: bool
+    stats: dict[str, Any] = field(default_factory=dict)
+    note: str = ""

@@ -1,0 +1,134 @@
+"""Traceable decoder-only LM for the Llama family (Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5, Qwen3).
+
+Written for tracing: static shapes, the KV cache is an explicit tensor owned by the caller and
+threaded through forward functionally (graphspec::kv_update returns the new cache), positions are
+tensors, and attention/norm/rotary/cache writes are single graphspec:: ops. Module and parameter
+names mirror transformers' so a checkpoint's state dict loads without renaming.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from graphspec import ops
+from graphspec.models.spec import ModelSpec
+
+
+class RMSNorm(nn.Module):
+    """Holds the weight; the computation is graphspec::rms_norm / add_rms_norm."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.scale = spec.head_dim**-0.5
+        hidden, q_dim, kv_dim = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        self.q_proj = nn.Linear(hidden, q_dim, bias=spec.qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv_dim, bias=spec.qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv_dim, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(q_dim, hidden, bias=spec.o_bias)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
+            self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
+        self.qk_norm = spec.qk_norm
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, start_pos: Tensor, slot_ids: Tensor, cache: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        batch, t, _ = x.shape
+        q = self.q_proj(x).view(batch, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:  # Qwen3 normalizes each head before rotary.
+            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
+        q, k = ops.rotary(q, k, cos, sin)
+        cache = ops.kv_update(cache, self.layer, slot_ids, start_pos, k, v)
+        out = ops.attention(q, cache, self.layer, slot_ids, start_pos, self.scale)  # [B, Hq, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(batch, t, -1)), cache
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.mlp_bias)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.mlp_bias)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(spec, layer)
+        self.mlp = MLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+class Body(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+class DecoderLM(nn.Module):
+    """forward(tokens [B, T], start_pos [B], slot_ids [B], cache) -> (hidden [B, T, hidden], cache).
+
+    Token t of row b sits at position start_pos[b] + t; its K/V land in cache slot slot_ids[b].
+    Call `logits(hidden)` on the rows/positions whose logits are needed (prefill needs one per row).
+    """
+
+    def __init__(self, spec: ModelSpec, inv_freq: Tensor, rope_scale: float = 1.0) -> None:
+        super().__init__()
+        self.spec = spec
+        self.model = Body(spec)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+        self.rope_scale = rope_scale
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        # Same arithmetic as transformers' rotary embedding: fp32 angles, cos/sin scaled, cast later.
+        freqs = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, D/2]
+        angles = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]
+        return angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
+
+    def forward(self, tokens: Tensor, start_pos: Tensor, slot_ids: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
+        positions = start_pos[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [B, T]
+        cos, sin = self.rope(positions)
+        residual = self.model.embed_tokens(tokens)  # [B, T, hidden]
+        layers = self.model.layers
+        hidden = ops.rms_norm(residual, layers[0].input_layernorm.weight, self.spec.rms_norm_eps)
+        for index, layer in enumerate(layers):
+            attn_out, cache = layer.self_attn(hidden, cos, sin, start_pos, slot_ids, cache)
+            norm = layer.post_attention_layernorm
+            hidden, residual = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps)
+            # The next layer's input norm (or the final norm) fuses with this layer's residual add.
+            norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm
+            hidden, residual = ops.add_rms_norm(layer.mlp(hidden), residual, norm.weight, norm.eps)
+        return hidden, cache
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden)
+
+    def new_cache(self, slots: int, max_seq_len: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+        """Zeroed KV cache [L, 2, SLOTS, Hkv, S, D]."""
+        spec = self.spec
+        shape = (spec.num_layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)
+        return torch.zeros(shape, dtype=dtype, device=device)

@@ -1,0 +1,195 @@
+"""Load a Hugging Face checkpoint directory (config.json + *.safetensors [+ tokenizer]) into DecoderLM.
+
+Everything that can be checked is checked before any tensor is materialized on the target device:
+the config's architecture, the presence and integrity of every weight file (safetensors headers are
+parsed up front, so a truncated file is named), and the exact set and shapes of tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, PretrainedConfig
+
+from graphspec.errors import CheckpointError
+from graphspec.models.decoder import DecoderLM
+from graphspec.models.spec import ModelSpec, rope_frequencies
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    model: DecoderLM
+    config: PretrainedConfig
+    tokenizer: object | None  # a transformers tokenizer when the checkpoint ships one
+    path: Path
+    weight_files: list[Path]
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return eos_token_ids(self.config, self.path)
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise CheckpointError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def load_config(path: str | Path) -> PretrainedConfig:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist or is not a directory")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file}: missing config.json; is this a Hugging Face checkpoint directory?")
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{config_file}: not valid JSON ({error})") from None
+    model_type = raw.get("model_type")
+    if model_type is None:
+        raise CheckpointError(f"{config_file}: no model_type field")
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (ValueError, KeyError, OSError) as error:
+        raise CheckpointError(f"{config_file}: transformers could not read it: {error}") from None
+    ModelSpec.from_config(config)  # raises on unsupported families, listing the supported ones
+    return config
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The checkpoint's safetensors files, from the shard index when there is one."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as error:
+            raise CheckpointError(f"{index}: corrupt shard index ({error})") from None
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    elif (path / "model.safetensors").exists():
+        files = [path / "model.safetensors"]
+    else:
+        found = sorted(p.name for p in path.glob("*.safetensors"))
+        if not found:
+            raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json (found no weights)")
+        files = [path / name for name in found]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise CheckpointError(f"missing weight file(s): {', '.join(missing)}")
+    return files
+
+
+def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """name -> (file, shape) for every tensor, validating each file's header and size."""
+    tensors: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for file in files:
+        size = file.stat().st_size
+        try:
+            with file.open("rb") as handle:
+                header_len = int.from_bytes(handle.read(8), "little")
+                if size < 8 or header_len <= 0 or 8 + header_len > size:
+                    raise ValueError("header length runs past the end of the file")
+                header = json.loads(handle.read(header_len))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise CheckpointError(f"{file}: corrupt or truncated safetensors file ({error})") from None
+        end = 0
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            end = max(end, info["data_offsets"][1])
+            tensors[name] = (file, tuple(info["shape"]))
+        if 8 + header_len + end > size:
+            raise CheckpointError(
+                f"{file}: truncated safetensors file ({size} bytes, header promises {8 + header_len + end})"
+            )
+    return tensors
+
+
+def build_model(config: PretrainedConfig) -> DecoderLM:
+    """A DecoderLM with uninitialized (meta) parameters for `config`."""
+    spec = ModelSpec.from_config(config)
+    inv_freq, rope_scale = rope_frequencies(config)
+    with torch.device("meta"):
+        model = DecoderLM(spec, torch.empty_like(inv_freq, device="meta"), rope_scale)
+    model.inv_freq = inv_freq  # a real buffer: meta-initialized above only to skip allocating weights
+    return model
+
+
+def load_model(
+    path: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
+) -> LoadedModel:
+    """Load and validate a checkpoint directory. Raises CheckpointError naming what is wrong."""
+    path = Path(path)
+    torch_dtype = parse_dtype(dtype)
+    config = load_config(path)
+    files = weight_files(path)
+    available = _read_headers(files)
+    model = build_model(config)
+
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    if model.spec.tie_word_embeddings:
+        available.pop("lm_head.weight", None)  # some tied checkpoints still store it
+    missing = sorted(set(expected) - set(available))
+    unexpected = sorted(set(available) - set(expected))
+    misshaped = sorted(
+        f"{name} (checkpoint {list(available[name][1])}, expected {list(shape)})"
+        for name, shape in expected.items()
+        if name in available and available[name][1] != shape
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+    if misshaped:
+        problems.append(f"mis-shaped tensors: {', '.join(misshaped)}")
+    if problems:
+        raise CheckpointError(f"{path}: checkpoint does not match its config.json; " + "; ".join(problems))
+
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                for name in handle.keys():
+                    if name in expected:
+                        state[name] = handle.get_tensor(name).to(device=device, dtype=torch_dtype)
+        except Exception as error:  # safetensors raises its own error types for corrupt data
+            raise CheckpointError(f"{file}: could not read tensors ({error})") from None
+    model.load_state_dict(state, strict=False, assign=True)
+    if model.spec.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = model.inv_freq.to(device)
+    model.eval().requires_grad_(False)
+    return LoadedModel(model, config, load_tokenizer(path), path, files)
+
+
+def load_tokenizer(path: Path) -> object | None:
+    """transformers AutoTokenizer when the checkpoint ships tokenizer files, else None."""
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as error:  # tokenizer classes raise many types; all mean the files are unusable
+        raise CheckpointError(f"{path}: tokenizer files present but unreadable ({error})") from None
+
+
+def eos_token_ids(config: PretrainedConfig, path: Path | None = None) -> list[int]:
+    """EOS ids from generation_config.json when present, else config.json's eos_token_id."""
+    eos = None
+    if path is not None and (path / "generation_config.json").is_file():
+        eos = json.loads((path / "generation_config.json").read_text()).get("eos_token_id")
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos])]

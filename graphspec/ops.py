@@ -1,0 +1,367 @@
+"""graphspec:: custom ops: one graph node per hot or stateful operation.
+
+Every op has a fake (meta) implementation for tracing and a pure-torch reference implementation that
+runs anywhere; the reference is the test oracle and the fallback when no kernel fits. Lowering
+(graphspec.lowering) swaps reference nodes for Triton kernel ops with the same signature.
+
+Shapes use the dimension letters of STYLE.md: B batch rows, K draft tokens, T query tokens per row,
+S cache length, H heads (Hq query, Hkv key/value), D head dim, V vocab, L layers.
+
+KV cache layout (one tensor per model): [L, 2, SLOTS, Hkv, S, D]; index 0 of dim 1 holds keys, 1
+values. Batch row b reads and writes cache slot `slot_ids[b]`. The runtime keeps one spare slot
+(the last) that padded rows are redirected to, so they never touch a real row's slot.
+
+Randomness is counter based: uniform(seed, counter, lane) is a hash, so sampling needs no RNG
+state, is reproducible per row whatever the batch composition, and replays inside CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+# Lanes of the per-row random stream; one step uses lanes DRAFT_LANE + i, ACCEPT_LANE + j, RESAMPLE_LANE.
+DRAFT_LANE = 0
+ACCEPT_LANE = 64
+RESAMPLE_LANE = 128
+
+_MASK32 = 0xFFFFFFFF
+
+
+# --------------------------------------------------------------------------------------------------
+# Normalization and rotary embedding
+# --------------------------------------------------------------------------------------------------
+
+
+def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    # Same rounding as transformers' LlamaRMSNorm: normalize in fp32, scale in the model dtype.
+    hidden = x.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + eps)
+    return weight * hidden.to(x.dtype)
+
+
+@torch.library.custom_op("graphspec::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dim. x [..., D], weight [D]."""
+    return rms_norm_reference(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return torch.empty_like(x)
+
+
+def add_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    total = residual + x
+    return rms_norm_reference(total, weight, eps), total
+
+
+@torch.library.custom_op("graphspec::add_rms_norm", mutates_args=())
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Residual add then RMSNorm: returns (rms_norm(residual + x), residual + x)."""
+    return add_rms_norm_reference(x, residual, weight, eps)
+
+
+@add_rms_norm.register_fake
+def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_reference(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    cos = cos.unsqueeze(1).to(q.dtype)  # [B, 1, T, D]
+    sin = sin.unsqueeze(1).to(q.dtype)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+@torch.library.custom_op("graphspec::rotary", mutates_args=())
+def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Rotary embedding (rotate-half convention). q [B, Hq, T, D], k [B, Hkv, T, D], cos/sin [B, T, D]."""
+    return rotary_reference(q, k, cos, sin)
+
+
+@rotary.register_fake
+def _(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+# --------------------------------------------------------------------------------------------------
+# KV cache
+# --------------------------------------------------------------------------------------------------
+
+
+def _write_rows(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> None:
+    # k, v [B, Hkv, T, D] land at positions start_pos[b] + t of slot slot_ids[b].
+    t = k.shape[2]
+    positions = start_pos[:, None] + torch.arange(t, device=k.device)  # [B, T]
+    slots = slot_ids[:, None].expand_as(positions)
+    for kind, values in ((0, k), (1, v)):
+        # [SLOTS, S, Hkv, D] view so both advanced indices are adjacent; writes go to the cache storage.
+        view = cache[layer, kind].permute(0, 2, 1, 3)
+        view[slots, positions] = values.permute(0, 2, 1, 3).to(cache.dtype)
+
+
+@torch.library.custom_op("graphspec::kv_update", mutates_args=())
+def kv_update(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Functional KV write: returns a copy of `cache` with k/v written. Tracing emits this form;
+    the defunctionalize_kv pass turns it into the in-place graphspec::kv_write."""
+    out = cache.clone()
+    _write_rows(out, layer, slot_ids, start_pos, k, v)
+    return out
+
+
+@kv_update.register_fake
+def _(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return torch.empty_like(cache)
+
+
+@torch.library.custom_op("graphspec::kv_write", mutates_args=("cache",))
+def kv_write(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> None:
+    """In-place KV write of k/v [B, Hkv, T, D] at positions start_pos[b] + t of slot slot_ids[b]."""
+    _write_rows(cache, layer, slot_ids, start_pos, k, v)
+
+
+@kv_write.register_fake
+def _(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention over the cache
+# --------------------------------------------------------------------------------------------------
+
+
+def attention_reference(
+    q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float
+) -> Tensor:
+    batch, q_heads, t, _ = q.shape
+    keys = cache[layer, 0].index_select(0, slot_ids).to(torch.float32)  # [B, Hkv, S, D]
+    values = cache[layer, 1].index_select(0, slot_ids).to(torch.float32)
+    group = q_heads // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1)  # [B, Hq, S, D]
+    values = values.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q.to(torch.float32), keys.transpose(2, 3)) * scale  # [B, Hq, T, S]
+    # Query t of row b sits at position start_pos[b] + t and sees cache positions <= that.
+    key_pos = torch.arange(keys.shape[2], device=q.device)
+    query_pos = start_pos[:, None] + torch.arange(t, device=q.device)  # [B, T]
+    visible = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, T, S]
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, values).to(q.dtype)
+
+
+@torch.library.custom_op("graphspec::attention", mutates_args=())
+def attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
+    """Causal attention of q [B, Hq, T, D] (query t at position start_pos[b] + t) against the cache
+    slot of each row; GQA when Hq is a multiple of Hkv. Returns [B, Hq, T, D]."""
+    return attention_reference(q, cache, layer, slot_ids, start_pos, scale)
+
+
+@attention.register_fake
+def _(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
+    return torch.empty_like(q)
+
+
+# --------------------------------------------------------------------------------------------------
+# Counter-based randomness and logits processing
+# --------------------------------------------------------------------------------------------------
+
+
+def _fmix32(x: Tensor) -> Tensor:
+    # murmur3 finalizer on int64 tensors holding 32-bit values; products wrap, masks keep the low 32 bits.
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform(seed: Tensor, counter: Tensor, lane: Tensor | int) -> Tensor:
+    """Float64 uniforms in [0, 1) from (seed [B], counter [B], lane); broadcasts over lane."""
+    seed = seed.to(torch.int64)
+    counter = counter.to(torch.int64)
+    if isinstance(lane, int):
+        lane = torch.tensor(lane, dtype=torch.int64, device=seed.device)
+    extra = lane.dim()
+    for _ in range(extra):
+        seed, counter = seed.unsqueeze(-1), counter.unsqueeze(-1)
+    key = _fmix32((seed & _MASK32) ^ _fmix32((counter & _MASK32) * 0x9E3779B1 & _MASK32))
+    key = _fmix32(key ^ _fmix32(((seed >> 32) & _MASK32) + lane * 0x632BE5AB & _MASK32))
+    high = _fmix32(key ^ 0x5BD1E995) >> 6  # 26 bits
+    low = _fmix32(key ^ 0x27D4EB2F) >> 5  # 27 bits
+    return (high.to(torch.float64) * 2.0**27 + low.to(torch.float64)) * 2.0**-53
+
+
+def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Sampling distribution [..., V] (float32) per row: temperature, then top-k, then top-p.
+    temperature [B] (0 means greedy: a one-hot at the argmax), top_k [B] (0 = off), top_p [B] (1 = off).
+    logits may carry extra dims between B and V; parameters broadcast over them."""
+    logits = logits.to(torch.float32)
+    extra = logits.dim() - 2
+
+    def per_row(x: Tensor) -> Tensor:
+        return x.reshape(x.shape + (1,) * (extra + 1))
+
+    greedy = per_row(temperature <= 0)
+    scaled = logits / per_row(torch.where(temperature > 0, temperature, 1.0).to(torch.float32))
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1], device=logits.device)
+    keep = (per_row(top_k) <= 0) | (rank < per_row(top_k))
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+    # top-p keeps the smallest prefix whose mass reaches top_p (the token crossing it included).
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep = keep & (mass_before < per_row(top_p).to(torch.float32))
+    sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
+    probs = torch.zeros_like(scaled).scatter(-1, order, torch.softmax(sorted_logits, dim=-1))
+    one_hot = torch.zeros_like(scaled).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(greedy, one_hot, probs)
+
+
+def sample_from(probs: Tensor, u: Tensor) -> Tensor:
+    """Inverse-CDF draw: probs [..., V] (unnormalized is fine), u [...] in [0, 1) -> token ids [...]."""
+    cdf = torch.cumsum(probs.to(torch.float64), dim=-1)
+    target = (u * cdf[..., -1]).unsqueeze(-1)
+    index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    # u * total can round up to total; clamp onto the last token with mass.
+    return index.clamp(max=probs.shape[-1] - 1)
+
+
+@torch.library.custom_op("graphspec::sample", mutates_args=())
+def sample(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor, lane: int
+) -> Tensor:
+    """One token per row from logits [B, V]; rows with temperature 0 take the argmax. Returns [B] int64."""
+    probs = process_logits(logits, temperature, top_k, top_p)
+    return sample_from(probs, uniform(seed, counter, lane))
+
+
+@sample.register_fake
+def _(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor, lane: int):
+    return logits.new_empty(logits.shape[:1], dtype=torch.int64)
+
+
+# --------------------------------------------------------------------------------------------------
+# Verify / accept and commit
+# --------------------------------------------------------------------------------------------------
+
+
+def _leading_accepts(accepted: Tensor) -> Tensor:
+    # accepted [B, K] bool -> length of the all-true prefix per row [B].
+    return torch.cumprod(accepted.to(torch.int64), dim=1).sum(dim=1)
+
+
+@torch.library.custom_op("graphspec::verify_greedy", mutates_args=())
+def verify_greedy(target_logits: Tensor, draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """Greedy verify. target_logits [B, K+1, V], draft_tokens [B, K].
+    Returns (tokens [B, K+1], num_accepted [B]): tokens[:, j] is the target argmax at j, so the first
+    num_accepted + 1 entries are the accepted drafts followed by the target's own next token."""
+    target_tokens = target_logits.argmax(dim=-1)  # [B, K+1]
+    accepted = _leading_accepts(draft_tokens == target_tokens[:, :-1])
+    return target_tokens, accepted
+
+
+@verify_greedy.register_fake
+def _(target_logits: Tensor, draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
+    batch, positions, _ = target_logits.shape
+    return (
+        target_logits.new_empty((batch, positions), dtype=torch.int64),
+        target_logits.new_empty((batch,), dtype=torch.int64),
+    )
+
+
+def verify_rejection_reference(
+    target_logits: Tensor,
+    draft_logits: Tensor,
+    draft_tokens: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seed: Tensor,
+    counter: Tensor,
+) -> tuple[Tensor, Tensor]:
+    batch, k = draft_tokens.shape
+    p = process_logits(target_logits, temperature, top_k, top_p)  # [B, K+1, V]
+    q = process_logits(draft_logits, temperature, top_k, top_p)  # [B, K, V]
+    index = draft_tokens.unsqueeze(-1)
+    p_draft = p[:, :k].gather(-1, index).squeeze(-1)  # [B, K]
+    q_draft = q.gather(-1, index).squeeze(-1)
+    lanes = torch.arange(k, device=target_logits.device) + ACCEPT_LANE
+    u = uniform(seed, counter, lanes)  # [B, K]
+    # Accept d_j with probability min(1, p/q): u * q < p avoids dividing by q (q > 0 for a drawn token).
+    accepted = _leading_accepts(u * q_draft.to(torch.float64) < p_draft.to(torch.float64))
+    # At the first rejection draw from max(0, p - q); after K accepts draw the bonus from p itself.
+    q_padded = torch.cat((q, torch.zeros_like(q[:, :1])), dim=1)  # [B, K+1, V]
+    rows = torch.arange(batch, device=target_logits.device)
+    p_n, q_n = p[rows, accepted], q_padded[rows, accepted]  # [B, V]
+    residual = (p_n - q_n).clamp(min=0)
+    # An all-zero residual means p == q there, where rejection cannot happen; fall back to p for safety.
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
+    resampled = sample_from(residual, uniform(seed, counter, RESAMPLE_LANE))  # [B]
+    tokens = torch.cat((draft_tokens, draft_tokens[:, :1]), dim=1)
+    tokens = tokens.scatter(1, accepted.unsqueeze(1), resampled.unsqueeze(1))
+    return tokens, accepted
+
+
+@torch.library.custom_op("graphspec::verify_rejection", mutates_args=())
+def verify_rejection(
+    target_logits: Tensor,
+    draft_logits: Tensor,
+    draft_tokens: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seed: Tensor,
+    counter: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Lossless rejection sampling (Leviathan et al. / Chen et al.).
+    target_logits [B, K+1, V], draft_logits [B, K, V], draft_tokens [B, K] (drawn from the processed
+    draft distribution). Returns (tokens [B, K+1], num_accepted [B]) with the same layout as
+    verify_greedy: the first num_accepted + 1 tokens are emitted."""
+    return verify_rejection_reference(
+        target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, seed, counter
+    )
+
+
+@verify_rejection.register_fake
+def _(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, seed, counter):
+    batch, positions, _ = target_logits.shape
+    return (
+        target_logits.new_empty((batch, positions), dtype=torch.int64),
+        target_logits.new_empty((batch,), dtype=torch.int64),
+    )
+
+
+@torch.library.custom_op("graphspec::commit", mutates_args=())
+def commit(committed_len: Tensor, last_tokens: Tensor, tokens: Tensor, num_accepted: Tensor) -> tuple[Tensor, Tensor]:
+    """Advance each row past num_accepted + 1 emitted tokens.
+    committed_len [B], last_tokens [B, 2] (the last two committed tokens), tokens [B, K+1].
+    Returns (new committed_len [B], new last_tokens [B, 2])."""
+    history = torch.cat((last_tokens, tokens), dim=1)  # [B, K+3]
+    end = num_accepted + 3  # one past the last emitted token in `history`
+    index = torch.stack((end - 2, end - 1), dim=1)
+    return committed_len + num_accepted + 1, history.gather(1, index)
+
+
+@commit.register_fake
+def _(committed_len: Tensor, last_tokens: Tensor, tokens: Tensor, num_accepted: Tensor) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(committed_len), torch.empty_like(last_tokens)
+
+
+# Ops whose reference implementation is also the op itself; lowering tables key on these.
+OPS = {
+    "rms_norm": torch.ops.graphspec.rms_norm.default,
+    "add_rms_norm": torch.ops.graphspec.add_rms_norm.default,
+    "rotary": torch.ops.graphspec.rotary.default,
+    "kv_update": torch.ops.graphspec.kv_update.default,
+    "kv_write": torch.ops.graphspec.kv_write.default,
+    "attention": torch.ops.graphspec.attention.default,
+    "sample": torch.ops.graphspec.sample.default,
+    "verify_greedy": torch.ops.graphspec.verify_greedy.default,
+    "verify_rejection": torch.ops.graphspec.verify_rejection.default,
+    "commit": torch.ops.graphspec.commit.default,
+}

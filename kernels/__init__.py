@@ -1,0 +1,1 @@
+"""Triton kernels, one op per file; installed as graphspec.kernels."""
