@@ -11,6 +11,9 @@ KV cache layout (one tensor per model): [L, 2, SLOTS, Hkv, S, D]; index 0 of dim
 values. Batch row b reads and writes cache slot `slot_ids[b]`. The runtime keeps one spare slot
 (the last) that padded rows are redirected to, so they never touch a real row's slot.
 
+Every op returns contiguous tensors and its fake says so: traced code picks view vs copy from the
+fake strides, so real and fake layouts must agree.
+
 Randomness is counter based: uniform(seed, counter, lane) is a hash, so sampling needs no RNG
 state, is reproducible per row whatever the batch composition, and replays inside CUDA graphs.
 """
@@ -44,12 +47,12 @@ def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 @torch.library.custom_op("graphspec::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm over the last dim. x [..., D], weight [D]."""
-    return rms_norm_reference(x, weight, eps)
+    return rms_norm_reference(x, weight, eps).contiguous()
 
 
 @rms_norm.register_fake
 def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 def add_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -60,12 +63,13 @@ def add_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, eps: flo
 @torch.library.custom_op("graphspec::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """Residual add then RMSNorm: returns (rms_norm(residual + x), residual + x)."""
-    return add_rms_norm_reference(x, residual, weight, eps)
+    normed, total = add_rms_norm_reference(x, residual, weight, eps)
+    return normed.contiguous(), total.contiguous()
 
 
 @add_rms_norm.register_fake
 def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(x), torch.empty_like(x)
+    return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -82,12 +86,13 @@ def rotary_reference(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Te
 @torch.library.custom_op("graphspec::rotary", mutates_args=())
 def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     """Rotary embedding (rotate-half convention). q [B, Hq, T, D], k [B, Hkv, T, D], cos/sin [B, T, D]."""
-    return rotary_reference(q, k, cos, sin)
+    q_out, k_out = rotary_reference(q, k, cos, sin)
+    return q_out.contiguous(), k_out.contiguous()
 
 
 @rotary.register_fake
 def _(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k)
+    return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -159,12 +164,12 @@ def attention_reference(
 def attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
     """Causal attention of q [B, Hq, T, D] (query t at position start_pos[b] + t) against the cache
     slot of each row; GQA when Hq is a multiple of Hkv. Returns [B, Hq, T, D]."""
-    return attention_reference(q, cache, layer, slot_ids, start_pos, scale)
+    return attention_reference(q, cache, layer, slot_ids, start_pos, scale).contiguous()
 
 
 @attention.register_fake
 def _(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -195,6 +200,15 @@ def uniform(seed: Tensor, counter: Tensor, lane: Tensor | int) -> Tensor:
     high = _fmix32(key ^ 0x5BD1E995) >> 6  # 26 bits
     low = _fmix32(key ^ 0x27D4EB2F) >> 5  # 27 bits
     return (high.to(torch.float64) * 2.0**27 + low.to(torch.float64)) * 2.0**-53
+
+
+def row_seeds(seed: int | None, count: int) -> Tensor:
+    """[count] int64 per-row seeds: row i of a request seeded `seed` always gets the same stream,
+    whatever batch it lands in. seed None draws a fresh random seed."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item())
+    rows = torch.arange(count, dtype=torch.int64)
+    return _fmix32((rows * 0x9E3779B1 + (seed & _MASK32)) & _MASK32) | (((seed >> 32) & _MASK32) << 32)
 
 
 def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
@@ -349,7 +363,7 @@ def commit(committed_len: Tensor, last_tokens: Tensor, tokens: Tensor, num_accep
 
 @commit.register_fake
 def _(committed_len: Tensor, last_tokens: Tensor, tokens: Tensor, num_accepted: Tensor) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(committed_len), torch.empty_like(last_tokens)
+    return committed_len.new_empty(committed_len.shape), last_tokens.new_empty(last_tokens.shape)
 
 
 # Ops whose reference implementation is also the op itself; lowering tables key on these.

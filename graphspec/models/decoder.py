@@ -42,7 +42,7 @@ class Attention(nn.Module):
         self.qk_norm = spec.qk_norm
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, start_pos: Tensor, slot_ids: Tensor, cache: Tensor
+        self, x: Tensor, cos: Tensor, sin: Tensor, start_pos: Tensor, slot_ids: Tensor, cache: Tensor, in_place: bool
     ) -> tuple[Tensor, Tensor]:
         batch, t, _ = x.shape
         q = self.q_proj(x).view(batch, t, self.num_heads, self.head_dim)
@@ -53,7 +53,10 @@ class Attention(nn.Module):
             k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
         q, k = ops.rotary(q, k, cos, sin)
-        cache = ops.kv_update(cache, self.layer, slot_ids, start_pos, k, v)
+        if in_place:  # eager callers (prefill) write straight into their buffer
+            ops.kv_write(cache, self.layer, slot_ids, start_pos, k, v)
+        else:  # tracing: functional form, made in-place again by the defunctionalize_kv pass
+            cache = ops.kv_update(cache, self.layer, slot_ids, start_pos, k, v)
         out = ops.attention(q, cache, self.layer, slot_ids, start_pos, self.scale)  # [B, Hq, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, t, -1)), cache
 
@@ -87,10 +90,13 @@ class Body(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    """forward(tokens [B, T], start_pos [B], slot_ids [B], cache) -> (hidden [B, T, hidden], cache).
+    """forward(tokens [B, T], start_pos [B], slot_ids [B], cache, output) -> (out, cache).
 
     Token t of row b sits at position start_pos[b] + t; its K/V land in cache slot slot_ids[b].
-    Call `logits(hidden)` on the rows/positions whose logits are needed (prefill needs one per row).
+    output="hidden" returns final hidden states [B, T, hidden] (gather them and call `logits` when
+    only some positions matter, as prefill does); "logits" returns [B, T, V]; "last_logits" [B, V].
+    Asking forward for logits keeps lm_head inside torch.func.functional_call when tracing.
+    in_place=True writes the cache argument in place (eager use) instead of returning a new one.
     """
 
     def __init__(self, spec: ModelSpec, inv_freq: Tensor, rope_scale: float = 1.0) -> None:
@@ -109,26 +115,41 @@ class DecoderLM(nn.Module):
         angles = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]
         return angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
 
-    def forward(self, tokens: Tensor, start_pos: Tensor, slot_ids: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        tokens: Tensor,
+        start_pos: Tensor,
+        slot_ids: Tensor,
+        cache: Tensor,
+        output: str = "hidden",
+        in_place: bool = False,
+    ) -> tuple[Tensor, Tensor]:
         positions = start_pos[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [B, T]
         cos, sin = self.rope(positions)
         residual = self.model.embed_tokens(tokens)  # [B, T, hidden]
         layers = self.model.layers
         hidden = ops.rms_norm(residual, layers[0].input_layernorm.weight, self.spec.rms_norm_eps)
         for index, layer in enumerate(layers):
-            attn_out, cache = layer.self_attn(hidden, cos, sin, start_pos, slot_ids, cache)
+            attn_out, cache = layer.self_attn(hidden, cos, sin, start_pos, slot_ids, cache, in_place)
             norm = layer.post_attention_layernorm
             hidden, residual = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps)
             # The next layer's input norm (or the final norm) fuses with this layer's residual add.
             norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm
             hidden, residual = ops.add_rms_norm(layer.mlp(hidden), residual, norm.weight, norm.eps)
+        if output == "last_logits":
+            return self.logits(hidden[:, -1]), cache
+        if output == "logits":
+            return self.logits(hidden), cache
         return hidden, cache
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden)
 
-    def new_cache(self, slots: int, max_seq_len: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
-        """Zeroed KV cache [L, 2, SLOTS, Hkv, S, D]."""
+    def new_cache(
+        self, slots: int, max_seq_len: int, dtype: torch.dtype, device: torch.device | str, zeroed: bool = True
+    ) -> Tensor:
+        """KV cache [L, 2, SLOTS, Hkv, S, D]; zeroed unless only its shape matters (tracing)."""
         spec = self.spec
         shape = (spec.num_layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)
-        return torch.zeros(shape, dtype=dtype, device=device)
+        make = torch.zeros if zeroed else torch.empty
+        return make(shape, dtype=dtype, device=device)

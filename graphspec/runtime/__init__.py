@@ -1,0 +1,1 @@
+"""Runtime: buffers, per-bucket step graphs (captured on CUDA) and the generate loop."""

@@ -1,0 +1,29 @@
+"""Counters tests assert on: what the compiler and runtime actually did."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Counters:
+    traces: int = 0  # step programs traced
+    pipeline_runs: int = 0  # pass pipelines run (loading an artifact must leave this at 0)
+    captures: int = 0  # CUDA graphs captured
+    replays: int = 0  # CUDA graph replays
+    eager_steps: int = 0  # steps run without a captured graph (CPU, or capture disabled)
+    prefills: int = 0
+
+    def expect(self, **expected: int) -> None:
+        """Assert the named counters have exactly these values; the message shows all of them."""
+        actual = asdict(self)
+        wrong = {name: (actual[name], value) for name, value in expected.items() if actual[name] != value}
+        assert not wrong, f"counters differ (actual, expected): {wrong}; all: {actual}"
+
+    def reset(self) -> None:
+        for name in asdict(self):
+            setattr(self, name, 0)
+
+
+# One process-wide instance: compile() and Runtime add to it; tests reset it.
+COUNTERS = Counters()

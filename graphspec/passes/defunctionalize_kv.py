@@ -1,0 +1,67 @@
+"""Turn functional KV-cache updates back into in-place writes so no step copies a whole cache.
+
+Input:  KV writes as functional ops (graphspec::kv_update returns an updated copy of the cache).
+Output: each such op whose input version of the cache is not read afterwards becomes the in-place
+        op (graphspec::kv_write) on the graph input it derives from; readers of the new version read
+        that input. Nothing after this pass may assume the graph is pure.
+
+    c1 = kv_update(cache, ...); attention(q, c1, ...)   becomes   kv_write(cache, ...); attention(q, cache, ...)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from graphspec.config import PassContext, PassResult
+from graphspec.passes.cleanup import tag, tidy
+
+NAME = "defunctionalize_kv"
+
+# functional op -> (in-place op, index of the argument it mutates). A new cache op is a new entry.
+IN_PLACE = {
+    torch.ops.graphspec.kv_update.default: (torch.ops.graphspec.kv_write.default, 0),
+}
+
+
+def count_cache_copies(gm: fx.GraphModule) -> int:
+    """Whole-cache copies left in the graph: one per functional cache update."""
+    return sum(1 for node in gm.graph.nodes if node.op == "call_function" and node.target in IN_PLACE)
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    graph = gm.graph
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    root: dict[fx.Node, fx.Node] = {}  # cache version -> the graph input it will alias
+    rewritten, kept = 0, 0
+    created = []
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in IN_PLACE:
+            continue
+        in_place_op, mutated = IN_PLACE[node.target]
+        base = node.args[mutated]
+        # Writing in place is legal only if nothing reads the old version after this write.
+        late_readers = [user for user in base.users if user is not node and order[user] > order[node]]
+        origin = root.get(base, base)
+        if late_readers or origin.op != "placeholder":
+            kept += 1
+            continue
+        args = list(node.args)
+        args[mutated] = origin
+        with graph.inserting_before(node):
+            write = graph.call_function(in_place_op, tuple(args), dict(node.kwargs))
+        order[write] = order[node]
+        created.append(write)
+        root[node] = origin
+        node.replace_all_uses_with(origin)
+        graph.erase_node(node)
+        rewritten += 1
+    if not rewritten:
+        return PassResult(gm, changed=False, stats={"kept_functional": kept}, note="no functional cache updates")
+    tag(created, NAME)
+    tidy(gm, dead_code=False)
+    return PassResult(
+        gm,
+        changed=True,
+        stats={"in_place_writes": rewritten, "kept_functional": kept, "cache_copies_left": count_cache_copies(gm)},
+    )

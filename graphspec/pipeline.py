@@ -1,0 +1,135 @@
+"""The ordered pass list and the runner (timing, checks, dumps, errors).
+
+`graphspec compile --list-passes` prints PIPELINE from here, so docs cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.fx as fx
+
+from graphspec import checks
+from graphspec.config import PassContext
+from graphspec.dump import DumpWriter, PassRecord, all_nodes, op_counts
+from graphspec.errors import InputError, PassError
+from graphspec.lowering import lower_kernels
+from graphspec.passes import defunctionalize_kv, insert_verify, mask_padding, split_attention
+
+log = logging.getLogger("graphspec")
+
+PIPELINE = (
+    # Phase 1: speculation structure. Functional graph; padding rows still visible.
+    insert_verify,
+    mask_padding,
+    # Phase 2: leave functional form. Nothing below may assume purity; no dead-code elimination.
+    defunctionalize_kv,
+    # Phase 3: kernels chosen for ctx.sm (reference ops stay where no kernel fits).
+    lower_kernels,
+    # Phase 4: capture regions. Last, so every rewrite above works on one flat graph.
+    split_attention,
+)
+PASS_NAMES = tuple(p.NAME for p in PIPELINE)
+
+
+@dataclass
+class PipelineResult:
+    gm: fx.GraphModule
+    records: list[PassRecord]
+    dump_dir: Path | None
+
+
+def describe() -> str:
+    """One line per pass: index, name, first docstring line."""
+    return "\n".join(f"[{i:02d}] {p.NAME}: {_doc(p)}" for i, p in enumerate(PIPELINE, start=1))
+
+
+def _doc(module: object) -> str:
+    return (module.__doc__ or "").strip().splitlines()[0]
+
+
+def validate_names(stop_after: str | None, skip: Iterable[str]) -> None:
+    for name in [*([stop_after] if stop_after else []), *skip]:
+        if name not in PASS_NAMES:
+            raise InputError(f"unknown pass {name!r}; passes are: {', '.join(PASS_NAMES)}")
+
+
+def run_pipeline(
+    gm: fx.GraphModule,
+    ctx: PassContext,
+    dump_dir: str | Path | None = None,
+    stop_after: str | None = None,
+    skip: Iterable[str] = (),
+    check: bool | None = None,
+    title: str = "graphspec pipeline",
+    on_pass: Callable[[str], None] | None = None,
+) -> PipelineResult:
+    """Run PIPELINE over gm in order. Each pass is timed, checked (GRAPHSPEC_CHECK=1 or check=True)
+    and dumped; a failure names the pass, the passes that ran and the last dump written."""
+    skip = tuple(skip)
+    validate_names(stop_after, skip)
+    check = os.environ.get("GRAPHSPEC_CHECK") == "1" if check is None else check
+    dump_dir = dump_dir or os.environ.get("GRAPHSPEC_DUMP") or None
+    writer = DumpWriter(dump_dir) if dump_dir else None
+    records: list[PassRecord] = []
+    nodes = len(all_nodes(gm))
+    if writer:
+        traced = PassRecord(0, "traced", "the speculation step as traced", 0.0, nodes, nodes, False)
+        writer.write_graph(traced, gm)
+    ran: list[str] = []
+    for index, module in enumerate(PIPELINE, start=1):
+        name = module.NAME
+        before_ops, before_nodes = op_counts(gm), {n.name for n in all_nodes(gm)}
+        if name in skip:
+            record = PassRecord(index, name, _doc(module), 0.0, nodes, nodes, False, skipped=True)
+        else:
+            if on_pass:
+                on_pass(name)
+            start = time.perf_counter()
+            try:
+                result = module.run(gm, ctx)
+                if check:
+                    for invariant in checks.PHASE_CHECKS.get(name, ()):
+                        invariant(result.gm)
+            except Exception as error:
+                last = writer.last_path if writer else "(no dumps: pass --dump-dir)"
+                raise PassError(
+                    f"pass {name!r} failed ({type(error).__name__}: {error}); passes already run: "
+                    f"{', '.join(ran) or 'none'}; last dump: {last}"
+                ) from error
+            ms = (time.perf_counter() - start) * 1e3
+            gm = result.gm
+            after_nodes = {n.name for n in all_nodes(gm)}
+            after_ops = op_counts(gm)
+            delta = {op: after_ops[op] - before_ops[op] for op in set(after_ops) | set(before_ops)}
+            record = PassRecord(
+                index,
+                name,
+                _doc(module),
+                ms,
+                nodes,
+                len(all_nodes(gm)),
+                result.changed,
+                dict(result.stats),
+                result.note,
+                created=sorted(after_nodes - before_nodes),
+                erased=sorted(before_nodes - after_nodes),
+                op_delta={op: d for op, d in delta.items() if d},
+            )
+            nodes = record.nodes_after
+            ran.append(name)
+            log.info("[%02d] %s %.1f ms %d->%d nodes", index, name, ms, record.nodes_before, record.nodes_after)
+        records.append(record)
+        if writer:
+            writer.write_graph(record, gm)
+        if name == stop_after:
+            break
+    if writer:
+        writer.write_summary(records, title)
+        writer.write_kernels(lower_kernels.kernel_table(gm), ctx.sm)
+    return PipelineResult(gm, records, Path(dump_dir) if dump_dir else None)

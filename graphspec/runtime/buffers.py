@@ -1,0 +1,59 @@
+"""Static step buffers per batch bucket, padding a batch up to a bucket, splitting above the largest.
+
+What stays static across replays: every tensor in StepBuffers.inputs (allocated once per bucket; CUDA
+graphs captured against their addresses) and the two KV caches (shared by all buckets). What is
+copied in each step: only the per-row values that change (the graph's next_* outputs, row_valid).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from graphspec.errors import InputError
+
+
+def pick_bucket(rows: int, buckets: tuple[int, ...]) -> int:
+    """Smallest compiled batch size that holds `rows`."""
+    for bucket in sorted(buckets):
+        if bucket >= rows:
+            return bucket
+    raise InputError(f"{rows} rows exceed the largest bucket {max(buckets)}; split the batch first")
+
+
+def split_batch(rows: int, largest: int) -> list[range]:
+    """Chunks of at most `largest` rows, in order: a batch above the largest bucket is split."""
+    return [range(start, min(start + largest, rows)) for start in range(0, rows, largest)]
+
+
+@dataclass
+class StepBuffers:
+    """The per-row step inputs of one bucket (names as in trace.STEP_INPUTS, caches excluded)."""
+
+    bucket: int
+    inputs: dict[str, torch.Tensor]
+
+    @classmethod
+    def allocate(cls, bucket: int, device: str | torch.device) -> StepBuffers:
+        long = dict(dtype=torch.int64, device=device)
+        inputs = {
+            "last_tokens": torch.zeros((bucket, 2), **long),
+            "committed_len": torch.full((bucket,), 2, **long),
+            "slot_ids": torch.arange(bucket, **long),
+            "row_valid": torch.zeros(bucket, dtype=torch.bool, device=device),
+            "temperature": torch.zeros(bucket, dtype=torch.float32, device=device),
+            "top_k": torch.zeros(bucket, **long),
+            "top_p": torch.ones(bucket, dtype=torch.float32, device=device),
+            "seed": torch.zeros(bucket, **long),
+            "step_counter": torch.zeros(bucket, **long),
+        }
+        return cls(bucket, inputs)
+
+    def load_rows(self, values: dict[str, torch.Tensor]) -> None:
+        """Copy the real rows' values in; rows past them become invalid padding."""
+        rows = values["committed_len"].shape[0]
+        self.inputs["row_valid"].zero_()
+        self.inputs["row_valid"][:rows] = True
+        for name, value in values.items():
+            self.inputs[name][:rows].copy_(value)

@@ -1,0 +1,324 @@
+"""Runtime.generate(): prefill, then compiled speculation steps until every row has stopped.
+
+The loop between graph replays is all that lives here. Per step the host reads one small tensor
+(emitted tokens and accepted counts), streams tokens, and stops rows at a stop token or length by
+clearing their row_valid flag; nothing inside the step waits for the host.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from graphspec import ops
+from graphspec.compiler import Compiled, compile
+from graphspec.counters import COUNTERS
+from graphspec.errors import InputError
+from graphspec.runtime.buffers import StepBuffers, pick_bucket, split_batch
+from graphspec.runtime.graphs import StepGraph
+from graphspec.trace import FEEDBACK, model_inputs
+
+
+@dataclass
+class RequestStats:
+    steps: int = 0
+    accepted_per_step: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_step(self) -> list[int]:
+        return [n + 1 for n in self.accepted_per_step]
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str  # "stop" or "length"
+    stats: RequestStats
+
+
+@dataclass
+class RuntimeStats:
+    """Totals over every generate() call since the Runtime was made (or reset)."""
+
+    k: int
+    steps: int = 0  # row-steps: one per real row per speculation step
+    accepted: int = 0
+    emitted: int = 0
+    step_seconds: float = 0.0  # wall time of the step loops (host reads included)
+    graph_steps: int = 0  # step-graph invocations (one per bucket step, all rows together)
+    accepted_histogram: list[int] = field(default_factory=list)  # [K+1]: row-steps that accepted n
+
+    def __post_init__(self) -> None:
+        self.accepted_histogram = self.accepted_histogram or [0] * (self.k + 1)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over proposed drafts."""
+        return self.accepted / (self.steps * self.k) if self.steps else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.accepted / self.steps if self.steps else 0.0
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """P(draft position i is accepted), i = 1..K: the share of row-steps accepting >= i."""
+        if not self.steps:
+            return [0.0] * self.k
+        return [sum(self.accepted_histogram[i:]) / self.steps for i in range(1, self.k + 1)]
+
+    @property
+    def mean_step_ms(self) -> float:
+        return 1e3 * self.step_seconds / self.graph_steps if self.graph_steps else 0.0
+
+
+class Runtime:
+    """Runs a Compiled speculative program. Build with Runtime.from_pretrained(target, draft, ...),
+    Runtime.load(artifact_dir), or Runtime(graphspec.compile(...))."""
+
+    def __init__(self, compiled: Compiled) -> None:
+        self.compiled = compiled
+        self.config = compiled.config
+        self.k = compiled.config.k
+        self.device = compiled.config.device
+        self.target = compiled.target.model
+        self.draft = compiled.draft.model
+        self.tokenizer = compiled.target.tokenizer
+        self.eos_token_ids = compiled.target.eos_token_ids
+        self.vocab_size = self.target.spec.vocab_size
+        self.max_seq_len = compiled.config.max_seq_len
+        dtype = self.target.model.embed_tokens.weight.dtype
+        self.caches = {
+            "target_cache": self.target.new_cache(compiled.slots, self.max_seq_len, dtype, self.device),
+            "draft_cache": self.draft.new_cache(compiled.slots, self.max_seq_len, dtype, self.device),
+        }
+        self.params = [*model_inputs(self.target).values(), *model_inputs(self.draft).values()]
+        capture = self.device.startswith("cuda") and compiled.config.capture != "none"
+        pool = torch.cuda.graph_pool_handle() if capture else None
+        self.buffers = {b: StepBuffers.allocate(b, self.device) for b in compiled.config.batch_sizes}
+        self.graphs = {
+            (mode, bucket): StepGraph(gm, self.params, self.buffers[bucket], self.caches, capture, pool)
+            for (mode, bucket), gm in compiled.graphs.items()
+        }
+        self.stats = RuntimeStats(self.k)
+
+    @classmethod
+    def from_pretrained(cls, target: str | Path, draft: str | Path, **options: object) -> Runtime:
+        """compile(target, draft, **options) and a Runtime over the result, in one call."""
+        return cls(compile(target, draft, **options))
+
+    @classmethod
+    def load(cls, artifact_dir: str | Path, allow_mismatch: bool = False) -> Runtime:
+        """A Runtime over a `graphspec compile` artifact; verifies it before running anything."""
+        from graphspec.artifact import load_artifact
+
+        return cls(load_artifact(artifact_dir, allow_mismatch=allow_mismatch))
+
+    # ---------------------------------------------------------------------------------------------
+    # Input validation: everything is checked before any work starts.
+    # ---------------------------------------------------------------------------------------------
+
+    def _encode(self, prompts: Sequence[str | Sequence[int]]) -> list[list[int]]:
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+            raise InputError("prompts must be a non-empty list of strings or of token-id lists")
+        encoded = []
+        for index, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                if self.tokenizer is None:
+                    raise InputError(f"prompt {index} is a string but the target checkpoint has no tokenizer")
+                prompt = self.tokenizer(prompt)["input_ids"]
+            prompt = list(prompt)
+            if not prompt:
+                raise InputError(f"prompt {index} is empty")
+            bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+            if bad:
+                raise InputError(f"prompt {index} has token ids outside [0, {self.vocab_size}): {bad[:5]}")
+            encoded.append(prompt)
+        return encoded
+
+    def _check_limits(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        # A step writes KV up to position committed_len - 1 + K, so the cache needs K + 1 spare positions.
+        for index, prompt in enumerate(prompts):
+            need = len(prompt) + max_new_tokens + self.k + 1
+            if need > self.max_seq_len:
+                raise InputError(
+                    f"prompt {index} ({len(prompt)} tokens) + max_new_tokens {max_new_tokens} + k+1 {self.k + 1} "
+                    f"= {need} exceeds max_seq_len {self.max_seq_len}; shorten it or compile with a larger "
+                    f"max_seq_len"
+                )
+
+    @staticmethod
+    def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+        if not isinstance(temperature, (int, float)) or temperature < 0 or temperature != temperature:
+            raise InputError(f"temperature must be a number >= 0, got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+            raise InputError(f"top_k must be None or an int >= 0, got {top_k!r}")
+        if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+            raise InputError(f"top_p must be None or in (0, 1], got {top_p!r}")
+
+    # ---------------------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> list[GenerationResult]:
+        """Generate for every prompt; one GenerationResult per prompt, in order.
+
+        Output includes the stop token (default: the checkpoint's EOS ids) and nothing after it,
+        even when it falls inside an accepted block. Sampling is reproducible for a given seed,
+        whatever batch the request lands in."""
+        results: list[GenerationResult | None] = [None] * len(prompts if isinstance(prompts, Sequence) else [])
+        for index, token in self.stream(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids):
+            if isinstance(token, GenerationResult):
+                results[index] = token
+        return results  # type: ignore[return-value]
+
+    def stream(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> Iterator[tuple[int, int | GenerationResult]]:
+        """Like generate(), but yields (prompt index, token id) as tokens are committed, and
+        (prompt index, GenerationResult) when a prompt finishes."""
+        encoded = self._encode(prompts)
+        self._check_limits(encoded, max_new_tokens)
+        self._check_sampling(temperature, top_k, top_p)
+        stops = set(self.eos_token_ids if stop_token_ids is None else stop_token_ids)
+        seeds = ops.row_seeds(seed, len(encoded))
+        largest = max(self.config.batch_sizes)
+        for chunk in split_batch(len(encoded), largest):
+            yield from self._run_chunk(
+                [encoded[i] for i in chunk],
+                list(chunk),
+                max_new_tokens,
+                float(temperature),
+                top_k or 0,
+                1.0 if top_p is None else float(top_p),
+                seeds[chunk.start : chunk.stop],
+                stops,
+            )
+
+    @torch.inference_mode()
+    def _prefill(self, prompts: list[list[int]], params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Fill both caches for the rows (slots 0..n-1); return the target's first token per row."""
+        rows = len(prompts)
+        longest = max(len(p) for p in prompts)
+        # Right padding: positions past a row's prompt write dead KV that later steps overwrite.
+        tokens = torch.zeros((rows, longest), dtype=torch.int64)
+        for row, prompt in enumerate(prompts):
+            tokens[row, : len(prompt)] = torch.tensor(prompt)
+        tokens = tokens.to(self.device)
+        start = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        slots = torch.arange(rows, device=self.device)
+        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        hidden, _ = self.target(tokens, start, slots, self.caches["target_cache"], in_place=True)
+        self.draft(tokens, start, slots, self.caches["draft_cache"], in_place=True)
+        logits = self.target.logits(hidden[torch.arange(rows, device=self.device), last])  # [rows, V]
+        COUNTERS.prefills += 1
+        return ops.sample(
+            logits, params["temperature"], params["top_k"], params["top_p"], params["seed"], params["step_counter"], 0
+        )
+
+    def _run_chunk(
+        self,
+        prompts: list[list[int]],
+        indices: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        seeds: torch.Tensor,
+        stops: set[int],
+    ) -> Iterator[tuple[int, int | GenerationResult]]:
+        rows = len(prompts)
+        bucket = pick_bucket(rows, self.config.batch_sizes)
+        mode = "greedy" if temperature == 0 else "sample"
+        graph = self.graphs[(mode, bucket)]
+        device = self.device
+        row_params = {
+            "temperature": torch.full((rows,), temperature, dtype=torch.float32, device=device),
+            "top_k": torch.full((rows,), top_k, dtype=torch.int64, device=device),
+            "top_p": torch.full((rows,), top_p, dtype=torch.float32, device=device),
+            "seed": seeds.to(device),
+            "step_counter": torch.zeros(rows, dtype=torch.int64, device=device),
+        }
+        first = self._prefill(prompts, row_params).cpu().tolist()
+        emitted: list[list[int]] = [[] for _ in range(rows)]
+        finished: list[str | None] = [None] * rows
+        stats = [RequestStats() for _ in range(rows)]
+
+        def accept(row: int, new_tokens: list[int]) -> Iterator[tuple[int, int | GenerationResult]]:
+            for token in new_tokens:
+                emitted[row].append(token)
+                yield indices[row], token
+                if token in stops or len(emitted[row]) >= max_new_tokens:
+                    finished[row] = "stop" if token in stops else "length"
+                    yield indices[row], self._result(emitted[row], finished[row], stats[row])
+                    return
+
+        for row in range(rows):
+            yield from accept(row, [first[row]])
+        if all(finished):
+            return
+        graph.buffers.load_rows(
+            {
+                **row_params,
+                "last_tokens": torch.tensor([[p[-1], f] for p, f in zip(prompts, first, strict=True)], device=device),
+                "committed_len": torch.tensor([len(p) + 1 for p in prompts], device=device),
+                "slot_ids": torch.arange(rows, device=device),
+                "step_counter": torch.ones(rows, dtype=torch.int64, device=device),
+            }
+        )
+        valid = graph.buffers.inputs["row_valid"]
+        for row in range(rows):
+            if finished[row]:
+                valid[row] = False
+        start = time.perf_counter()
+        while not all(finished):
+            outputs = graph()
+            for name, target in FEEDBACK.items():
+                graph.buffers.inputs[target].copy_(outputs[name])
+            # The one host read per step: emitted tokens and accepted counts together.
+            host = torch.cat((outputs["tokens"], outputs["num_accepted"][:, None]), dim=1).cpu()
+            self.stats.graph_steps += 1
+            for row in range(rows):
+                if finished[row]:
+                    continue
+                accepted = int(host[row, -1])
+                stats[row].steps += 1
+                stats[row].accepted_per_step.append(accepted)
+                self.stats.steps += 1
+                self.stats.accepted += accepted
+                self.stats.accepted_histogram[accepted] += 1
+                before = len(emitted[row])
+                yield from accept(row, host[row, : accepted + 1].tolist())
+                self.stats.emitted += len(emitted[row]) - before
+                if finished[row]:
+                    valid[row] = False
+        self.stats.step_seconds += time.perf_counter() - start
+
+    def _result(self, token_ids: list[int], reason: str, stats: RequestStats) -> GenerationResult:
+        text = self.tokenizer.decode(token_ids) if self.tokenizer is not None else None
+        return GenerationResult(list(token_ids), text, reason, stats)
