@@ -81,6 +81,7 @@ def compile(
     stop_after: str | None = None,
     skip: Iterable[str] = (),
     copy_weights: bool = True,
+    modes: Iterable[str] = SAMPLING_MODES,
     on_progress: Callable[[str], None] | None = None,
 ) -> Compiled:
     """Load both checkpoints, trace the step for every batch bucket and sampling mode, run the pass
@@ -95,6 +96,9 @@ def compile(
         lowering=lowering,
     )
     validate_names(stop_after, skip)
+    modes = tuple(modes)
+    if not modes or any(mode not in SAMPLING_MODES for mode in modes):
+        raise InputError(f"modes must be a non-empty subset of {SAMPLING_MODES}, got {modes!r}")
     device = resolve_device(device)
     progress = on_progress or (lambda message: log.info(message))
     progress(f"loading target {target}")
@@ -118,7 +122,7 @@ def compile(
         inputs = trace.example_step_inputs(
             target_model.model, draft_model.model, bucket, slots, max_seq_len, parse_dtype(dtype), device
         )
-        for mode in SAMPLING_MODES:
+        for mode in modes:
             name = f"step_b{bucket}_{mode}"
             progress(f"tracing {name}")
             gm, signature = trace.trace_step(target_model.model, draft_model.model, k, mode, inputs)

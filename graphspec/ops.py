@@ -144,7 +144,7 @@ def _(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor,
 def attention_reference(
     q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float
 ) -> Tensor:
-    batch, q_heads, t, _ = q.shape
+    q_heads, t = q.shape[1], q.shape[2]
     keys = cache[layer, 0].index_select(0, slot_ids).to(torch.float32)  # [B, Hkv, S, D]
     values = cache[layer, 1].index_select(0, slot_ids).to(torch.float32)
     group = q_heads // keys.shape[1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from tests.checkpoints import make_checkpoint
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _fail_on_empty_test_files(config, items)
     has_gpu = torch.cuda.is_available()
     sm = torch.cuda.get_device_capability() if has_gpu else None
     for item in items:
@@ -16,6 +19,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "sm90" in item.keywords and sm != (9, 0):
             item.add_marker(pytest.mark.skip(reason="needs an sm_90 GPU"))
+
+
+def _fail_on_empty_test_files(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a whole-suite run, a test_*.py file that collects nothing is an error: a test that never
+    runs is worse than no test."""
+    root = Path(config.rootpath) / "tests"
+    if [Path(a).resolve() for a in config.args] not in ([root.resolve()], [Path(config.rootpath).resolve()]):
+        return
+    collected = {Path(item.path).resolve() for item in items}
+    empty = sorted(str(p.relative_to(config.rootpath)) for p in root.rglob("test_*.py") if p.resolve() not in collected)
+    if empty and not config.option.keyword and not config.option.markexpr:
+        raise pytest.UsageError(f"test files that collect no tests: {', '.join(empty)}")
 
 
 @pytest.fixture(scope="session")

@@ -63,9 +63,9 @@ def _where_valid(graph: fx.Graph, valid: fx.Node, value: fx.Node, fallback: obje
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     inputs = trace.placeholders_by_input(gm)
-    outputs = trace.output_nodes(gm)
     if "row_valid" not in inputs:
         return PassResult(gm, changed=False, note="graph has no row_valid input")
+    outputs = trace.output_nodes(gm)
     if any(node.meta.get("gs_pass") == NAME for node in gm.graph.nodes):
         return PassResult(gm, changed=False, note="already masked")
     graph, valid = gm.graph, inputs["row_valid"]
@@ -74,6 +74,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
 
     # Outputs first, so their fallbacks refer to the raw inputs, before those get replaced below.
     masked_outputs = dict(outputs)
+    masked = 0
     with graph.inserting_before(graph.find_nodes(op="output")[0]):
         for name, fallback in MASKED_OUTPUTS.items():
             if name not in outputs:
@@ -82,6 +83,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
             nodes = _where_valid(graph, valid, outputs[name], fallback, outputs[name].meta["val"].dim())
             created += nodes
             masked_outputs[name] = nodes[-1]
+            masked += 1
     trace.set_outputs(gm, masked_outputs)
     passthrough = set(created)
 
@@ -100,5 +102,5 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     tag(created, NAME)
     tidy(gm)
     return PassResult(
-        gm, changed=True, stats={"sanitized_inputs": sanitized, "masked_outputs": len(passthrough), "spare_slot": spare}
+        gm, changed=True, stats={"sanitized_inputs": sanitized, "masked_outputs": masked, "spare_slot": spare}
     )

@@ -6,7 +6,7 @@ Output: with ctx.capture == "piecewise", a GraphModule whose body calls submodul
         run eagerly between them. Otherwise unchanged: our attention ops are static-shape and
         host-sync free, so the whole step is captured as one graph (full-graph capture).
 
-    ... -> rotary -> kv_write -> attention -> o_proj ...   becomes   submod_0(...) -> submod_1 = attention -> submod_2(...)
+    rotary -> kv_write -> attention -> o_proj   becomes   submod_0(...) -> submod_1(attention) -> submod_2(...)
 """
 
 from __future__ import annotations

@@ -205,6 +205,9 @@ class Runtime:
         encoded = self._encode(prompts)
         self._check_limits(encoded, max_new_tokens)
         self._check_sampling(temperature, top_k, top_p)
+        mode = "greedy" if temperature == 0 else "sample"
+        if not any(m == mode for m, _ in self.graphs):
+            raise InputError(f"this runtime was compiled without the {mode!r} step; recompile with modes including it")
         stops = set(self.eos_token_ids if stop_token_ids is None else stop_token_ids)
         seeds = ops.row_seeds(seed, len(encoded))
         largest = max(self.config.batch_sizes)

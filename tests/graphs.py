@@ -1,0 +1,128 @@
+"""Tiny hand-built FX graphs for pass tests, and a structural graph comparison."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from graphspec import trace
+
+KV_UPDATE = torch.ops.graphspec.kv_update.default
+KV_WRITE = torch.ops.graphspec.kv_write.default
+ATTENTION = torch.ops.graphspec.attention.default
+
+
+_FAKE_MODE = FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _placeholder(graph: fx.Graph, name: str, value: torch.Tensor) -> fx.Node:
+    """A placeholder carrying a fake value, as traced graphs do, so passes can read shapes."""
+    node = graph.placeholder(name)
+    node.meta["gs_input"] = name
+    node.meta["val"] = _FAKE_MODE.from_tensor(value)
+    return node
+
+
+def step_values(batch: int = 3, k: int = 2, vocab: int = 11, slots: int = 4) -> dict[str, torch.Tensor]:
+    """Concrete values for every step input plus the speculate outputs, small and random."""
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "last_tokens": torch.randint(0, vocab, (batch, 2), generator=generator),
+        "committed_len": torch.randint(2, 20, (batch,), generator=generator),
+        "slot_ids": torch.arange(batch),
+        "row_valid": torch.tensor([True] * (batch - 1) + [False]),
+        "temperature": torch.zeros(batch),
+        "top_k": torch.zeros(batch, dtype=torch.int64),
+        "top_p": torch.ones(batch),
+        "seed": torch.arange(batch),
+        "step_counter": torch.ones(batch, dtype=torch.int64),
+        "target_cache": torch.randn(1, 2, slots, 1, 32, 4, generator=generator),
+        "draft_cache": torch.randn(1, 2, slots, 1, 32, 4, generator=generator),
+        "target_logits": torch.randn(batch, k + 1, vocab, generator=generator),
+        "draft_logits": torch.randn(batch, k, vocab, generator=generator),
+        "draft_tokens": torch.randint(0, vocab, (batch, k), generator=generator),
+    }
+
+
+def speculate_stub(values: dict[str, torch.Tensor]) -> fx.GraphModule:
+    """Step inputs + the speculate outputs as placeholders, returned as SPECULATE_OUTPUTS: the shape
+    of a traced program with the models cut out."""
+    graph = fx.Graph()
+    nodes = {name: _placeholder(graph, name, values[name]) for name in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])}
+    output = graph.output(tuple(nodes[name] for name in trace.SPECULATE_OUTPUTS))
+    output.meta["gs_outputs"] = trace.SPECULATE_OUTPUTS
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def verified_stub_expected(values: dict[str, torch.Tensor]) -> fx.GraphModule:
+    """What insert_verify must produce from speculate_stub in greedy mode, built by hand."""
+    graph = fx.Graph()
+    nodes = {name: _placeholder(graph, name, values[name]) for name in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])}
+    verify = graph.call_function(torch.ops.graphspec.verify_greedy.default, (nodes["target_logits"], nodes["draft_tokens"]))
+    tokens = graph.call_function(operator.getitem, (verify, 0))
+    accepted = graph.call_function(operator.getitem, (verify, 1))
+    commit = graph.call_function(
+        torch.ops.graphspec.commit.default, (nodes["committed_len"], nodes["last_tokens"], tokens, accepted)
+    )
+    next_len = graph.call_function(operator.getitem, (commit, 0))
+    next_last = graph.call_function(operator.getitem, (commit, 1))
+    counter = graph.call_function(torch.ops.aten.add.Tensor, (nodes["step_counter"], 1))
+    graph.output((tokens, accepted, next_len, next_last, counter, nodes["target_cache"], nodes["draft_cache"]))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def kv_chain(layers: int = 2, functional: bool = True) -> fx.GraphModule:
+    """cache -> (kv_update -> attention) x layers -> output(cache version), the KV pattern of a model;
+    with functional=False, the in-place form defunctionalize_kv must produce."""
+    graph = fx.Graph()
+    q, cache, slots, start, k, v = (graph.placeholder(n) for n in ("q", "cache", "slot_ids", "start_pos", "k", "v"))
+    current, outs = cache, []
+    for layer in range(layers):
+        if functional:
+            current = graph.call_function(KV_UPDATE, (current, layer, slots, start, k, v))
+        else:
+            graph.call_function(KV_WRITE, (cache, layer, slots, start, k, v))
+        outs.append(graph.call_function(ATTENTION, (q, current, layer, slots, start, 0.5)))
+    graph.output((outs[-1], current))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def kv_chain_inputs(layers: int = 2) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [
+        torch.randn(2, 2, 3, 4, generator=generator),  # q [B, Hq, T, D]
+        torch.randn(layers, 2, 3, 1, 16, 4, generator=generator),  # cache
+        torch.tensor([0, 2]),
+        torch.tensor([4, 7]),
+        torch.randn(2, 1, 3, 4, generator=generator),
+        torch.randn(2, 1, 3, 4, generator=generator),
+    ]
+
+
+def _structure(gm: fx.GraphModule) -> list[tuple]:
+    index = {}
+    rows = []
+
+    def arg(a: object) -> object:
+        if isinstance(a, fx.Node):
+            return ("node", index[a])
+        if isinstance(a, (list, tuple)):
+            return tuple(arg(x) for x in a)
+        return a
+
+    for position, node in enumerate(gm.graph.nodes):
+        index[node] = position
+        target = node.target if node.op != "placeholder" else None
+        rows.append((node.op, target, arg(node.args), tuple(sorted((k, arg(v)) for k, v in node.kwargs.items()))))
+    return rows
+
+
+def assert_graph_equal(actual: fx.GraphModule, expected: fx.GraphModule) -> None:
+    """Same ops, targets and argument structure in the same order (not the same printed text)."""
+    got, want = _structure(actual), _structure(expected)
+    assert len(got) == len(want), f"{len(got)} nodes, expected {len(want)}:\n{actual.graph}\nexpected:\n{expected.graph}"
+    for position, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g == w, f"node {position} differs: {g} != {w}\n{actual.graph}\nexpected:\n{expected.graph}"

@@ -1,0 +1,100 @@
+"""A real traced step of tiny models, and the eager program every pass must stay equal to (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphspec import ops, pipeline, trace
+from graphspec.config import PassContext
+from graphspec.models import load_model
+
+BATCH, K, SLOTS, MAX_SEQ = 3, 2, 4, 48
+
+
+class StepCase:
+    def __init__(self, target_dir, draft_dir) -> None:
+        self.target = load_model(target_dir).model
+        self.draft = load_model(draft_dir).model
+        generator = torch.Generator().manual_seed(0)
+        inputs = trace.example_step_inputs(self.target, self.draft, BATCH, SLOTS, MAX_SEQ, torch.float32, "cpu")
+        inputs["last_tokens"] = torch.randint(0, 128, (BATCH, 2), generator=generator)
+        inputs["committed_len"] = torch.tensor([5, 17, 9])
+        inputs["row_valid"] = torch.tensor([True, True, False])
+        inputs["temperature"] = torch.tensor([0.0, 0.9, 1.3])
+        inputs["seed"] = torch.tensor([11, 12, 13])
+        inputs["target_cache"] = torch.randn(inputs["target_cache"].shape, generator=generator)
+        inputs["draft_cache"] = torch.randn(inputs["draft_cache"].shape, generator=generator)
+        self.inputs = inputs
+        self.params = [*trace.model_inputs(self.target).values(), *trace.model_inputs(self.draft).values()]
+
+    def traced(self, mode: str):
+        gm, _ = trace.trace_step(self.target, self.draft, K, mode, self.inputs)
+        return gm
+
+    def context(self, mode: str, **overrides) -> PassContext:
+        return PassContext(k=K, batch=BATCH, mode=mode, sm=None, scratch_slot=SLOTS - 1, **overrides)
+
+    def run_graph(self, gm) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        state = {name: value.clone() for name, value in self.inputs.items()}
+        outputs = gm(*self.params, *(state[name] for name in trace.STEP_INPUTS))
+        names = trace.VERIFIED_OUTPUTS if len(outputs) == len(trace.VERIFIED_OUTPUTS) else trace.SPECULATE_OUTPUTS
+        return dict(zip(names, outputs, strict=True)), state
+
+    def eager(self, mode: str, traced: bool = True) -> dict[str, torch.Tensor]:
+        """The step's meaning: speculate, then verify and commit called directly. With traced=True
+        the speculate part is the traced graph (what passes must preserve bit for bit); otherwise
+        plain Python on real tensors (equal up to BLAS call paths: eager F.linear vs traced mm)."""
+        x = {name: value.clone() for name, value in self.inputs.items()}
+        t_params, d_params = trace.model_inputs(self.target), trace.model_inputs(self.draft)
+        if traced:
+            speculated, _ = self.run_graph(self.traced(mode))
+            target_logits, draft_logits, draft_tokens, t_cache, d_cache = speculated.values()
+        else:
+            target_logits, draft_logits, draft_tokens, t_cache, d_cache = trace.speculate(
+                self.target, self.draft, K, mode == "greedy", t_params, d_params, *(x[n] for n in trace.STEP_INPUTS)
+            )
+        if mode == "greedy":
+            tokens, accepted = ops.verify_greedy(target_logits, draft_tokens)
+        else:
+            tokens, accepted = ops.verify_rejection(
+                target_logits, draft_logits, draft_tokens, x["temperature"], x["top_k"], x["top_p"], x["seed"],
+                x["step_counter"],
+            )
+        next_len, next_last = ops.commit(x["committed_len"], x["last_tokens"], tokens, accepted)
+        return {
+            "tokens": tokens,
+            "num_accepted": accepted,
+            "next_committed_len": next_len,
+            "next_last_tokens": next_last,
+            "next_step_counter": x["step_counter"] + 1,
+            "target_cache": t_cache,
+            "draft_cache": d_cache,
+        }
+
+    def through(self, mode: str, last_pass: str, **ctx_overrides):
+        """The traced step after the pipeline up to and including `last_pass`."""
+        result = pipeline.run_pipeline(
+            self.traced(mode), self.context(mode, **ctx_overrides), stop_after=last_pass, check=True
+        )
+        return result.gm
+
+    def assert_matches_eager(self, gm, mode: str) -> None:
+        """Real rows (row_valid) produce exactly the traced program's outputs and cache contents,
+        and the plain-Python program's tokens exactly and caches to 1e-5."""
+        outputs, _ = self.run_graph(gm)
+        real = self.inputs["row_valid"]
+        slots = self.inputs["slot_ids"][real]
+        for traced, tolerance in ((True, 0.0), (False, 1e-5)):
+            expected = self.eager(mode, traced=traced)
+            for name in ("tokens", "num_accepted", "next_committed_len", "next_last_tokens", "next_step_counter"):
+                torch.testing.assert_close(outputs[name][real], expected[name][real], rtol=0, atol=0, msg=name)
+            for name in ("target_cache", "draft_cache"):
+                # In-place graphs return the mutated input buffer; functional ones a new cache.
+                got, want = outputs[name][:, :, slots], expected[name][:, :, slots]
+                torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance, msg=name)
+
+
+@pytest.fixture(scope="session")
+def step_case(checkpoint_factory) -> StepCase:
+    return StepCase(checkpoint_factory("llama", seed=0), checkpoint_factory("qwen3", seed=1))

@@ -1,0 +1,58 @@
+import pytest
+import torch
+
+from graphspec import trace
+from graphspec.config import PassContext
+from graphspec.passes import insert_verify
+from tests import graphs
+
+
+def ctx(mode: str = "greedy") -> PassContext:
+    return PassContext(k=2, batch=3, mode=mode, sm=None)
+
+
+def test_greedy_inserts_verify_and_commit():
+    values = graphs.step_values()
+    result = insert_verify.run(graphs.speculate_stub(values), ctx())
+    assert result.changed
+    assert result.stats == {"verify": "graphspec::verify_greedy", "k": 2}
+    graphs.assert_graph_equal(result.gm, graphs.verified_stub_expected(values))
+    assert tuple(trace.output_nodes(result.gm)) == trace.VERIFIED_OUTPUTS
+
+
+def test_sample_mode_uses_rejection_sampling_with_row_parameters():
+    result = insert_verify.run(graphs.speculate_stub(graphs.step_values()), ctx("sample"))
+    verify = [n for n in result.gm.graph.nodes if n.target is torch.ops.graphspec.verify_rejection.default]
+    assert len(verify) == 1
+    assert [a.name for a in verify[0].args] == [
+        "target_logits", "draft_logits", "draft_tokens", "temperature", "top_k", "top_p", "seed", "step_counter"
+    ]
+
+
+def test_nodes_are_tagged():
+    result = insert_verify.run(graphs.speculate_stub(graphs.step_values()), ctx())
+    created = [n for n in result.gm.graph.nodes if n.op == "call_function"]
+    assert created and all(n.meta.get("gs_pass") == "insert_verify" for n in created)
+
+
+def test_nothing_to_do_on_a_verified_graph():
+    gm = insert_verify.run(graphs.speculate_stub(graphs.step_values()), ctx()).gm
+    again = insert_verify.run(gm, ctx())
+    assert not again.changed and "already" in again.note
+
+
+def test_stub_graph_computes_verify_and_commit():
+    values = graphs.step_values()
+    gm = insert_verify.run(graphs.speculate_stub(values), ctx()).gm
+    args = [values[n] for n in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])]
+    tokens, accepted, next_len, next_last, counter, *_ = gm(*args)
+    torch.testing.assert_close(tokens, values["target_logits"].argmax(-1))
+    matches = (values["draft_tokens"] == tokens[:, :-1]).long().cumprod(1).sum(1)
+    torch.testing.assert_close(accepted, matches)
+    torch.testing.assert_close(next_len, values["committed_len"] + accepted + 1)
+    torch.testing.assert_close(counter, values["step_counter"] + 1)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sample"])
+def test_traced_step_matches_eager_program(step_case, mode):
+    step_case.assert_matches_eager(step_case.through(mode, "insert_verify"), mode)
