@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,13 @@ def op_counts(gm: fx.GraphModule) -> collections.Counter:
 
 
 def readable(gm: fx.GraphModule) -> str:
-    return gm.print_readable(print_output=False, include_stride=True, include_device=True)
+    text = gm.print_readable(print_output=False, include_stride=True, include_device=True)
+    # make_fx names its module class "<lambda>"; give every class a valid name so the file parses.
+    return re.sub(
+        r"class (\S+?)\(torch\.nn\.Module\)",
+        lambda m: m.group(0) if m.group(1).isidentifier() else "class GraphModule(torch.nn.Module)",
+        text,
+    )
 
 
 def _header(record: PassRecord) -> str:

@@ -157,6 +157,10 @@ def attention_reference(
     visible = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, T, S]
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
+    # Positions no query of the row can see hold dead KV (rejected drafts, padding garbage, NaN in
+    # the poisoning tests); a zero probability times NaN is still NaN, so zero them out.
+    dead = key_pos[None, :] > query_pos[:, -1:]  # [B, S]
+    values = values.masked_fill(dead[:, None, :, None], 0.0)
     return torch.matmul(probs, values).to(q.dtype)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.checkpoints import make_checkpoint
+from tests.step_case import StepCase
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,3 +47,9 @@ def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory):
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def step_case(checkpoint_factory) -> StepCase:
+    """A traced step of a tiny llama target with an unrelated qwen3 draft (B=3, K=2, one padding row)."""
+    return StepCase(checkpoint_factory("llama", seed=0), checkpoint_factory("qwen3", seed=1))

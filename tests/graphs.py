@@ -51,7 +51,9 @@ def speculate_stub(values: dict[str, torch.Tensor]) -> fx.GraphModule:
     """Step inputs + the speculate outputs as placeholders, returned as SPECULATE_OUTPUTS: the shape
     of a traced program with the models cut out."""
     graph = fx.Graph()
-    nodes = {name: _placeholder(graph, name, values[name]) for name in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])}
+    nodes = {
+        name: _placeholder(graph, name, values[name]) for name in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])
+    }
     output = graph.output(tuple(nodes[name] for name in trace.SPECULATE_OUTPUTS))
     output.meta["gs_outputs"] = trace.SPECULATE_OUTPUTS
     return fx.GraphModule(torch.nn.Module(), graph)
@@ -60,8 +62,12 @@ def speculate_stub(values: dict[str, torch.Tensor]) -> fx.GraphModule:
 def verified_stub_expected(values: dict[str, torch.Tensor]) -> fx.GraphModule:
     """What insert_verify must produce from speculate_stub in greedy mode, built by hand."""
     graph = fx.Graph()
-    nodes = {name: _placeholder(graph, name, values[name]) for name in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])}
-    verify = graph.call_function(torch.ops.graphspec.verify_greedy.default, (nodes["target_logits"], nodes["draft_tokens"]))
+    nodes = {
+        name: _placeholder(graph, name, values[name]) for name in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])
+    }
+    verify = graph.call_function(
+        torch.ops.graphspec.verify_greedy.default, (nodes["target_logits"], nodes["draft_tokens"])
+    )
     tokens = graph.call_function(operator.getitem, (verify, 0))
     accepted = graph.call_function(operator.getitem, (verify, 1))
     commit = graph.call_function(
@@ -123,6 +129,8 @@ def _structure(gm: fx.GraphModule) -> list[tuple]:
 def assert_graph_equal(actual: fx.GraphModule, expected: fx.GraphModule) -> None:
     """Same ops, targets and argument structure in the same order (not the same printed text)."""
     got, want = _structure(actual), _structure(expected)
-    assert len(got) == len(want), f"{len(got)} nodes, expected {len(want)}:\n{actual.graph}\nexpected:\n{expected.graph}"
+    assert len(got) == len(want), (
+        f"{len(got)} nodes, expected {len(want)}:\n{actual.graph}\nexpected:\n{expected.graph}"
+    )
     for position, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"node {position} differs: {g} != {w}\n{actual.graph}\nexpected:\n{expected.graph}"

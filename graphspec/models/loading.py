@@ -17,7 +17,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from graphspec.errors import CheckpointError
 from graphspec.models.decoder import DecoderLM
-from graphspec.models.spec import ModelSpec, rope_frequencies
+from graphspec.models.spec import FAMILIES, ModelSpec, rope_frequencies
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -52,11 +52,20 @@ def load_config(path: str | Path) -> PretrainedConfig:
         raise CheckpointError(f"{config_file}: missing config.json; is this a Hugging Face checkpoint directory?")
     try:
         raw = json.loads(config_file.read_text())
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{config_file}: not valid JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{config_file}: not a JSON object")
     model_type = raw.get("model_type")
     if model_type is None:
         raise CheckpointError(f"{config_file}: no model_type field")
+    # Checked before transformers sees the file: a model_type transformers does not know would
+    # otherwise fail inside AutoConfig with a message that does not say what graphspec supports.
+    if model_type not in FAMILIES:
+        raise CheckpointError(
+            f"{config_file}: unsupported architecture {model_type!r} "
+            f"(architectures={raw.get('architectures')}); supported model_type values: {', '.join(sorted(FAMILIES))}"
+        )
     try:
         config = AutoConfig.from_pretrained(str(path))
     except (ValueError, KeyError, OSError) as error:
@@ -65,21 +74,34 @@ def load_config(path: str | Path) -> PretrainedConfig:
     return config
 
 
+def _read_index(index: Path) -> dict[str, str]:
+    """tensor name -> shard file name, from model.safetensors.index.json."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{index}: corrupt shard index ({type(error).__name__}: {error})") from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(name, str) and isinstance(file, str) for name, file in weight_map.items()
+    ):
+        raise CheckpointError(f"{index}: corrupt shard index (weight_map must map tensor names to file names)")
+    return weight_map
+
+
 def weight_files(path: Path) -> list[Path]:
     """The checkpoint's safetensors files, from the shard index when there is one."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as error:
-            raise CheckpointError(f"{index}: corrupt shard index ({error})") from None
-        files = [path / name for name in sorted(set(weight_map.values()))]
+        files = [path / name for name in sorted(set(_read_index(index).values()))]
     elif (path / "model.safetensors").exists():
         files = [path / "model.safetensors"]
     else:
         found = sorted(p.name for p in path.glob("*.safetensors"))
         if not found:
-            raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json (found no weights)")
+            other = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
+            hint = f"; found only {', '.join(other)}: convert it to safetensors first" if other else ""
+            raise CheckpointError(
+                f"{path}: no model.safetensors or model.safetensors.index.json (found no weights){hint}"
+            )
         files = [path / name for name in found]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
@@ -101,16 +123,43 @@ def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
         except (ValueError, UnicodeDecodeError) as error:
             raise CheckpointError(f"{file}: corrupt or truncated safetensors file ({error})") from None
         end = 0
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            end = max(end, info["data_offsets"][1])
-            tensors[name] = (file, tuple(info["shape"]))
+        shapes: dict[str, tuple[int, ...]] = {}
+        try:
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                begin, stop = info["data_offsets"]
+                if not 0 <= begin <= stop:
+                    raise ValueError(f"bad data_offsets for {name}")
+                end = max(end, stop)
+                shapes[name] = tuple(int(d) for d in info["shape"])
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{file}: corrupt safetensors header ({type(error).__name__}: {error})") from None
+        # Two files holding one tensor: which copy is meant is unknowable, so refuse rather than pick.
+        duplicated = sorted(f"{name} (also in {tensors[name][0].name})" for name in shapes if name in tensors)
+        if duplicated:
+            raise CheckpointError(f"{file}: tensors stored in more than one file: {', '.join(duplicated)}")
+        tensors.update((name, (file, shape)) for name, shape in shapes.items())
         if 8 + header_len + end > size:
             raise CheckpointError(
                 f"{file}: truncated safetensors file ({size} bytes, header promises {8 + header_len + end})"
             )
     return tensors
+
+
+def _check_index(path: Path, available: dict[str, tuple[Path, tuple[int, ...]]]) -> None:
+    """Every tensor the shard index names must be in the shard it names: an index that disagrees with
+    its shards means files from two different checkpoints were mixed."""
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        return
+    wrong = sorted(
+        f"{name} (index: {file}, found in: {available[name][0].name if name in available else 'no shard'})"
+        for name, file in _read_index(index).items()
+        if name not in available or available[name][0].name != file
+    )
+    if wrong:
+        raise CheckpointError(f"{index}: shard index disagrees with the shards: {', '.join(wrong)}")
 
 
 def build_model(config: PretrainedConfig) -> DecoderLM:
@@ -132,6 +181,7 @@ def load_model(
     config = load_config(path)
     files = weight_files(path)
     available = _read_headers(files)
+    _check_index(path, available)
     model = build_model(config)
 
     expected = {name: tuple(p.shape) for name, p in model.named_parameters()}

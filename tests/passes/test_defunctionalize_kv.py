@@ -32,7 +32,9 @@ def test_update_whose_old_version_is_read_later_stays_functional():
     output = graph.find_nodes(op="output")[0]
     # Read the pre-update cache after the update: writing in place would change what it sees.
     with graph.inserting_before(output):
-        late = graph.call_function(graphs.ATTENTION, (output.args[0][0].args[0], cache, 0, *output.args[0][0].args[2:4], 0.5))
+        late = graph.call_function(
+            graphs.ATTENTION, (output.args[0][0].args[0], cache, 0, *output.args[0][0].args[2:4], 0.5)
+        )
     output.args = ((output.args[0][0], output.args[0][1], late),)
     gm.recompile()
     result = defunctionalize_kv.run(gm, CTX)

@@ -25,7 +25,14 @@ def test_sample_mode_uses_rejection_sampling_with_row_parameters():
     verify = [n for n in result.gm.graph.nodes if n.target is torch.ops.graphspec.verify_rejection.default]
     assert len(verify) == 1
     assert [a.name for a in verify[0].args] == [
-        "target_logits", "draft_logits", "draft_tokens", "temperature", "top_k", "top_p", "seed", "step_counter"
+        "target_logits",
+        "draft_logits",
+        "draft_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "step_counter",
     ]
 
 

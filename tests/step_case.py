@@ -1,8 +1,8 @@
-"""A real traced step of tiny models, and the eager program every pass must stay equal to (fp32)."""
+"""A real traced step of tiny models, and the eager program every pass must stay equal to (fp32).
+The `step_case` fixture (tests/conftest.py) shares one per session."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from graphspec import ops, pipeline, trace
@@ -58,7 +58,13 @@ class StepCase:
             tokens, accepted = ops.verify_greedy(target_logits, draft_tokens)
         else:
             tokens, accepted = ops.verify_rejection(
-                target_logits, draft_logits, draft_tokens, x["temperature"], x["top_k"], x["top_p"], x["seed"],
+                target_logits,
+                draft_logits,
+                draft_tokens,
+                x["temperature"],
+                x["top_k"],
+                x["top_p"],
+                x["seed"],
                 x["step_counter"],
             )
         next_len, next_last = ops.commit(x["committed_len"], x["last_tokens"], tokens, accepted)
@@ -93,8 +99,3 @@ class StepCase:
                 # In-place graphs return the mutated input buffer; functional ones a new cache.
                 got, want = outputs[name][:, :, slots], expected[name][:, :, slots]
                 torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance, msg=name)
-
-
-@pytest.fixture(scope="session")
-def step_case(checkpoint_factory) -> StepCase:
-    return StepCase(checkpoint_factory("llama", seed=0), checkpoint_factory("qwen3", seed=1))

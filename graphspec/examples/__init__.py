@@ -1,0 +1,66 @@
+"""Built-in examples. demo_pair/ holds a small trained target/draft pair (see demo_pair/README.md).
+
+This module defines the demo pair's corpus and its train/held-out split, so the training script,
+the acceptance measurement and the tests agree on which files were never trained on. It imports
+nothing but the standard library: tools/ load it by file path without importing graphspec itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from pathlib import Path
+
+DEMO_PAIR_DIR = Path(__file__).resolve().parent / "demo_pair"
+DEMO_TARGET = DEMO_PAIR_DIR / "target"
+DEMO_DRAFT = DEMO_PAIR_DIR / "draft"
+DEMO_METADATA = DEMO_PAIR_DIR / "metadata.json"
+
+# Corpus: every .py file of the running interpreter's standard library, except tests, installed
+# third-party packages, and two packages that are generated data tables rather than code.
+EXCLUDED_PARTS = ("__pycache__", "site-packages", "dist-packages", "test", "tests", "idle_test")
+EXCLUDED_TOP_LEVEL = ("encodings", "pydoc_data")
+# Held-out split: every file whose top-level package or module is one of these (about 10% of the bytes).
+HELDOUT_TOP_LEVEL = ("argparse", "difflib", "email", "http", "json", "logging", "textwrap")
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def split_of(relative_path: str) -> str | None:
+    """'train', 'heldout', or None (not in the corpus) for a stdlib-relative posix path."""
+    parts = relative_path.split("/")
+    top = parts[0].removesuffix(".py")
+    if not relative_path.endswith(".py") or set(parts) & set(EXCLUDED_PARTS) or top in EXCLUDED_TOP_LEVEL:
+        return None
+    return "heldout" if top in HELDOUT_TOP_LEVEL else "train"
+
+
+def stdlib_files(split: str, root: Path | None = None) -> list[tuple[str, str]]:
+    """(relative path, source text) of the corpus files in `split`, sorted by path.
+    Files that are not valid UTF-8 are skipped."""
+    root = Path(root) if root is not None else stdlib_root()
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if split_of(relative) != split or not path.is_file():
+            continue
+        try:
+            found.append((relative, path.read_text(encoding="utf-8")))
+        except UnicodeDecodeError:
+            continue
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_metadata() -> dict:
+    return json.loads(DEMO_METADATA.read_text())

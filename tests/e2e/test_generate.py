@@ -1,0 +1,172 @@
+"""Runtime.generate end to end on tiny real checkpoints (CPU, fp32): lossless, stats, rollback,
+stop tokens, sampling reproducibility, and bad input refused before any work."""
+
+import pytest
+import torch
+
+import graphspec
+from graphspec.counters import COUNTERS
+from graphspec.errors import InputError
+
+# Mixed prompt lengths 1..64; five prompts with buckets (1, 4) also exercise padding and splitting.
+PROMPT_LENGTHS = [1, 7, 64, 3, 20]
+
+
+def prompts(seed: int = 0, lengths=PROMPT_LENGTHS) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 128, (n,), generator=generator).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize(
+    ("pair", "k"),
+    [("unrelated", 1), ("unrelated", 4), ("unrelated", 7), ("self", 2), ("mixed_family", 4), ("qwen2", 7)],
+)
+def test_greedy_is_lossless_against_transformers(runtime_for, hf_greedy, pair, k):
+    runtime = runtime_for(pair, k)
+    batch = prompts(seed=k)
+    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        assert result.token_ids == hf_greedy(pair, prompt, 24, [])
+        assert result.finish_reason == "length"
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 64])
+def test_greedy_is_lossless_for_any_length(runtime_for, hf_greedy, max_new_tokens):
+    runtime = runtime_for("unrelated", 4)
+    batch = prompts(seed=9, lengths=[5, 30])
+    results = runtime.generate(batch, max_new_tokens=max_new_tokens, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        assert result.token_ids == hf_greedy("unrelated", prompt, max_new_tokens, [])
+        assert len(result.token_ids) == max_new_tokens
+
+
+def test_self_draft_accepts_every_token(runtime_for, hf_greedy):
+    runtime = runtime_for("self", 4)
+    runtime.stats = type(runtime.stats)(runtime.k)
+    batch = prompts(seed=1)
+    results = runtime.generate(batch, max_new_tokens=21, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        assert result.token_ids == hf_greedy("self", prompt, 21, [])
+        assert result.stats.accepted_per_step == [4] * 4  # 1 prefill token + 4 steps x 5 tokens
+    assert runtime.stats.acceptance_rate == 1.0
+    assert runtime.stats.acceptance_by_position == [1.0] * 4
+    assert runtime.stats.mean_tokens_per_step == 5.0
+
+
+def test_stop_token_inside_an_accepted_block_ends_the_output(runtime_for, hf_greedy):
+    runtime = runtime_for("self", 4)
+    prompt = prompts(seed=2, lengths=[6])[0]
+    free = hf_greedy("self", prompt, 30, [])
+    # A token first seen in the middle of a step's block (prefill emits 1 token, steps emit 5 each).
+    position = next(i for i, t in enumerate(free) if i % 5 not in (0,) and t not in free[:i])
+    stop = free[position]
+    result = runtime.generate([prompt], max_new_tokens=30, stop_token_ids=[stop])[0]
+    assert result.token_ids == free[: position + 1] == hf_greedy("self", prompt, 30, [stop])
+    assert result.finish_reason == "stop"
+
+
+def test_default_stop_is_the_checkpoint_eos(runtime_for):
+    runtime = runtime_for("unrelated", 2)
+    assert runtime.eos_token_ids == [2]
+
+
+def test_kv_rollback_survives_poisoned_dead_slots(runtime_for):
+    """After every step, NaN-poison every cache entry at or beyond what a row has committed (and the
+    whole spare slot): later output is unchanged, so nothing ever reads dead KV."""
+    runtime = runtime_for("unrelated", 4)
+    batch = prompts(seed=3, lengths=[4, 11, 2])
+    clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    assert any(a < 4 for r in clean for a in r.stats.accepted_per_step)  # rejections happened
+    graph = runtime.graphs[("greedy", 4)]
+    target, draft = runtime.caches["target_cache"], runtime.caches["draft_cache"]
+    poisoned = {i: [] for i in range(len(batch))}
+    for index, item in runtime.stream(batch, max_new_tokens=30, stop_token_ids=[]):
+        if isinstance(item, int):
+            poisoned[index].append(item)
+        lengths = graph.buffers.inputs["committed_len"].tolist()
+        for row in range(len(batch)):
+            # target KV is valid below committed_len - 1; the draft re-writes from committed_len - 2.
+            target[:, :, row, :, lengths[row] - 1 :] = float("nan")
+            draft[:, :, row, :, lengths[row] - 2 :] = float("nan")
+        target[:, :, -1] = float("nan")
+        draft[:, :, -1] = float("nan")
+    assert [poisoned[i] for i in range(len(batch))] == [r.token_ids for r in clean]
+
+
+def test_sampling_is_reproducible_per_seed_and_batch_independent(runtime_for):
+    runtime = runtime_for("unrelated", 3, modes=("greedy", "sample"))
+    batch = prompts(seed=4, lengths=[5, 9, 2])
+    first = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
+    again = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
+    assert [r.token_ids for r in first] == [r.token_ids for r in again]
+    alone = runtime.generate(batch[:1], max_new_tokens=16, temperature=0.9, seed=123)
+    assert alone[0].token_ids == first[0].token_ids
+    other = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=124)
+    assert [r.token_ids for r in other] != [r.token_ids for r in first]
+    greedy_like = runtime.generate(batch, max_new_tokens=16, temperature=1.0, top_k=1, seed=5)
+    greedy = runtime.generate(batch, max_new_tokens=16, stop_token_ids=None)
+    assert [r.token_ids for r in greedy_like] == [r.token_ids for r in greedy]
+
+
+def test_streaming_yields_every_token_then_the_result(runtime_for):
+    runtime = runtime_for("unrelated", 4)
+    batch = prompts(seed=5, lengths=[3, 8])
+    events = list(runtime.stream(batch, max_new_tokens=10, stop_token_ids=[]))
+    results = runtime.generate(batch, max_new_tokens=10, stop_token_ids=[])
+    for index, result in enumerate(results):
+        tokens = [item for i, item in events if i == index and isinstance(item, int)]
+        finals = [item for i, item in events if i == index and not isinstance(item, int)]
+        assert tokens == result.token_ids and len(finals) == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda rt: rt.generate([[]]), "prompt 0 is empty"),
+        (lambda rt: rt.generate([]), "non-empty list"),
+        (lambda rt: rt.generate([[1, 2, 128]]), r"outside \[0, 128\)"),
+        (lambda rt: rt.generate([[1, -1]]), r"outside \[0, 128\)"),
+        (lambda rt: rt.generate([[1] * 150], max_new_tokens=10), "exceeds max_seq_len 160"),
+        (lambda rt: rt.generate([[1]], max_new_tokens=0), "max_new_tokens must be an int >= 1"),
+        (lambda rt: rt.generate(["hello"]), "no tokenizer"),
+        (lambda rt: rt.generate([[1]], temperature=-1), "temperature"),
+        (lambda rt: rt.generate([[1]], temperature=0.5), "without the 'sample' step"),
+        (lambda rt: rt.generate([[1]], top_p=0.0), "top_p"),
+    ],
+)
+def test_bad_generate_input_is_refused_before_any_work(runtime_for, call, message):
+    runtime = runtime_for("unrelated", 4)
+    before = (COUNTERS.prefills, COUNTERS.eager_steps)
+    with pytest.raises(InputError, match=message):
+        call(runtime)
+    assert (COUNTERS.prefills, COUNTERS.eager_steps) == before
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"k": 0}, "k must be between 1 and"),
+        ({"k": 2.0}, "k must be an int"),
+        ({"k": 17}, "k must be between 1 and 16"),
+        ({"batch_sizes": (0, 2)}, "batch_sizes must be positive ints"),
+        ({"dtype": "int8"}, "dtype"),
+        (
+            {"device": "cuda:0"} if not torch.cuda.is_available() else {"max_seq_len": 10**6},
+            "CUDA is not available|max_seq_len",
+        ),
+    ],
+)
+def test_bad_compile_options_are_refused(pair_dirs, options, message):
+    target, draft = pair_dirs("unrelated")
+    base = dict(k=2, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=64)
+    traces = COUNTERS.traces
+    with pytest.raises(InputError, match=message):
+        graphspec.compile(target, draft, **{**base, **options})
+    assert COUNTERS.traces == traces
+
+
+def test_mismatched_vocabularies_are_refused(checkpoint_factory, pair_dirs):
+    target, _ = pair_dirs("unrelated")
+    other_vocab = checkpoint_factory("llama", 7, vocab_size=96)
+    with pytest.raises(InputError, match="vocabularies differ.*128.*96"):
+        graphspec.compile(target, other_vocab, k=2, dtype="float32", device="cpu", max_seq_len=64)
