@@ -57,5 +57,4 @@ def make_checkpoint(directory: Path, family: str = "llama", seed: int = 0, **ove
 
 def load_hf(directory: Path) -> transformers.PreTrainedModel:
     """The transformers model for a checkpoint, fp32, eval mode: the reference implementation."""
-    config = transformers.AutoConfig.from_pretrained(directory)
     return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()

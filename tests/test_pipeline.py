@@ -63,7 +63,7 @@ def test_skip_keeps_numbering_and_marks_the_pass(step_case, tmp_path):
 
 
 def test_unknown_pass_names_are_refused_with_the_list():
-    with pytest.raises(InputError, match="unknown pass 'nope'.*insert_verify"):
+    with pytest.raises(InputError, match=r"unknown pass 'nope'.*insert_verify"):
         pipeline.validate_names("nope", ())
     with pytest.raises(InputError, match="unknown pass 'bad'"):
         pipeline.validate_names(None, ["bad"])

@@ -168,5 +168,5 @@ def test_bad_compile_options_are_refused(pair_dirs, options, message):
 def test_mismatched_vocabularies_are_refused(checkpoint_factory, pair_dirs):
     target, _ = pair_dirs("unrelated")
     other_vocab = checkpoint_factory("llama", 7, vocab_size=96)
-    with pytest.raises(InputError, match="vocabularies differ.*128.*96"):
+    with pytest.raises(InputError, match=r"vocabularies differ.*128.*96"):
         graphspec.compile(target, other_vocab, k=2, dtype="float32", device="cpu", max_seq_len=64)

@@ -52,7 +52,7 @@ def test_stub_graph_computes_verify_and_commit():
     values = graphs.step_values()
     gm = insert_verify.run(graphs.speculate_stub(values), ctx()).gm
     args = [values[n] for n in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])]
-    tokens, accepted, next_len, next_last, counter, *_ = gm(*args)
+    tokens, accepted, next_len, _, counter, *_ = gm(*args)
     torch.testing.assert_close(tokens, values["target_logits"].argmax(-1))
     matches = (values["draft_tokens"] == tokens[:, :-1]).long().cumprod(1).sum(1)
     torch.testing.assert_close(accepted, matches)
