@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from graphspec.errors import InputError
+
 # Lanes of the per-row random stream; one step uses lanes DRAFT_LANE + i, ACCEPT_LANE + j, RESAMPLE_LANE.
 DRAFT_LANE = 0
 ACCEPT_LANE = 64
@@ -195,7 +197,9 @@ def uniform(seed: Tensor, counter: Tensor, lane: Tensor | int) -> Tensor:
     seed = seed.to(torch.int64)
     counter = counter.to(torch.int64)
     if isinstance(lane, int):
-        lane = torch.tensor(lane, dtype=torch.int64, device=seed.device)
+        # torch.full, not torch.tensor: a fill kernel, where torch.tensor copies from the host, which
+        # a CUDA graph capture refuses.
+        lane = torch.full((), lane, dtype=torch.int64, device=seed.device)
     extra = lane.dim()
     for _ in range(extra):
         seed, counter = seed.unsqueeze(-1), counter.unsqueeze(-1)
@@ -211,6 +215,8 @@ def row_seeds(seed: int | None, count: int) -> Tensor:
     whatever batch it lands in. seed None draws a fresh random seed."""
     if seed is None:
         seed = int(torch.randint(0, 2**62, ()).item())
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise InputError(f"seed must be None or an int in [0, 2**63), got {seed!r}")
     rows = torch.arange(count, dtype=torch.int64)
     return _fmix32((rows * 0x9E3779B1 + (seed & _MASK32)) & _MASK32) | (((seed >> 32) & _MASK32) << 32)
 

@@ -40,7 +40,7 @@ def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory):
     cache: dict[tuple, object] = {}
 
     def make(family: str = "llama", seed: int = 0, **overrides):
-        key = (family, seed, tuple(sorted(overrides.items())))
+        key = (family, seed, repr(sorted(overrides.items())))  # repr: overrides may hold dicts
         if key not in cache:
             directory = tmp_path_factory.mktemp(f"ckpt_{family}_{seed}")
             cache[key] = make_checkpoint(directory, family, seed, **overrides)

@@ -1,0 +1,257 @@
+"""bf16 parity of graphspec's decoder with transformers on a Llama-3.1-8B-shaped random checkpoint.
+
+Builds the random model directly on the GPU in bf16, saves it with save_pretrained, then loads the
+checkpoint twice (transformers, then graphspec.models.load_model) one after the other, so only one
+16 GB copy of the weights is ever resident. Both run the same prompts of different lengths: graphspec
+as one right-padded batch (as the runtime prefills), transformers one unpadded row at a time.
+
+Reports, per run: cosine similarity and max abs difference of the last-position logits, and argmax
+agreement over every prompt position, overall and outside near-ties (positions where transformers'
+top-2 logits are closer than --tie-rel times the top logit's magnitude, where bf16 rounding may
+legitimately flip the argmax).
+Exits non-zero when the minimum cosine similarity is <= 0.99 or agreement outside near-ties is below
+--min-agreement.
+
+    python scripts/gpu_parity.py                 # H200: 8B shape, bf16, cuda (a few minutes, 16 GB disk)
+    python scripts/gpu_parity.py --small         # the same code on a tiny config on CPU (seconds)
+    python scripts/gpu_parity.py --out D --reuse # keep the checkpoint in D and reuse it next time
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+
+# Make `graphspec` importable when the script runs from a source checkout without installing it.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from graphspec.models import load_model
+
+LLAMA_31_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=131072,
+    rope_theta=500000.0,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    bos_token_id=128000,
+    eos_token_id=128001,
+)
+SMALL = dict(
+    LLAMA_31_8B,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rope_scaling=dict(LLAMA_31_8B["rope_scaling"], original_max_position_embeddings=64),
+    bos_token_id=1,
+    eos_token_id=2,
+    # 0.02 * sqrt(4096 / 64): gives the tiny model the 8B's activation scales, so attention is as
+    # sharp and position-sensitive as there (at 0.02 a 64-wide model attends almost uniformly).
+    initializer_range=0.16,
+)
+FULL_PROMPT_LENGTHS = (512, 37, 300, 129, 1, 256, 200, 64)
+SMALL_PROMPT_LENGTHS = (40, 7, 25, 1)
+
+
+@dataclass
+class Logits:
+    last: torch.Tensor  # [B, V] float32 on CPU: logits at each prompt's last position
+    top2: list[torch.Tensor]  # per prompt [T, 2] float32 values of the two largest logits
+    argmax: list[torch.Tensor]  # per prompt [T] int64
+
+
+def build_checkpoint(directory: Path, fields: dict, device: str, seed: int) -> None:
+    """Random Llama weights created on `device` in bf16 (no fp32 copy), saved with save_pretrained."""
+    config = transformers.LlamaConfig(**fields)
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # parameters are born bf16: 16 GB, not 32 GB then a cast
+    try:
+        with torch.device(device):
+            model = transformers.LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():
+        # Norm weights start at exactly one; perturb them so a mis-loaded norm cannot go unnoticed.
+        for parameter in model.parameters():
+            if parameter.dim() == 1:
+                parameter.add_(torch.randn_like(parameter) * 0.05)
+    model.save_pretrained(directory)
+    del model
+    free_memory()
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def load_transformers(directory: Path, device: str) -> transformers.PreTrainedModel:
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, device_map=device)
+    except (ImportError, ValueError):  # device_map needing accelerate on some versions: load, then move
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).to(device)
+    return model.eval()
+
+
+def summarize(per_prompt_logits: list[torch.Tensor]) -> Logits:
+    """Keep only what the comparison needs, on CPU, so the model can be freed before the next loads."""
+    last = torch.stack([logits[-1].float().cpu() for logits in per_prompt_logits])
+    top2 = [logits.float().topk(2, dim=-1).values.cpu() for logits in per_prompt_logits]
+    argmax = [logits.float().argmax(dim=-1).cpu() for logits in per_prompt_logits]
+    return Logits(last, top2, argmax)
+
+
+@torch.inference_mode()
+def run_transformers(directory: Path, prompts: list[torch.Tensor], device: str) -> Logits:
+    model = load_transformers(directory, device)
+    outputs = [model(prompt[None].to(device)).logits[0] for prompt in prompts]  # each [T, V]
+    result = summarize(outputs)
+    del model, outputs
+    free_memory()
+    return result
+
+
+@torch.inference_mode()
+def run_graphspec(directory: Path, prompts: list[torch.Tensor], device: str) -> Logits:
+    model = load_model(directory, dtype="bfloat16", device=device).model
+    rows, longest = len(prompts), max(len(p) for p in prompts)
+    tokens = torch.zeros((rows, longest), dtype=torch.int64, device=device)  # right-padded [B, T]
+    for row, prompt in enumerate(prompts):
+        tokens[row, : len(prompt)] = prompt.to(device)
+    cache = model.new_cache(rows, longest, torch.bfloat16, device)
+    start = torch.zeros(rows, dtype=torch.int64, device=device)
+    hidden, _ = model(tokens, start, torch.arange(rows, device=device), cache, in_place=True)  # [B, T, hidden]
+    # One row at a time keeps the [T, V] logits small (a [B, T, V] tensor would be several GB).
+    outputs = [model.logits(hidden[row, : len(prompt)]) for row, prompt in enumerate(prompts)]
+    result = summarize(outputs)
+    del model, cache, hidden, outputs
+    free_memory()
+    return result
+
+
+def compare(ours: Logits, reference: Logits, tie_rel: float) -> dict[str, float]:
+    cosine = torch.nn.functional.cosine_similarity(ours.last, reference.last, dim=-1)  # [B]
+    agree = torch.cat([a == b for a, b in zip(ours.argmax, reference.argmax, strict=True)])
+    top2 = torch.cat(reference.top2)  # [positions, 2]
+    # bf16 keeps 8 significant bits, so rounding noise scales with the logits' magnitude.
+    clear = top2[:, 0] - top2[:, 1] > tie_rel * top2[:, 0].abs()
+    return {
+        "cosine_min": cosine.min().item(),
+        "cosine_mean": cosine.mean().item(),
+        "max_abs_diff": (ours.last - reference.last).abs().max().item(),
+        "reference_logit_absmax": reference.last.abs().max().item(),
+        "positions": agree.numel(),
+        "agree_all": agree.float().mean().item(),
+        "near_ties": int((~clear).sum()),
+        "agree_outside_ties": agree[clear].float().mean().item() if clear.any() else float("nan"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--small", action="store_true", help="tiny config on CPU (a self-test of this script)")
+    parser.add_argument("--out", type=Path, help="checkpoint directory (default: a temporary one, deleted)")
+    parser.add_argument("--reuse", action="store_true", help="reuse the checkpoint in --out if it has one")
+    parser.add_argument("--device", help="default: cuda, or cpu with --small")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tie-rel", type=float, default=0.01, help="top-2 gap, relative to |top-1 logit|, below which a flip is a tie"
+    )
+    parser.add_argument("--min-cosine", type=float, default=0.99)
+    parser.add_argument("--min-agreement", type=float, default=0.99, help="argmax agreement outside near-ties")
+    args = parser.parse_args(argv)
+
+    device = args.device or ("cpu" if args.small else "cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("no CUDA device; use --small (or --device cpu) to run on CPU")
+    fields = SMALL if args.small else LLAMA_31_8B
+    lengths = SMALL_PROMPT_LENGTHS if args.small else FULL_PROMPT_LENGTHS
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    prompts = [torch.randint(0, fields["vocab_size"], (n,), generator=generator) for n in lengths]
+
+    temporary = None if args.out else tempfile.TemporaryDirectory(prefix="gpu_parity_")
+    directory = args.out or Path(temporary.name)
+    timings: dict[str, float] = {}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        if args.reuse and (directory / "config.json").is_file():
+            print(f"reusing checkpoint in {directory}")
+        else:
+            build_checkpoint(directory, fields, device, args.seed)
+        timings["build+save"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        reference = run_transformers(directory, prompts, device)
+        timings["transformers"] = time.perf_counter() - start
+        start = time.perf_counter()
+        ours = run_graphspec(directory, prompts, device)
+        timings["graphspec"] = time.perf_counter() - start
+    finally:
+        if temporary is not None:
+            temporary.cleanup()
+
+    result = compare(ours, reference, args.tie_rel)
+    failures = []
+    if not result["cosine_min"] > args.min_cosine:
+        failures.append(f"cosine_min {result['cosine_min']:.5f} <= {args.min_cosine}")
+    if not result["agree_outside_ties"] >= args.min_agreement:
+        failures.append(f"agree_outside_ties {result['agree_outside_ties']:.4f} < {args.min_agreement}")
+
+    shape = "small (CPU self-test)" if args.small else "Llama-3.1-8B shape"
+    device_name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    print()
+    print(
+        f"graphspec vs transformers, bf16, {shape}, {device_name}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}"
+    )
+    print(f"prompts: {len(prompts)} of lengths {list(lengths)} (graphspec: one right-padded batch)")
+    rows = [
+        ("cosine (last pos, min)", f"{result['cosine_min']:.6f}", f"> {args.min_cosine}"),
+        ("cosine (last pos, mean)", f"{result['cosine_mean']:.6f}", ""),
+        (
+            "max |diff| (last pos)",
+            f"{result['max_abs_diff']:.4f}",
+            f"logit absmax {result['reference_logit_absmax']:.2f}",
+        ),
+        ("argmax agree (all)", f"{result['agree_all']:.4f}", f"{result['positions']} positions"),
+        ("near-ties", f"{result['near_ties']}", f"top-2 gap <= {args.tie_rel} * |top-1|"),
+        ("argmax agree (no ties)", f"{result['agree_outside_ties']:.4f}", f">= {args.min_agreement}"),
+        *((f"time {name}", f"{seconds:.1f} s", "") for name, seconds in timings.items()),
+    ]
+    width = max(len(name) for name, _, _ in rows)
+    print("-" * (width + 40))
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:>12}  {note}")
+    print("-" * (width + 40))
+    print("FAIL: " + "; ".join(failures) if failures else "PASS")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
