@@ -7,6 +7,8 @@ import torch
 import graphspec
 from graphspec.counters import COUNTERS
 from graphspec.errors import InputError
+from graphspec.reference import reference_generate
+from tests.e2e.conftest import MAX_SEQ
 
 # Mixed prompt lengths 1..64; five prompts with buckets (1, 4) also exercise padding and splitting.
 PROMPT_LENGTHS = [1, 7, 64, 3, 20]
@@ -25,8 +27,9 @@ def test_greedy_is_lossless_against_transformers(runtime_for, hf_greedy, pair, k
     runtime = runtime_for(pair, k)
     batch = prompts(seed=k)
     results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
-    for prompt, result in zip(batch, results, strict=True):
-        assert result.token_ids == hf_greedy(pair, prompt, 24, [])
+    reference = reference_generate(runtime.target, batch, 24, max_seq_len=MAX_SEQ)
+    for prompt, result, plain in zip(batch, results, reference, strict=True):
+        assert result.token_ids == hf_greedy(pair, prompt, 24, []) == plain
         assert result.finish_reason == "length"
 
 
