@@ -17,11 +17,13 @@ DEMO_TARGET = DEMO_PAIR_DIR / "target"
 DEMO_DRAFT = DEMO_PAIR_DIR / "draft"
 DEMO_METADATA = DEMO_PAIR_DIR / "metadata.json"
 
-# Corpus: every .py file of the running interpreter's standard library, except tests, installed
-# third-party packages, and two packages that are generated data tables rather than code.
-EXCLUDED_PARTS = ("__pycache__", "site-packages", "dist-packages", "test", "tests", "idle_test")
+# Corpus: every .py file of a Python standard library, its test suite (Lib/test) included, except
+# installed third-party packages and two packages that are generated data tables rather than code.
+EXCLUDED_PARTS = ("__pycache__", "site-packages", "dist-packages")
 EXCLUDED_TOP_LEVEL = ("encodings", "pydoc_data")
-# Held-out split: every file whose top-level package or module is one of these (about 10% of the bytes).
+# Held-out split: every file whose top-level package or module is one of these (about 10% of the
+# library's bytes). Their tests (test_json/, test_email/, test_httplib.py, test_logging.py, ...: any
+# path part named test_<held-out name>*) are in neither split, so no test of held-out code is trained on.
 HELDOUT_TOP_LEVEL = ("argparse", "difflib", "email", "http", "json", "logging", "textwrap")
 
 
@@ -35,7 +37,12 @@ def split_of(relative_path: str) -> str | None:
     top = parts[0].removesuffix(".py")
     if not relative_path.endswith(".py") or set(parts) & set(EXCLUDED_PARTS) or top in EXCLUDED_TOP_LEVEL:
         return None
-    return "heldout" if top in HELDOUT_TOP_LEVEL else "train"
+    if top in HELDOUT_TOP_LEVEL:
+        return "heldout"
+    names = (part.removesuffix(".py") for part in parts)
+    if any(name.startswith("test_") and name[len("test_") :].startswith(HELDOUT_TOP_LEVEL) for name in names):
+        return None
+    return "train"
 
 
 def stdlib_files(split: str, root: Path | None = None) -> list[tuple[str, str]]:
@@ -52,6 +59,14 @@ def stdlib_files(split: str, root: Path | None = None) -> list[tuple[str, str]]:
         except UnicodeDecodeError:
             continue
     return found
+
+
+def corpus_fingerprint(files: list[tuple[str, str]]) -> str:
+    """sha256 over the sorted (path, sha256 of text) list: identifies the exact files a split held."""
+    digest = hashlib.sha256()
+    for name, text in files:
+        digest.update(f"{name}\0{hashlib.sha256(text.encode()).hexdigest()}\n".encode())
+    return digest.hexdigest()
 
 
 def file_sha256(path: Path) -> str:

@@ -1,0 +1,194 @@
+"""Measure greedy chain-drafting acceptance of a target/draft pair, without the graphspec runtime.
+
+For greedy decoding the outcome of a speculation step is fixed by the two models alone: from the
+committed prefix, the draft proposes its K greedy tokens d1..dK; the target's greedy continuation of
+the same prefix is t1..tK+1; the step accepts n = the number of leading i with d_i == t_i (0..K) and
+commits n + 1 tokens (the accepted drafts plus the target's token after them). This script computes
+the target's greedy continuation of each prompt once, then replays the steps: committed length c,
+draft chain from prompt + continuation[:c], n = leading matches against continuation[c:c+K],
+c += n + 1, until c reaches --new-tokens (or the target's EOS).
+
+Reported: mean accepted drafts per step (0..K, the issue's "accepted length"), mean tokens per step
+(accepted + 1), the acceptance rate at each draft position (fraction of steps with n >= i), and the
+histogram of n. Prompts are --prompt-tokens tokens from held-out stdlib files (the split recorded in
+graphspec/examples), starting at a line chosen from a hash of the file path, so runs are repeatable.
+
+    PYTHONPATH=. python3 tools/measure_acceptance.py                      # the shipped demo pair
+    PYTHONPATH=. python3 tools/measure_acceptance.py --target T --draft D --prompts 20 --new-tokens 128 -k 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load_examples_module():
+    """graphspec/examples/__init__.py by file path (standard library only; see train_demo_pair.py)."""
+    spec = importlib.util.spec_from_file_location("graphspec_examples", REPO / "graphspec" / "examples" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return sys.modules[spec.name]
+
+
+@dataclass
+class Result:
+    k: int
+    prompts: int
+    steps: int
+    mean_accepted: float  # accepted draft tokens per step, 0..K
+    mean_tokens_per_step: float  # accepted + 1
+    position_acceptance: list[float]  # fraction of steps with n >= i, i = 1..K
+    histogram: list[int]  # steps with n == 0..K
+    per_prompt_mean_accepted: list[float]
+    distinct_4gram_ratio: float  # mean over prompts of distinct/total 4-grams in the target's continuation
+    sources: list[str]
+
+
+def heldout_prompts(tokenizer, count: int, length: int, stdlib: Path | None = None) -> list[tuple[str, list[int]]]:
+    """`count` prompts of `length` tokens from held-out files, spread evenly over the sorted file list."""
+    examples = load_examples_module()
+    eligible = []
+    for name, text in examples.stdlib_files("heldout", stdlib):
+        lines = text.splitlines(keepends=True)
+        # Start at a line picked by a hash of the path, in the first 3/4 of the file, when enough follows.
+        seed = int(hashlib.sha256(name.encode()).hexdigest(), 16)
+        for first in (seed % max(1, (3 * len(lines)) // 4), 0):
+            # Only a bounded slice of text is encoded; the margin keeps its cut end out of the prompt.
+            text = "".join(lines[first:])[: 64 * length]
+            ids = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+            if len(ids) >= length + 16:
+                eligible.append((f"{name}:{first + 1}", ids[:length]))
+                break
+    if len(eligible) < count:
+        raise SystemExit(f"only {len(eligible)} held-out files have {length} tokens; asked for {count} prompts")
+    return [eligible[(i * len(eligible)) // count] for i in range(count)]
+
+
+@torch.no_grad()
+def greedy(model, ids: list[int], count: int) -> list[int]:
+    """`count` greedy tokens after `ids` (no stopping at EOS), with the model's KV cache."""
+    device = model.device
+    out = model(input_ids=torch.tensor([ids], device=device), use_cache=True)
+    tokens = [int(out.logits[0, -1].argmax())]
+    for _ in range(count - 1):
+        out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), past_key_values=out.past_key_values)
+        tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
+
+
+def simulate(target, draft, prompt: list[int], k: int, new_tokens: int, eos: set[int]) -> tuple[list[int], float]:
+    """Accepted count of every speculation step while greedily generating `new_tokens` from `prompt`,
+    and the distinct-4-gram ratio of the target's continuation (low when greedy decoding loops)."""
+    continuation = greedy(target, prompt, new_tokens + k)
+    length = new_tokens
+    for index, token in enumerate(continuation[:new_tokens]):
+        if token in eos:  # generation stops once EOS is committed
+            length = index + 1
+            break
+    accepted, committed = [], 0
+    while committed < length:
+        proposal = greedy(draft, prompt + continuation[:committed], k)
+        n = 0
+        while n < k and proposal[n] == continuation[committed + n]:
+            n += 1
+        accepted.append(n)
+        committed += n + 1
+    grams = [tuple(continuation[i : i + 4]) for i in range(max(1, length - 3))]
+    return accepted, len(set(grams)) / len(grams)
+
+
+def measure(target, draft, prompts: list[tuple[str, list[int]]], k: int, new_tokens: int, eos: set[int]) -> Result:
+    runs = [simulate(target, draft, ids, k, new_tokens, eos) for _, ids in prompts]
+    per_prompt = [accepted for accepted, _ in runs]
+    steps = [n for run in per_prompt for n in run]
+    return Result(
+        k=k,
+        prompts=len(prompts),
+        steps=len(steps),
+        mean_accepted=sum(steps) / len(steps),
+        mean_tokens_per_step=sum(steps) / len(steps) + 1,
+        position_acceptance=[sum(n >= i for n in steps) / len(steps) for i in range(1, k + 1)],
+        histogram=[sum(n == i for n in steps) for i in range(k + 1)],
+        per_prompt_mean_accepted=[sum(run) / len(run) for run in per_prompt],
+        distinct_4gram_ratio=sum(ratio for _, ratio in runs) / len(runs),
+        sources=[name for name, _ in prompts],
+    )
+
+
+def load_pair(target_dir: Path, draft_dir: Path, device: str):
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    eos = target.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    return target, draft, tokenizer, eos
+
+
+def main(argv: list[str] | None = None) -> Result:
+    examples = load_examples_module()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Path, default=examples.DEMO_TARGET)
+    parser.add_argument("--draft", type=Path, default=examples.DEMO_DRAFT)
+    parser.add_argument("-k", type=int, default=4, help="draft tokens per step")
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--stdlib", type=Path, default=None, help="stdlib root (default: this interpreter's)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    began = time.time()
+    target, draft, tokenizer, eos = load_pair(args.target, args.draft, args.device)
+    prompts = heldout_prompts(tokenizer, args.prompts, args.prompt_tokens, args.stdlib)
+    result = measure(target, draft, prompts, args.k, args.new_tokens, eos)
+    seconds = time.time() - began
+
+    print(f"target {args.target}\ndraft  {args.draft}")
+    print(
+        f"held-out prompts from the stdlib at {args.stdlib or examples.stdlib_root()} (Python "
+        f"{platform.python_version() if args.stdlib is None else '?'}): {result.prompts} x {args.prompt_tokens} "
+        f"tokens, {args.new_tokens} new tokens each, greedy, K={args.k}, fp32 on {args.device}, {seconds:.1f}s"
+    )
+    for (name, _), mean in zip(prompts, result.per_prompt_mean_accepted, strict=True):
+        print(f"  {name:48s} mean accepted {mean:.2f}")
+    print(f"speculation steps: {result.steps}")
+    print(f"histogram of accepted drafts n=0..{args.k}: {result.histogram}")
+    print(
+        "acceptance by draft position (steps with n >= i): "
+        + ", ".join(f"{i + 1}: {rate:.3f}" for i, rate in enumerate(result.position_acceptance))
+    )
+    print(f"mean accepted draft tokens per step (0..{args.k}): {result.mean_accepted:.3f}")
+    print(f"mean tokens per step (accepted + 1):          {result.mean_tokens_per_step:.3f}")
+    print(f"distinct 4-gram ratio of the target's greedy continuations: {result.distinct_4gram_ratio:.3f}")
+    if args.json:
+        payload = {
+            "command": "python3 tools/measure_acceptance.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "python": platform.python_version(),
+            "stdlib": str(args.stdlib or examples.stdlib_root()),
+            "seconds": seconds,
+            **asdict(result),
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,452 @@
+"""Train the built-in demo pair: a small Llama target and a much smaller Llama draft, on Python source.
+
+Corpus: the .py files of the running interpreter's standard library; the split into train and held-out
+files is defined in graphspec/examples/__init__.py (by top-level package) and recorded in the metadata.
+Steps, in one process:
+  1. a byte-level BPE tokenizer (tokenizers library, one special token <|endoftext|> used as BOS, EOS and
+     pad) trained on the training files only, saved as a transformers PreTrainedTokenizerFast;
+  2. the target (transformers LlamaForCausalLM), next-token cross-entropy on random windows of the
+     training token stream (each file is preceded by <|endoftext|>);
+  3. the draft, distilled from the finished target: KL(target || draft) over the full vocabulary at
+     every position of the same kind of windows, which is what raises greedy agreement;
+  4. held-out loss of both and the draft's top-1 agreement with the target on held-out text;
+  5. both saved with save_pretrained in float16, tokenizer in each dir, plus metadata.json (command,
+     corpus, split, steps, losses, timings, versions, sha256 of every file).
+Seeds are fixed and the data order is deterministic; GPU kernels (attention backward, embedding
+gradients) are not bitwise deterministic, so a rerun on a GPU matches closely, not bit for bit.
+
+GPU (bf16 autocast):  PYTHONPATH=. python3 tools/train_demo_pair.py --out graphspec/examples/demo_pair
+CPU smoke test:       PYTHONPATH=. python3 tools/train_demo_pair.py --smoke --out /tmp/demo_pair_smoke
+Another Python's stdlib as the corpus (how the shipped pair was trained on CPython 3.11.7's library):
+  here:  python3 tools/train_demo_pair.py --pack-corpus build/demo_pair_corpus/stdlib.tar.gz
+  there: tar xzf build/demo_pair_corpus/stdlib.tar.gz -C /tmp/stdlib &&
+         PYTHONPATH=. python3 tools/train_demo_pair.py --stdlib /tmp/stdlib --stdlib-version 3.11.7 --out ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import tokenizers
+import torch
+import torch.nn.functional as F
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+REPO = Path(__file__).resolve().parent.parent
+SPECIAL = "<|endoftext|>"  # id 0: BOS, EOS and pad
+
+
+def load_examples_module():
+    """graphspec/examples/__init__.py by file path: it holds the corpus split and needs only the
+    standard library, while importing the graphspec package would load the whole compiler."""
+    spec = importlib.util.spec_from_file_location("graphspec_examples", REPO / "graphspec" / "examples" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return sys.modules[spec.name]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="output dir: target/, draft/, metadata.json")
+    parser.add_argument(
+        "--pack-corpus",
+        type=Path,
+        default=None,
+        help="only write the corpus files of --stdlib to this .tar.gz and exit",
+    )
+    parser.add_argument("--smoke", action="store_true", help="tiny corpus, models and step counts (CPU test)")
+    parser.add_argument("--stdlib", type=Path, default=None, help="stdlib root (default: this interpreter's)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--target-steps", type=int, default=1000)
+    parser.add_argument("--draft-steps", type=int, default=2500)
+    parser.add_argument("--target-lr", type=float, default=2e-3)
+    parser.add_argument("--draft-lr", type=float, default=3e-3)
+    parser.add_argument("--target-shape", default="256,6,704,4,2", help="hidden,layers,intermediate,heads,kv_heads")
+    parser.add_argument("--draft-shape", default="192,3,512,3,3", help="hidden,layers,intermediate,heads,kv_heads")
+    parser.add_argument("--gen-sequences", type=int, default=16384, help="target-greedy sequences for the draft")
+    parser.add_argument("--gen-prompt", type=int, default=64, help="prompt tokens of each generated sequence")
+    parser.add_argument("--gen-new", type=int, default=192, help="greedy tokens of each generated sequence")
+    parser.add_argument("--gen-batch", type=int, default=1024)
+    parser.add_argument("--stdlib-version", default=None, help="Python version of --stdlib (recorded only)")
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--time-budget", type=float, default=330.0, help="seconds; training stops early past it")
+    args = parser.parse_args(argv)
+    if args.out is None and args.pack_corpus is None:
+        parser.error("--out is required")
+    if args.smoke:
+        args.vocab_size, args.seq_len, args.batch_size = 512, 64, 4
+        args.target_steps, args.draft_steps, args.eval_every = 3, 3, 2
+        args.gen_sequences, args.gen_prompt, args.gen_new, args.gen_batch = 8, 16, 16, 4
+        args.target_shape, args.draft_shape = "64,2,128,4,2", "32,1,64,2,2"
+    return args
+
+
+def model_config(shape: str, vocab_size: int, max_positions: int) -> LlamaConfig:
+    hidden, layers, intermediate, heads, kv_heads = (int(x) for x in shape.split(","))
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, max_length: int) -> PreTrainedTokenizerFast:
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[SPECIAL],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    assert backend.token_to_id(SPECIAL) == 0
+    # Encoding a prompt prepends <|endoftext|> as BOS, as every training file is preceded by it.
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{SPECIAL} $A", pair=f"{SPECIAL} $A {SPECIAL} $B", special_tokens=[(SPECIAL, 0)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=SPECIAL, eos_token=SPECIAL, pad_token=SPECIAL, model_max_length=max_length
+    )
+
+
+def token_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
+    """All files as one int64 stream, each file preceded by <|endoftext|> (id 0)."""
+    encoded = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    ids: list[int] = []
+    for item in encoded:
+        ids.append(0)
+        ids.extend(item.ids)
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def windows(stream: torch.Tensor, starts: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    index = starts[:, None] + torch.arange(length + 1, device=stream.device)  # [B, T+1]
+    chunk = stream[index]
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def lr_at(step: int, steps: int, peak: float) -> float:
+    warmup = max(1, min(100, steps // 10))
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, device: str) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.startswith("cuda"))
+
+
+def autocast(device: str):
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+@torch.no_grad()
+def evaluate(model, stream, args, teacher=None) -> dict[str, float]:
+    """Mean next-token loss over non-overlapping held-out windows (and top-1 agreement with teacher)."""
+    model.eval()
+    count = min((len(stream) - 1) // args.seq_len, 256)
+    starts = torch.arange(count, device=stream.device) * args.seq_len
+    total_loss, total_agree, total = 0.0, 0.0, 0
+    for batch in starts.split(args.batch_size):
+        inputs, labels = windows(stream, batch, args.seq_len)
+        with autocast(args.device):
+            logits = model(input_ids=inputs).logits.float()
+        total_loss += F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum").item()
+        if teacher is not None:
+            with autocast(args.device):
+                teacher_logits = teacher(input_ids=inputs).logits.float()
+            total_agree += (logits.argmax(-1) == teacher_logits.argmax(-1)).sum().item()
+        total += labels.numel()
+    model.train()
+    result = {"heldout_loss": total_loss / total, "heldout_tokens": total}
+    if teacher is not None:
+        result["heldout_top1_agreement_with_target"] = total_agree / total
+    return result
+
+
+def batch_loss(model, inputs, labels, device, teacher=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, cross-entropy): the loss is cross-entropy, or KL(teacher || model) when distilling."""
+    with autocast(device):
+        logits = model(input_ids=inputs).logits.float()
+        ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        if teacher is None:
+            return ce, ce
+        with torch.no_grad():
+            teacher_logp = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1)
+        logp = F.log_softmax(logits, dim=-1)
+        kl = F.kl_div(logp.flatten(0, 1), teacher_logp.flatten(0, 1), log_target=True, reduction="batchmean")
+    return kl, ce
+
+
+@torch.no_grad()
+def generate_greedy(model, stream, args) -> torch.Tensor:
+    """Target-greedy sequences [N, prompt + new]: prompts are random training windows, continuations
+    the model's own greedy tokens (no stopping at EOS), batched with the KV cache."""
+    generator = torch.Generator(device="cpu").manual_seed(args.seed + 2)
+    sequences = []
+    for first in range(0, args.gen_sequences, args.gen_batch):
+        rows = min(args.gen_batch, args.gen_sequences - first)
+        starts = torch.randint(0, len(stream) - args.gen_prompt, (rows,), generator=generator).to(stream.device)
+        tokens = stream[starts[:, None] + torch.arange(args.gen_prompt, device=stream.device)]
+        with autocast(args.device):
+            out = model(input_ids=tokens, use_cache=True)
+            pieces = [tokens, out.logits[:, -1].argmax(-1, keepdim=True)]
+            for _ in range(args.gen_new - 1):
+                out = model(input_ids=pieces[-1], past_key_values=out.past_key_values, use_cache=True)
+                pieces.append(out.logits[:, -1].argmax(-1, keepdim=True))
+        sequences.append(torch.cat(pieces, dim=1))
+    return torch.cat(sequences)
+
+
+def train(name, model, stream, heldout, args, steps, lr, deadline, teacher=None, generated=None) -> dict:
+    """Cross-entropy training on random corpus windows; with `teacher`, distillation (forward KL over
+    the vocabulary) instead, and with `generated` too, half of every batch's tokens are rows of
+    `generated` (the teacher's own greedy sequences) and half corpus windows."""
+    device = args.device
+    generator = torch.Generator(device="cpu").manual_seed(args.seed + (1 if teacher is not None else 0))
+    optimizer = make_optimizer(model, lr, device)
+    corpus_rows = args.batch_size if generated is None else max(1, args.batch_size // 2)
+    generated_rows = 0 if generated is None else max(1, corpus_rows * args.seq_len // (generated.shape[1] - 1))
+    model.train()
+    log, start, done, stopped_early = [], time.time(), 0, False
+    for step in range(steps):
+        if time.time() > deadline:
+            stopped_early = True
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps, lr)
+        starts = torch.randint(0, len(stream) - args.seq_len - 1, (corpus_rows,), generator=generator)
+        inputs, labels = windows(stream, starts.to(stream.device), args.seq_len)
+        loss, ce = batch_loss(model, inputs, labels, device, teacher)
+        entry_extra = {}
+        if generated is not None:
+            rows = torch.randint(0, generated.shape[0], (generated_rows,), generator=generator).to(generated.device)
+            chunk = generated[rows]
+            generated_loss, _ = batch_loss(model, chunk[:, :-1], chunk[:, 1:], device, teacher)
+            entry_extra = {"train_loss_generated": generated_loss}
+            loss = 0.5 * (loss + generated_loss)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        done = step + 1
+        if done % args.eval_every == 0 or done == steps:
+            entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": time.time() - start}
+            entry.update({k: v.item() for k, v in entry_extra.items()})
+            entry.update(evaluate(model, heldout, args, teacher))
+            log.append(entry)
+            fields = (f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items())
+            print(f"[{name}] " + " ".join(fields), flush=True)
+    if not log or log[-1]["step"] != done:
+        entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": time.time() - start}
+        entry.update(evaluate(model, heldout, args, teacher))
+        log.append(entry)
+    seconds = time.time() - start
+    return {
+        "steps_requested": steps,
+        "steps_done": done,
+        "stopped_early_by_time_budget": stopped_early,
+        "seconds": seconds,
+        "peak_lr": lr,
+        "batch": {"corpus_rows": corpus_rows, "corpus_seq_len": args.seq_len, "generated_rows": generated_rows},
+        "log": log,
+        "final": log[-1],
+    }
+
+
+def save(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, directory: Path) -> None:
+    if directory.exists():
+        shutil.rmtree(directory)
+    model = model.to(device="cpu", dtype=torch.float16).eval()
+    model.config.dtype = "float16"
+    model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def pack_corpus(examples, root: Path, destination: Path) -> None:
+    """Tar the corpus files (both splits) of a stdlib, to train on another machine's Python with --stdlib."""
+    import tarfile
+
+    names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py") if p.is_file())
+    names = [name for name in names if examples.split_of(name) is not None]
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(destination, "w:gz") as tar:
+        for name in names:
+            tar.add(root / name, arcname=name, recursive=False)
+    print(f"{destination}: {len(names)} files of {root}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.pack_corpus is not None:
+        examples = load_examples_module()
+        pack_corpus(examples, args.stdlib or examples.stdlib_root(), args.pack_corpus)
+        return
+    began = time.time()
+    deadline = began + args.time_budget
+    torch.manual_seed(args.seed)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    examples = load_examples_module()
+    root = args.stdlib or examples.stdlib_root()
+
+    train_files = examples.stdlib_files("train", root)
+    heldout_files = examples.stdlib_files("heldout", root)
+    if args.smoke:  # a slice of the corpus keeps tokenizer training and encoding to seconds on a CPU
+        train_files, heldout_files = train_files[::25], heldout_files[::10]
+    print(f"corpus {root}: {len(train_files)} train files, {len(heldout_files)} held-out files")
+
+    tokenizer = train_tokenizer([text for _, text in train_files], args.vocab_size, args.seq_len)
+    train_stream = token_stream(tokenizer, [text for _, text in train_files]).to(args.device)
+    heldout_stream = token_stream(tokenizer, [text for _, text in heldout_files]).to(args.device)
+    tokenizer_seconds = time.time() - began
+    print(
+        f"tokenizer+encode {tokenizer_seconds:.1f}s: {len(train_stream)} train, {len(heldout_stream)} held-out tokens"
+    )
+
+    torch.manual_seed(args.seed)
+    target_config = model_config(args.target_shape, len(tokenizer), args.seq_len)
+    target = LlamaForCausalLM(target_config).to(args.device)
+    target_result = train(
+        "target", target, train_stream, heldout_stream, args, args.target_steps, args.target_lr, deadline
+    )
+    target.eval().requires_grad_(False)
+
+    torch.manual_seed(args.seed + 1)
+    draft_config = model_config(args.draft_shape, len(tokenizer), args.seq_len)
+    draft = LlamaForCausalLM(draft_config).to(args.device)
+    generation_began = time.time()
+    generated = generate_greedy(target, train_stream, args)
+    generation_seconds = time.time() - generation_began
+    print(f"generated {tuple(generated.shape)} target-greedy tokens in {generation_seconds:.1f}s", flush=True)
+    draft_result = train(
+        "draft",
+        draft,
+        train_stream,
+        heldout_stream,
+        args,
+        args.draft_steps,
+        args.draft_lr,
+        deadline,
+        teacher=target,
+        generated=generated,
+    )
+
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    save(target, tokenizer, out / "target")
+    save(draft, tokenizer, out / "draft")
+    files = sorted(p for sub in ("target", "draft") for p in (out / sub).iterdir() if p.is_file())
+    metadata = {
+        "command": "PYTHONPATH=. python3 tools/train_demo_pair.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "smoke": args.smoke,
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "corpus": {
+            "description": "the .py files of a Python standard library (sysconfig's stdlib path, or --stdlib), "
+            "its test suite included, excluding path parts "
+            + ", ".join(examples.EXCLUDED_PARTS)
+            + " and top-level packages "
+            + ", ".join(examples.EXCLUDED_TOP_LEVEL)
+            + "; files that are not UTF-8 skipped",
+            "python_version": args.stdlib_version or (platform.python_version() if args.stdlib is None else "unknown"),
+            "stdlib_root": str(root),
+            "excluded_parts": list(examples.EXCLUDED_PARTS),
+            "excluded_top_level": list(examples.EXCLUDED_TOP_LEVEL),
+            "heldout_rule": "a file is held out when its top-level package or module is in heldout_top_level; "
+            "files with a path part test_<held-out name>* (their tests) are in neither split",
+            "heldout_top_level": list(examples.HELDOUT_TOP_LEVEL),
+            "train_files": len(train_files),
+            "train_bytes": sum(len(t.encode()) for _, t in train_files),
+            "train_tokens": len(train_stream),
+            "heldout_files": [name for name, _ in heldout_files],
+            "heldout_bytes": sum(len(t.encode()) for _, t in heldout_files),
+            "heldout_tokens": len(heldout_stream),
+            "train_fingerprint": examples.corpus_fingerprint(train_files),
+            "heldout_fingerprint": examples.corpus_fingerprint(heldout_files),
+            "fingerprint_rule": "sha256 over 'path\\0sha256(text)\\n' of each file, sorted by path",
+        },
+        "tokenizer": {
+            "type": "byte-level BPE (tokenizers)",
+            "vocab_size": len(tokenizer),
+            "special": SPECIAL,
+            "special_id": 0,
+            "roles": "bos, eos, pad; prepended to every file and, by the tokenizer's "
+            "post-processor, to every encoded prompt",
+        },
+        "target": {
+            "shape": args.target_shape,
+            "parameters": sum(p.numel() for p in target.parameters()),
+            **target_result,
+        },
+        "draft": {
+            "shape": args.draft_shape,
+            "parameters": sum(p.numel() for p in draft.parameters()),
+            "objective": "KL(target || draft) over the vocabulary, from the finished target; each batch is half "
+            "corpus windows and half target-greedy sequences (random training-window prompts + greedy tokens)",
+            "generated": {
+                "sequences": args.gen_sequences,
+                "prompt_tokens": args.gen_prompt,
+                "new_tokens": args.gen_new,
+                "seconds": generation_seconds,
+            },
+            **draft_result,
+        },
+        "timing_seconds": {
+            "tokenizer_and_encoding": tokenizer_seconds,
+            "target_training": target_result["seconds"],
+            "target_generation": generation_seconds,
+            "draft_training": draft_result["seconds"],
+            "total_before_metadata": time.time() - began,
+        },
+        "saved_dtype": "float16",
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
+        "sha256": {p.relative_to(out).as_posix(): examples.file_sha256(p) for p in files},
+        "bytes": {p.relative_to(out).as_posix(): p.stat().st_size for p in files},
+    }
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+    print(f"target {metadata['target']['parameters']} params, final {target_result['final']}")
+    print(f"draft {metadata['draft']['parameters']} params, final {draft_result['final']}")
+    print(f"saved to {out} ({sum(metadata['bytes'].values()) / 1e6:.2f} MB) in {time.time() - began:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
