@@ -1,21 +1,195 @@
-"""Run one compiled step per (mode, bucket): eagerly, or as a captured CUDA graph replayed per step.
+"""Run one compiled step per (mode, bucket): eagerly, or as CUDA graphs captured on the first call.
 
-The graph's inputs are the model weights, the bucket's StepBuffers and the shared KV caches, all at
-fixed addresses, so a captured graph replays with no per-step argument handling: the runtime writes
-the next step's values into the buffers (device-to-device) and calls replay().
+StepGraph.mode records what a bucket runs as:
+- "full": the whole step is one CUDA graph (the default; every graphspec op is static-shape and
+  host-sync free, so capture="auto" and "full" both end here).
+- "piecewise": split_attention cut the graph (capture="piecewise"); every non-attention piece is its
+  own CUDA graph and the attention pieces run eagerly between them.
+- "eager": nothing is captured (CPU, or capture="none").
+
+What stays static across replays: the weights, the bucket's StepBuffers and the KV caches (the
+graph's placeholders: captured against their addresses and never copied), the outputs of every
+captured graph (referenced for the StepGraph's lifetime, so no later capture into the shared memory
+pool can place its buffers on them), and, in piecewise mode, one static input buffer per activation
+that an eager piece hands to a captured one.
+What is copied each step: the runtime writes the next step's per-row values into StepBuffers
+(device to device) before calling the step; in piecewise mode each eager attention output is copied
+into its static buffer right before the next captured piece replays.
 """
 
 from __future__ import annotations
 
+import logging
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
 import torch
 import torch.fx as fx
+from torch.utils._pytree import tree_flatten
 
 from graphspec import trace
 from graphspec.counters import COUNTERS
+from graphspec.passes.split_attention import is_attention
 from graphspec.runtime.buffers import StepBuffers
+
+log = logging.getLogger("graphspec")
+
+MODES = ("full", "piecewise", "eager")
+
+
+# --------------------------------------------------------------------------------------------------
+# Recorders: something that captures a callable once and replays it into the same output tensors.
+# --------------------------------------------------------------------------------------------------
+
+
+class Recorder(Protocol):
+    def capture(self, module: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Any:
+        """Record module(*inputs) and return its outputs; their contents are undefined until replay()."""
+
+    def replay(self) -> None:
+        """Recompute the recorded work from what the captured input tensors hold now."""
+
+
+class CudaGraphRecorder:
+    """One torch.cuda.CUDAGraph captured into `pool`. Capture only records kernels, it runs nothing."""
+
+    def __init__(self, pool: object | None) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = pool
+
+    def capture(self, module: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Any:
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            return module(*inputs)
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class HostRecorder:
+    """CPU stand-in with the CUDA-graph contract, so CPU tests exercise capture/replay plumbing.
+
+    capture() returns outputs poisoned (NaN, huge ints) as a CUDA capture leaves them, and replay()
+    recomputes from the captured input tensors and copies into exactly those output tensors: a step
+    that reads an output before its first replay, or feeds a piece anything but its static inputs,
+    computes something different from the eager step and fails the comparison tests.
+    """
+
+    def __init__(self, pool: object | None = None) -> None:
+        self.module: Callable[..., Any] | None = None
+        self.inputs: Sequence[torch.Tensor] = ()
+        self.outputs: list[torch.Tensor | None] = []
+
+    def capture(self, module: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Any:
+        self.module, self.inputs = module, inputs
+        result = module(*inputs)
+        input_storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+        # Outputs that alias an input (returned caches, views of weights) are not graph-owned memory:
+        # a CUDA capture leaves them intact, so they are neither poisoned nor copied back.
+        self.outputs = [
+            t if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in input_storages else None
+            for t in tree_flatten(result)[0]
+        ]
+        for tensor in self.outputs:
+            if tensor is not None:
+                poison(tensor)
+        return result
+
+    def replay(self) -> None:
+        assert self.module is not None, "replay() before capture()"
+        fresh = tree_flatten(self.module(*self.inputs))[0]
+        for static, value in zip(self.outputs, fresh, strict=True):
+            if static is not None:
+                static.copy_(value)
+
+
+def poison(tensor: torch.Tensor) -> None:
+    """Fill with values that make any use before a replay visible (NaN, out-of-range ids)."""
+    if tensor.dtype.is_floating_point:
+        tensor.fill_(float("nan"))
+    elif tensor.dtype == torch.bool:
+        tensor.fill_(True)
+    else:
+        tensor.fill_(torch.iinfo(tensor.dtype).max // 2)
+
+
+# --------------------------------------------------------------------------------------------------
+# Triton JIT watch: proves that nothing compiles once a bucket is warm.
+# --------------------------------------------------------------------------------------------------
+
+
+class TritonCompiles:
+    """Counts Triton kernel compilations in this process (misses of Triton's in-memory kernel cache,
+    whether or not the on-disk cache had the binary) through Triton's post-compile hook."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.installed = False
+
+    def install(self) -> bool:
+        """Hook into Triton once (chaining any hook already set); False when Triton is unavailable."""
+        if self.installed:
+            return True
+        try:
+            import triton
+        except ImportError:
+            return False
+        knobs = getattr(getattr(triton, "knobs", None), "runtime", None)
+        if knobs is not None and hasattr(knobs, "jit_post_compile_hook"):
+            previous = knobs.jit_post_compile_hook
+            knobs.jit_post_compile_hook = self._hook(previous)
+        else:  # HACK(triton<3.4): the hook was a JITFunction class attribute before triton.knobs
+            from triton.runtime.jit import JITFunction
+
+            previous = getattr(JITFunction, "compiled_hook", None)
+            JITFunction.compiled_hook = self._hook(previous)
+        self.installed = True
+        return True
+
+    def _hook(self, previous: Callable[..., Any] | None) -> Callable[..., Any]:
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return previous(*args, **kwargs) if previous else None
+
+        return hook
+
+
+TRITON_COMPILES = TritonCompiles()
+
+
+# --------------------------------------------------------------------------------------------------
+# The step
+# --------------------------------------------------------------------------------------------------
+
+
+def is_attention_piece(module: torch.nn.Module) -> bool:
+    """A split_attention piece that must run eagerly: it holds a graphspec attention op."""
+    return isinstance(module, fx.GraphModule) and any(is_attention(node) for node in module.graph.nodes)
+
+
+def pieces(gm: fx.GraphModule) -> list[tuple[str, bool]]:
+    """(submodule name, runs eagerly) for each piece the top-level graph calls; [] for a flat graph."""
+    return [
+        (node.target, is_attention_piece(gm.get_submodule(node.target)))
+        for node in gm.graph.nodes
+        if node.op == "call_module"
+    ]
+
+
+def capture_mode(gm: fx.GraphModule, capture: bool) -> str:
+    if not capture:
+        return "eager"
+    return "piecewise" if any(eager for _, eager in pieces(gm)) else "full"
 
 
 class StepGraph:
+    """One compiled step bound to its bucket's buffers and the shared caches.
+
+    The first call warms the step up (every row invalid, so only the spare cache slot is written),
+    then captures it; every call after that replays. Call it after writing the step's inputs into
+    `buffers`; the returned outputs stay valid until the next call.
+    """
+
     def __init__(
         self,
         gm: fx.GraphModule,
@@ -24,42 +198,183 @@ class StepGraph:
         caches: dict[str, torch.Tensor],
         capture: bool,
         pool: object | None = None,
+        recorder: Callable[[object | None], Recorder] | None = None,
     ) -> None:
         self.gm = gm
         self.buffers = buffers
-        self.args = [*params, *(buffers.inputs.get(n, caches.get(n)) for n in trace.STEP_INPUTS)]
+        self.args = [*params, *(buffers.inputs[n] if n in buffers.inputs else caches[n] for n in trace.STEP_INPUTS)]
         self.capture = capture
+        self.mode = capture_mode(gm, capture)
+        self.on_cuda = caches["target_cache"].is_cuda
+        if capture and recorder is None and not self.on_cuda:
+            raise ValueError("CUDA-graph capture needs CUDA tensors; pass recorder=HostRecorder to emulate it")
+        self.new_recorder = recorder or CudaGraphRecorder
+        # One pool for every captured graph of the step (and, from the Runtime, of every bucket).
+        if pool is None and capture and self.on_cuda:
+            pool = torch.cuda.graph_pool_handle()
         self.pool = pool
-        self.cuda_graph: torch.cuda.CUDAGraph | None = None
+        self.recorders: list[Recorder] = []
         self.outputs: tuple[torch.Tensor, ...] | None = None
+        self.compiles_during_capture: int | None = None
+        # Piecewise state: the top-level graph's values, and the per-step program over them.
+        self._values: dict[fx.Node, Any] = {}
+        self._program: list[Callable[[], None]] = []
+        self._output_nodes: tuple[fx.Node, ...] = ()
+        self._keep_alive: list[Any] = []
+        if capture and self.on_cuda:
+            TRITON_COMPILES.install()
+
+    @property
+    def cuda_graph(self) -> torch.cuda.CUDAGraph | None:
+        """The full-step CUDA graph (mode "full", once captured)."""
+        if self.mode == "full" and self.recorders and isinstance(self.recorders[0], CudaGraphRecorder):
+            return self.recorders[0].graph
+        return None
+
+    @property
+    def captured(self) -> bool:
+        return bool(self.recorders)
+
+    def describe(self) -> dict[str, Any]:
+        """What this bucket runs as, for the runtime's reports and the dump's buckets.txt."""
+        split = pieces(self.gm)
+        return {
+            "bucket": self.buffers.bucket,
+            "mode": self.mode,
+            "pieces": len(split),
+            "eager_pieces": sum(eager for _, eager in split),
+            "graphs": len(self.recorders),
+            "compiles_during_capture": self.compiles_during_capture,
+        }
+
+    # ---------------------------------------------------------------------------------------------
 
     def warm_up_and_capture(self) -> None:
-        """Warm up on a side stream (every row invalid, so only the spare cache slot is written),
-        then capture. Any Triton JIT or cuBLAS workspace setup happens here, never during replay."""
+        """Warm up on a side stream, then capture, both with every row invalid; then restore row_valid.
+        Triton JIT, cuBLAS handle and workspace setup all happen in the warm-up, never in a replay."""
         valid = self.buffers.inputs["row_valid"]
         saved = valid.clone()
         valid.zero_()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.gm(*self.args)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self.outputs = self.gm(*self.args)
-        valid.copy_(saved)
-        self.cuda_graph = graph
-        COUNTERS.captures += 1
+        try:
+            if self.on_cuda:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(2):
+                        self.gm(*self.args)
+                torch.cuda.current_stream().wait_stream(stream)
+            compiles = TRITON_COMPILES.count
+            if self.mode == "piecewise":
+                self._capture_pieces()
+            else:
+                recorder = self.new_recorder(self.pool)
+                self.outputs = recorder.capture(self.gm, self.args)
+                self.recorders.append(recorder)
+                COUNTERS.captures += 1
+            self.compiles_during_capture = TRITON_COMPILES.count - compiles
+            if self.compiles_during_capture:
+                bucket, count = self.buffers.bucket, self.compiles_during_capture
+                log.warning("bucket %d: %d Triton compiles during capture (warm-up missed them)", bucket, count)
+        finally:
+            valid.copy_(saved)
+
+    def _capture_pieces(self) -> None:
+        """Walk the split graph once: capture each non-attention piece, run attention pieces eagerly.
+
+        A capture records without running, so each captured piece is replayed right away: the eager
+        piece after it must see real values (ids it indexes with, above all), not pool garbage.
+        """
+        values: dict[fx.Node, Any] = {}
+        static: set[fx.Node] = set()  # nodes whose value lives at the same address every step
+        program: list[Callable[[], None]] = []
+        args = iter(self.args)
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                values[node] = next(args)
+                static.add(node)
+            elif node.op == "get_attr":  # a constant the split left at top level: fixed like a weight
+                values[node] = operator.attrgetter(node.target)(self.gm)
+                static.add(node)
+            elif node.op == "call_module":
+                module = self.gm.get_submodule(node.target)
+                if node.kwargs or not all(isinstance(a, fx.Node) for a in node.args):
+                    raise NotImplementedError(f"{node.target}: pieces take only graph values as positional args")
+                if is_attention_piece(module):
+                    values[node] = module(*(values[a] for a in node.args))
+                    program.append(self._eager_step(node, module, values))
+                    continue
+                inputs, refresh = [], []
+                for arg in node.args:
+                    if arg in static:
+                        inputs.append(values[arg])
+                    else:  # an eager piece's output: give the graph its own buffer, refreshed each step
+                        buffer = values[arg].clone()
+                        refresh.append((buffer, arg))
+                        inputs.append(buffer)
+                recorder = self.new_recorder(self.pool)
+                values[node] = recorder.capture(module, inputs)
+                recorder.replay()
+                static.add(node)
+                self.recorders.append(recorder)
+                self._keep_alive.append(inputs)
+                COUNTERS.captures += 1
+                program.append(self._graph_step(recorder, refresh, values))
+            elif node.op == "call_function" and node.target is operator.getitem:
+                source, index = node.args
+                values[node] = values[source][index]
+                if source in static:
+                    static.add(node)
+                else:
+                    program.append(self._getitem_step(node, source, index, values))
+            elif node.op == "output":
+                self._output_nodes = tuple(node.args[0])
+            else:
+                raise NotImplementedError(f"piecewise replay does not handle {node.op} {node.target}")
+        self._values, self._program = values, program
+
+    @staticmethod
+    def _eager_step(node: fx.Node, module: torch.nn.Module, values: dict[fx.Node, Any]) -> Callable[[], None]:
+        args = node.args
+
+        def run() -> None:
+            values[node] = module(*(values[a] for a in args))
+
+        return run
+
+    @staticmethod
+    def _getitem_step(node: fx.Node, source: fx.Node, index: int, values: dict[fx.Node, Any]) -> Callable[[], None]:
+        def run() -> None:
+            values[node] = values[source][index]
+
+        return run
+
+    @staticmethod
+    def _graph_step(
+        recorder: Recorder, refresh: list[tuple[torch.Tensor, fx.Node]], values: dict[fx.Node, Any]
+    ) -> Callable[[], None]:
+        def run() -> None:
+            for buffer, source in refresh:
+                buffer.copy_(values[source])
+            recorder.replay()
+
+        return run
+
+    # ---------------------------------------------------------------------------------------------
 
     def __call__(self) -> dict[str, torch.Tensor]:
-        if self.capture:
-            if self.cuda_graph is None:
-                self.warm_up_and_capture()
-            self.cuda_graph.replay()
-            COUNTERS.replays += 1
-            outputs = self.outputs
-        else:
+        if not self.capture:
             outputs = self.gm(*self.args)
             COUNTERS.eager_steps += 1
+        else:
+            if not self.recorders:
+                self.warm_up_and_capture()
+            if self.mode == "piecewise":
+                for step in self._program:
+                    step()
+                COUNTERS.replays += len(self.recorders)
+                outputs = tuple(self._values[node] for node in self._output_nodes)
+            else:
+                self.recorders[0].replay()
+                COUNTERS.replays += 1
+                outputs = self.outputs
         return dict(zip(trace.VERIFIED_OUTPUTS, outputs, strict=True))

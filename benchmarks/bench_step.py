@@ -1,0 +1,601 @@
+"""Time one speculation step: captured CUDA graphs vs eager, next to the memory-bandwidth floor.
+
+Writes random bf16 checkpoints shaped like Llama-3.1-8B (target) and Llama-3.2-1B (draft), with the
+weights drawn on the GPU, compiles the pair (greedy, K=4, buckets 1/4/8) and per bucket reports:
+- the median time of one step, captured (replayed CUDA graph) and eager (capture="none");
+- tokens per step from a generate() run, and tokens/s = rows * tokens per step / step time;
+- the floor of a step: (bytes of target weights + K * bytes of draft weights) / copy bandwidth,
+  the bandwidth measured in this run by a large device-to-device copy (bytes read + bytes written).
+Then a piecewise-captured bucket 1 (attention eager between captured pieces), a self-draft pair
+(the target drafting for itself: the all-accepted ceiling), and a parity check: captured generate()
+against eager generate() token for token at batch 1, 3, 5, 8 over fresh prompts. Random weights make
+an unrelated 8B/1B pair accept almost nothing, so its tokens/s is the one-token-per-step case.
+
+    python benchmarks/bench_step.py --json bench_step.json            # on the H200 (~3-4 minutes)
+    python benchmarks/bench_step.py --preset tiny --device cpu        # smoke test of this script
+
+The table is printed last; --json writes every number, the kernel profile and the parity result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+import graphspec
+from graphspec.compiler import Compiled
+from graphspec.models.loading import build_model
+from graphspec.runtime.graphs import StepGraph
+from graphspec.runtime.runtime import Runtime, RuntimeStats
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+COMMON = dict(max_position_embeddings=131072, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001)
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+        rope_parameters=LLAMA3_ROPE,
+    ),
+    "llama-3.2-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+        rope_parameters={**LLAMA3_ROPE, "factor": 32.0},
+    ),
+    "tiny-target": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        tie_word_embeddings=False,
+        rope_parameters=LLAMA3_ROPE,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    "tiny-draft": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        tie_word_embeddings=True,
+        rope_parameters=LLAMA3_ROPE,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+}
+PRESETS = {"h200": ("llama-3.1-8b", "llama-3.2-1b"), "tiny": ("tiny-target", "tiny-draft")}
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints and the two numbers (bytes, bandwidth)
+# --------------------------------------------------------------------------------------------------
+
+
+def write_checkpoint(directory: Path, shape: str, device: str, seed: int) -> Path:
+    """config.json + model.safetensors with N(0, 0.02) weights (norm weights 1 + N(0, 0.02)) drawn
+    on `device` in bf16; names and shapes come from graphspec's own (meta) model for the config."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = transformers.LlamaConfig(**{**COMMON, **SHAPES[shape]})
+    config.save_pretrained(directory)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    state = {}
+    for name, parameter in build_model(config).named_parameters():  # tied weights appear once
+        weight = torch.randn(parameter.shape, generator=generator, device=device, dtype=torch.bfloat16).mul_(0.02)
+        state[name] = (weight.add_(1.0) if name.endswith("norm.weight") else weight).cpu()
+    save_file(state, str(directory / "model.safetensors"))
+    return directory
+
+
+def weight_bytes(compiled_model: torch.nn.Module, read_only: bool = False) -> int:
+    """Bytes of the model's parameters; read_only drops an untied input embedding, of which a step
+    reads only the rows of its tokens."""
+    total = 0
+    for name, parameter in compiled_model.named_parameters():
+        if read_only and name == "model.embed_tokens.weight" and not compiled_model.spec.tie_word_embeddings:
+            continue
+        total += parameter.numel() * parameter.element_size()
+    return total
+
+
+def timed(fn: Callable[[], Any], iterations: int, device: str) -> list[float]:
+    """Milliseconds of each call: CUDA events around each call on a GPU, the host clock on CPU."""
+    if device.startswith("cuda"):
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+        for start, end in zip(starts, ends, strict=True):
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
+    times = []
+    for _ in range(iterations):
+        begin = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - begin) * 1e3)
+    return times
+
+
+def copy_bandwidth(device: str, gib: float) -> dict[str, float]:
+    """Device-to-device copy of `gib` GiB of random bf16, counting bytes read plus bytes written."""
+    elements = int(gib * 2**30) // 2
+    source = torch.randn(elements, device=device, dtype=torch.bfloat16)
+    target = torch.empty_like(source)
+    for _ in range(3):
+        target.copy_(source)
+    ms = statistics.median(timed(lambda: target.copy_(source), 20, device))
+    moved = 2 * source.numel() * source.element_size()
+    return {"bytes_moved": moved, "ms": ms, "bytes_per_s": moved / (ms / 1e3)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurements on a compiled pair
+# --------------------------------------------------------------------------------------------------
+
+
+def without_capture(compiled: Compiled) -> Compiled:
+    return dataclasses.replace(compiled, config=dataclasses.replace(compiled.config, capture="none"))
+
+
+def fill_caches(runtime: Runtime, seed: int) -> None:
+    """Random KV contents (timing on zeros can flatter kernels), written in place."""
+    generator = torch.Generator(device=runtime.device).manual_seed(seed)
+    for cache in runtime.caches.values():
+        for layer in range(cache.shape[0]):  # one layer at a time keeps the fp32 temporary small
+            cache[layer].copy_(torch.randn(cache[layer].shape, generator=generator, device=runtime.device))
+
+
+def load_bucket(graph: StepGraph, rows: int, context: int, vocab: int, seed: int, device: str) -> None:
+    """`rows` real rows with committed lengths around `context` in slots 0..rows-1; rest padding."""
+    rng = random.Random(seed)
+    graph.buffers.load_rows(
+        {
+            "last_tokens": torch.tensor([[rng.randrange(vocab), rng.randrange(vocab)] for _ in range(rows)]).to(device),
+            "committed_len": torch.tensor([context + rng.randrange(-16, 16) for _ in range(rows)]).to(device),
+            "slot_ids": torch.arange(rows, device=device),
+            "step_counter": torch.ones(rows, dtype=torch.int64, device=device),
+        }
+    )
+
+
+def time_step(runtime: Runtime, bucket: int, args: argparse.Namespace, iterations: int) -> dict[str, Any]:
+    """Median ms of the bucket's step with `bucket` real rows; inputs are not fed back, so every call
+    does the same work. The first call captures (or warms up) and is not timed."""
+    graph = runtime.graphs[("greedy", bucket)]
+    load_bucket(graph, bucket, args.context, runtime.vocab_size, bucket, runtime.device)
+    graph()
+    for _ in range(args.warmup):
+        graph()
+    times = timed(graph, iterations, runtime.device)
+    return {
+        "mode": graph.mode,
+        "median_ms": statistics.median(times),
+        "mean_ms": statistics.fmean(times),
+        "min_ms": min(times),
+        "iterations": iterations,
+        "graph": graph.describe(),
+    }
+
+
+def random_prompts(count: int, length: int, vocab: int, rng: random.Random) -> list[list[int]]:
+    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(count)]
+
+
+def acceptance(runtime: Runtime, rows: int, args: argparse.Namespace, seed: int) -> dict[str, float]:
+    """Tokens per step and the host loop's tokens/s from one greedy generate() of `rows` prompts."""
+    runtime.stats = RuntimeStats(runtime.k)
+    prompts = random_prompts(rows, args.prompt_len, runtime.vocab_size, random.Random(seed))
+    runtime.generate(prompts, max_new_tokens=args.gen_tokens, stop_token_ids=())
+    stats = runtime.stats
+    return {
+        "tokens_per_step": stats.mean_tokens_per_step,
+        "acceptance_rate": stats.acceptance_rate,
+        "loop_tokens_per_s": stats.emitted / stats.step_seconds if stats.step_seconds else 0.0,
+        "loop_step_ms": stats.mean_step_ms,
+    }
+
+
+def parity(captured: Runtime, eager: Runtime, args: argparse.Namespace) -> dict[str, Any]:
+    """Captured vs eager generate(), token for token, at batch 1, 3, 5, 8 over fresh prompts each
+    round, until about args.parity_steps eager steps have been compared."""
+    rng = random.Random(1234)
+    batches = (1, 3, 5, 8)
+    eager.stats = RuntimeStats(eager.k)
+    mismatches, compared_rows, rounds = [], 0, 0
+    while eager.stats.graph_steps < args.parity_steps:
+        round_index, rounds = rounds, rounds + 1
+        for batch in batches:
+            prompts = [[rng.randrange(captured.vocab_size) for _ in range(rng.randrange(4, 48))] for _ in range(batch)]
+            options = dict(max_new_tokens=args.parity_tokens, stop_token_ids=())
+            got = [r.token_ids for r in captured.generate(prompts, **options)]
+            want = [r.token_ids for r in eager.generate(prompts, **options)]
+            compared_rows += batch
+            for row, (g, w) in enumerate(zip(got, want, strict=True)):
+                if g != w:
+                    first = next((i for i, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), min(len(g), len(w)))
+                    mismatches.append({"round": round_index, "batch": batch, "row": row, "first_difference": first})
+    return {
+        "batches": batches,
+        "rounds": rounds,
+        "steps_compared": eager.stats.graph_steps,
+        "rows_compared": compared_rows,
+        "mismatches": mismatches,
+        "identical": not mismatches,
+    }
+
+
+# Kernel name substrings -> category, first match wins (cuBLAS on sm90 names its GEMMs nvjet_*).
+KERNEL_CATEGORIES = (
+    ("gemm", ("nvjet", "gemm", "gemv", "splitKreduce", "cutlass", "xmma")),
+    ("kv_write", ("index_elementwise", "index_put", "kv_write")),
+    ("attention", ("attention",)),
+    ("norm", ("rms_norm",)),
+    ("rotary", ("rotary",)),
+    ("verify", ("verify",)),
+)
+
+
+def kernel_profile(graph: StepGraph, replays: int) -> dict[str, Any]:
+    """Kernels of `replays` calls of an already captured step, from the PyTorch profiler (CUPTI sees
+    the kernels inside graph replays): per-step count and time, top kernels by time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph()
+        torch.cuda.synchronize()
+    kernels = []
+    for item in prof.key_averages():
+        device_us = getattr(item, "self_device_time_total", None)
+        if device_us is None:
+            device_us = getattr(item, "self_cuda_time_total", 0.0)
+        if device_us > 0 and item.cpu_time_total == 0:  # device-only rows are kernels and copies
+            kernels.append((item.key, item.count / replays, device_us / replays))
+    kernels.sort(key=lambda k: -k[2])
+    total_us = sum(k[2] for k in kernels)
+    categories: dict[str, list[float]] = {}
+    for kernel_name, calls, us in kernels:
+        category = next((c for c, keys in KERNEL_CATEGORIES if any(key in kernel_name for key in keys)), "other")
+        entry = categories.setdefault(category, [0.0, 0.0])
+        entry[0] += calls
+        entry[1] += us
+    return {
+        "kernels_per_step": sum(k[1] for k in kernels),
+        "kernel_us_per_step": total_us,
+        "categories": {c: {"calls_per_step": calls, "us_per_step": us} for c, (calls, us) in categories.items()},
+        "top": [
+            {"name": n[:90], "calls_per_step": c, "us_per_step": us, "share": us / total_us}
+            for n, c, us in kernels[:12]
+        ],
+    }
+
+
+def measure_pair(
+    name: str, compiled: Compiled, args: argparse.Namespace, floor_ms: float | None, eager_too: bool
+) -> tuple[list[dict[str, Any]], Runtime, Runtime | None]:
+    captured = Runtime(compiled)
+    eager = Runtime(without_capture(compiled)) if eager_too else None
+    for runtime in (captured, eager):
+        if runtime is not None:
+            fill_caches(runtime, 0)
+    rows = []
+    for bucket in compiled.config.batch_sizes:
+        row: dict[str, Any] = {"pair": name, "batch": bucket, "floor_ms": floor_ms}
+        try:
+            row["captured"] = time_step(captured, bucket, args, args.replays)
+            if eager is not None:
+                row["eager"] = time_step(eager, bucket, args, args.eager_steps)
+            row["accept"] = acceptance(captured, bucket, args, seed=bucket)
+            fill_caches(captured, 0)  # generate() wrote real KV; keep timing inputs the same
+        except Exception as error:  # keep the other buckets' numbers when one fails
+            row["error"] = f"{type(error).__name__}: {error}"
+            traceback.print_exc()
+        rows.append(row)
+        print(f"[bench] {name} batch {bucket}: {summarize(row)}", flush=True)
+    return rows, captured, eager
+
+
+def summarize(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return "ERROR " + row["error"]
+    parts = [f"{row['captured']['mode']} {row['captured']['median_ms']:.2f} ms"]
+    if "eager" in row:
+        parts.append(f"eager {row['eager']['median_ms']:.2f} ms")
+    parts.append(f"{row['accept']['tokens_per_step']:.2f} tok/step")
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------------
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    header = (
+        "pair",
+        "batch",
+        "mode",
+        "step ms",
+        "eager ms",
+        "speedup",
+        "floor ms",
+        "step/floor",
+        "tok/step",
+        "tok/s",
+        "eager tok/s",
+        "loop tok/s",
+    )
+    lines = [header]
+    for row in rows:
+        if "error" in row:
+            lines.append((row["pair"], str(row["batch"]), "ERROR", row["error"][:60], *[""] * 8))
+            continue
+        step, tokens = row["captured"]["median_ms"], row["accept"]["tokens_per_step"]
+        eager = row.get("eager", {}).get("median_ms")
+        floor = row.get("floor_ms")
+        lines.append(
+            (
+                row["pair"],
+                str(row["batch"]),
+                row["captured"]["mode"],
+                f"{step:.2f}",
+                f"{eager:.2f}" if eager else "-",
+                f"{eager / step:.1f}x" if eager else "-",
+                f"{floor:.2f}" if floor else "-",
+                f"{step / floor:.2f}" if floor else "-",
+                f"{tokens:.2f}",
+                f"{row['batch'] * tokens / step * 1e3:.0f}",
+                f"{row['batch'] * tokens / eager * 1e3:.0f}" if eager else "-",
+                f"{row['accept']['loop_tokens_per_s']:.0f}",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    rendered = [
+        "  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
+        for line in lines
+    ]
+    rendered.insert(1, "-" * len(rendered[0]))
+    return "\n".join(rendered)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="h200")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("-k", "--k", type=int, default=4)
+    parser.add_argument("--batch-sizes", default="1,4,8")
+    parser.add_argument("--max-seq-len", type=int, default=1024)
+    parser.add_argument("--context", type=int, default=512, help="committed length of the timed rows")
+    parser.add_argument("--replays", type=int, default=100, help="timed captured steps per bucket")
+    parser.add_argument("--eager-steps", type=int, default=15, help="timed eager steps per bucket")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--gen-tokens", type=int, default=48, help="new tokens per row when measuring acceptance")
+    parser.add_argument("--parity-steps", type=int, default=200)
+    parser.add_argument("--parity-tokens", type=int, default=25)
+    parser.add_argument("--self-draft", choices=("auto", "target", "draft", "none"), default="auto")
+    parser.add_argument("--no-piecewise", action="store_true", help="skip the piecewise bucket-1 row")
+    parser.add_argument("--copy-gib", type=float, default=4.0)
+    parser.add_argument("--workdir", default=None, help="where checkpoints go (default /dev/shm, else /tmp)")
+    parser.add_argument("--json", default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # A stage time limit (timeout) sends SIGTERM: exit through `finally` so the table and JSON still appear.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    device = args.device
+    cuda = device.startswith("cuda")
+    buckets = tuple(int(b) for b in args.batch_sizes.split(","))
+    started = time.perf_counter()
+    shm = Path("/dev/shm")
+    base = Path(args.workdir) if args.workdir else (shm if shm.is_dir() and os.access(shm, os.W_OK) else Path("/tmp"))
+    workdir = Path(tempfile.mkdtemp(prefix="graphspec_bench_", dir=base))
+    report: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "args": vars(args),
+        "rows": [],
+    }
+    try:
+        import triton
+
+        report["triton"] = triton.__version__
+    except ImportError:
+        pass
+    target_shape, draft_shape = PRESETS[args.preset]
+    options = dict(k=args.k, dtype="bfloat16", device=device, max_seq_len=args.max_seq_len, modes=("greedy",))
+    try:
+        bandwidth = copy_bandwidth(device, args.copy_gib if cuda else 0.25)
+        report["copy_bandwidth"] = bandwidth
+        print(f"[bench] copy bandwidth {bandwidth['bytes_per_s'] / 1e12:.2f} TB/s (read + write)", flush=True)
+        begin = time.perf_counter()
+        target_dir = write_checkpoint(workdir / "target", target_shape, device, seed=1)
+        draft_dir = write_checkpoint(workdir / "draft", draft_shape, device, seed=2)
+        report["checkpoint_seconds"] = time.perf_counter() - begin
+        print(f"[bench] checkpoints written in {report['checkpoint_seconds']:.1f} s to {workdir}", flush=True)
+
+        begin = time.perf_counter()
+        compiled = graphspec.compile(target_dir, draft_dir, batch_sizes=buckets, **options)
+        report["compile_seconds"] = time.perf_counter() - begin
+        target_bytes, draft_bytes = weight_bytes(compiled.target.model), weight_bytes(compiled.draft.model)
+        floor_bytes = target_bytes + args.k * draft_bytes
+        floor_ms = floor_bytes / bandwidth["bytes_per_s"] * 1e3
+        report["floor"] = {
+            "target_bytes": target_bytes,
+            "draft_bytes": draft_bytes,
+            "bytes": floor_bytes,
+            "ms": floor_ms,
+            "read_only_ms": (
+                weight_bytes(compiled.target.model, True) + args.k * weight_bytes(compiled.draft.model, True)
+            )
+            / bandwidth["bytes_per_s"]
+            * 1e3,
+        }
+        print(f"[bench] compiled in {report['compile_seconds']:.1f} s; floor {floor_ms:.2f} ms", flush=True)
+        pair = f"{target_shape.split('-')[-1].upper()}/{draft_shape.split('-')[-1].upper()}"
+        rows, captured, eager = measure_pair(pair, compiled, args, floor_ms, eager_too=True)
+        report["rows"] += rows
+        if cuda and captured.graphs[("greedy", buckets[0])].captured:
+            try:
+                report["profile_batch_1"] = kernel_profile(captured.graphs[("greedy", buckets[0])], 3)
+            except Exception as error:
+                report["profile_batch_1"] = {"error": f"{type(error).__name__}: {error}"}
+                traceback.print_exc()
+        try:
+            begin = time.perf_counter()
+            report["parity"] = parity(captured, eager, args)
+            report["parity"]["seconds"] = time.perf_counter() - begin
+            print(f"[bench] parity: {json.dumps({k: v for k, v in report['parity'].items() if k != 'mismatches'})}")
+        except Exception as error:
+            report["parity"] = {"error": f"{type(error).__name__}: {error}"}
+            traceback.print_exc()
+        del captured, eager, compiled
+        release(cuda)
+
+        if not args.no_piecewise and cuda:
+            try:
+                begin = time.perf_counter()
+                piecewise = graphspec.compile(target_dir, draft_dir, batch_sizes=(1,), capture="piecewise", **options)
+                report["piecewise_compile_seconds"] = time.perf_counter() - begin
+                rows, _, _ = measure_pair(pair, piecewise, args, floor_ms, eager_too=False)
+                report["rows"] += rows
+                del piecewise, rows
+            except Exception as error:
+                report["piecewise_error"] = f"{type(error).__name__}: {error}"
+                traceback.print_exc()
+            release(cuda)
+
+        self_dir = self_draft_dir(args, target_dir, draft_dir, target_shape, cuda)
+        if self_dir is not None:
+            begin = time.perf_counter()
+            own = graphspec.compile(self_dir, self_dir, batch_sizes=buckets, **options)
+            report["self_draft_compile_seconds"] = time.perf_counter() - begin
+            own_bytes = weight_bytes(own.target.model)
+            own_floor = (own_bytes + args.k * own_bytes) / bandwidth["bytes_per_s"] * 1e3
+            label = pair.split("/")[0 if self_dir == target_dir else 1]
+            name = f"{label}/{label} self"
+            rows, _, _ = measure_pair(name, own, args, own_floor, eager_too=False)
+            report["rows"] += rows
+            report["self_draft"] = {"checkpoint": self_dir.name, "floor_ms": own_floor}
+            del own, rows
+            release(cuda)
+    finally:
+        report["seconds"] = time.perf_counter() - started
+        shutil.rmtree(workdir, ignore_errors=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        print_report(report)
+    ok = all("error" not in row for row in report["rows"]) and report.get("parity", {}).get("identical", False)
+    return 0 if ok else 1
+
+
+def self_draft_dir(args: argparse.Namespace, target: Path, draft: Path, target_shape: str, cuda: bool) -> Path | None:
+    """The target as its own draft when two copies fit in free GPU memory with room to spare,
+    else the draft as its own draft."""
+    if args.self_draft == "none":
+        return None
+    if args.self_draft in ("target", "draft"):
+        return target if args.self_draft == "target" else draft
+    if not cuda:
+        return target
+    free, _ = torch.cuda.mem_get_info()
+    config = transformers.LlamaConfig(**{**COMMON, **SHAPES[target_shape]})
+    need = 2 * sum(p.numel() * 2 for p in build_model(config).parameters())
+    return target if need < 0.7 * free else draft
+
+
+def release(cuda: bool) -> None:
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def print_report(report: dict[str, Any]) -> None:
+    profile = report.get("profile_batch_1")
+    if profile and "top" in profile:
+        step = next((r["captured"]["median_ms"] for r in report["rows"] if "captured" in r), None)
+        idle = f"; the step takes {step:.2f} ms" if step else ""
+        print(
+            f"\nkernels of one captured step at batch 1: {profile['kernels_per_step']:.0f} launches, "
+            f"{profile['kernel_us_per_step'] / 1e3:.2f} ms of kernel time{idle}"
+        )
+        for category, entry in sorted(profile["categories"].items(), key=lambda item: -item[1]["us_per_step"]):
+            print(f"  {category:10s} {entry['us_per_step']:8.1f} us in {entry['calls_per_step']:5.0f} kernels")
+        print("  top kernels:")
+        for kernel in profile["top"]:
+            print(
+                f"  {kernel['share'] * 100:5.1f}%  {kernel['us_per_step']:8.1f} us  "
+                f"x{kernel['calls_per_step']:5.0f}  {kernel['name'][:80]}"
+            )
+    parity_result = report.get("parity", {})
+    if "identical" in parity_result:
+        print(
+            f"\nparity captured vs eager generate(): {'IDENTICAL' if parity_result['identical'] else 'DIFFERENT'} "
+            f"tokens over {parity_result['steps_compared']} eager steps, {parity_result['rows_compared']} rows, "
+            f"batches {parity_result['batches']}; mismatches: {parity_result['mismatches'][:5]}"
+        )
+    elif parity_result:
+        print(f"\nparity check failed to run: {parity_result}")
+    bandwidth, floor = report.get("copy_bandwidth"), report.get("floor")
+    print(
+        f"\ngraphspec step benchmark {report['date']}: {report['device']}, torch {report['torch']}, "
+        f"triton {report.get('triton', '-')}, bf16, K={report['args']['k']}, "
+        f"max_seq_len {report['args']['max_seq_len']}, context {report['args']['context']}, "
+        f"{report['seconds']:.0f} s"
+    )
+    if bandwidth and floor:
+        print(
+            f"copy bandwidth {bandwidth['bytes_per_s'] / 1e12:.2f} TB/s; floor = (target "
+            f"{floor['target_bytes'] / 1e9:.2f} GB + {report['args']['k']} x draft {floor['draft_bytes'] / 1e9:.2f} GB)"
+            f" / bandwidth = {floor['ms']:.2f} ms (without the untied input embedding {floor['read_only_ms']:.2f} ms)"
+        )
+    print(table(report["rows"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
