@@ -1,0 +1,842 @@
+"""Serving artifacts: write a Compiled to a self-describing directory, and load it back verified.
+
+An artifact directory holds:
+    manifest.json                        what was compiled, for which machine and software, and the
+                                         sha256 of every file the artifact contains or references
+    graphs/<graph>.json                  the step graph, one record per node: what loading rebuilds
+    graphs/<graph>.py                    the same graph as generated Python (root, then submodules), to read
+    graphs/<graph>.constants.safetensors tensors the graph reads through get_attr (only when it has any)
+    kernels.json                         node -> kernel chosen by lower_kernels, per graph
+    target/, draft/                      checkpoint copies (config, safetensors, tokenizer files), or,
+                                         with copy_weights=False, absolute paths + sha256 in the manifest
+
+Graphs are stored structurally and rebuilt node by node, so loading neither traces nor runs a pass,
+and the rebuilt graph is the compiled graph exactly (same nodes, names and generated code). Re-tracing
+the generated code instead (what torch.save of a GraphModule does) would fold tensor-free factory ops
+such as aten.arange into tensor constants, so the loaded graph would differ from the one compiled.
+
+Loading checks everything before it builds anything: structure and format version, software versions
+and GPU SM, the sha256 of every file, the model configs against the checkpoints' config.json, and the
+schemas of the custom ops the graphs call. Each refusal is an ArtifactError that says what differs
+and how to fix it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import inspect
+import json
+import math
+import pkgutil
+import platform
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+from safetensors.torch import load_file, save_file
+
+import graphspec
+from graphspec import trace
+from graphspec.compiler import Compiled, device_sm
+from graphspec.config import SAMPLING_MODES, SpecConfig
+from graphspec.dump import PassRecord
+from graphspec.errors import ArtifactError, GraphspecError
+from graphspec.models.loading import LoadedModel, load_config, load_model
+from graphspec.pipeline import PIPELINE
+from graphspec.trace import model_inputs
+
+FORMAT = "graphspec-artifact"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+KERNELS = "kernels.json"
+ROLES = ("target", "draft")
+# Files of a checkpoint directory that loading reads besides the safetensors shards. Other weight
+# formats (.bin, .pt, .gguf) are never copied: graphspec loads safetensors only.
+CHECKPOINT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+# config.to_dict() keys that say where or by what a config was read, not what the model is.
+VOLATILE_CONFIG_KEYS = ("transformers_version",)
+# Modules a graph's plain-function targets (operator.getitem, ...) may be imported from on load.
+FUNCTION_MODULES = ("_operator", "operator", "builtins", "math", "torch")
+_CHUNK = 1 << 22
+
+
+class ArtifactMismatchWarning(UserWarning):
+    """An artifact built for another GPU or software stack, loaded anyway (allow_mismatch=True)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Saving
+# --------------------------------------------------------------------------------------------------
+
+
+def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True) -> Path:
+    """Write `compiled` to the directory `out` and return its absolute path.
+
+    The artifact is assembled in a sibling temporary directory and moved into place at the end, so
+    an interrupted save never leaves a half-written artifact. An existing artifact at `out` is
+    replaced; any other non-empty directory is refused."""
+    out = Path(out).expanduser().absolute()
+    _check_writable(out, compiled, copy_weights)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        files: dict[str, dict[str, Any]] = {}
+        graphs, kernels = [], {}
+        for (mode, bucket), gm in compiled.graphs.items():
+            graphs.append(_save_graph(compiled, mode, bucket, gm, staging, files))
+            kernels[graphs[-1]["name"]] = kernel_choices(gm)
+        _write(staging / KERNELS, json.dumps(kernels, indent=2, default=str) + "\n", files, KERNELS)
+        models = {
+            role: _save_weights(role, loaded, staging, files, copy_weights)
+            for role, loaded in zip(ROLES, (compiled.target, compiled.draft), strict=True)
+        }
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": compile_command(compiled, out, copy_weights),
+            "versions": software_versions(),
+            "device": {
+                "device": compiled.config.device,
+                "sm": compiled.sm,
+                "name": _device_name(compiled.config.device),
+            },
+            "config": {**asdict(compiled.config), "batch_sizes": list(compiled.config.batch_sizes)},
+            "modes": sorted({mode for mode, _ in compiled.graphs}, key=SAMPLING_MODES.index),
+            "models": models,
+            "signature": {
+                "target_params": list(compiled.signature.target_params),
+                "draft_params": list(compiled.signature.draft_params),
+                "step_inputs": list(trace.STEP_INPUTS),
+            },
+            "pipeline": [{"name": module.NAME, "sha256": pass_source_hash(module)} for module in PIPELINE],
+            "ops": _op_schemas(compiled.graphs.values()),
+            "graphs": graphs,
+            "kernels": KERNELS,
+            "files": files,
+        }
+        _write(staging / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _check_writable(out: Path, compiled: Compiled, copy_weights: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(f"--out {out} exists and is not a directory; choose another path")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise ArtifactError(
+            f"--out {out} is a non-empty directory that is not a graphspec artifact; refusing to overwrite it: "
+            f"choose a new or empty directory"
+        )
+    if not copy_weights:
+        for loaded in (compiled.target, compiled.draft):
+            source = loaded.path.absolute()
+            if source == out or out in source.parents:
+                raise ArtifactError(
+                    f"--reference-weights would reference {source}, inside --out {out}, which is replaced; "
+                    f"copy the weights (drop --reference-weights) or write to another directory"
+                )
+
+
+def _save_graph(
+    compiled: Compiled, mode: str, bucket: int, gm: fx.GraphModule, staging: Path, files: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    name = graph_name(mode, bucket)
+    modules, constants = encode_graph_module(gm, name)
+    entry: dict[str, Any] = {"name": name, "mode": mode, "bucket": bucket, "graph": f"graphs/{name}.json"}
+    _write(staging / entry["graph"], json.dumps({"name": name, "modules": modules}) + "\n", files, entry["graph"])
+    entry["code"] = f"graphs/{name}.py"
+    _write(staging / entry["code"], graph_source(gm, name), files, entry["code"])
+    if constants:
+        entry["constants"] = f"graphs/{name}.constants.safetensors"
+        save_file(constants, str(staging / entry["constants"]))
+        files[entry["constants"]] = file_record(staging / entry["constants"])
+    entry["nodes"] = sum(len(module["nodes"]) for module in modules.values())
+    entry["passes"] = [_record_to_json(record) for record in compiled.records.get(name, [])]
+    return entry
+
+
+def _save_weights(
+    role: str, loaded: LoadedModel, staging: Path, files: dict[str, dict[str, Any]], copy_weights: bool
+) -> dict[str, Any]:
+    source = loaded.path.absolute()
+    config = normalized_config(loaded.config)
+    entry: dict[str, Any] = {
+        "source": str(source),
+        "copied": copy_weights,
+        "weights": role if copy_weights else str(source),
+        "model_type": config.get("model_type"),
+        "config": config,
+        "files": [],
+    }
+    for file in checkpoint_files(loaded):
+        relative = file.absolute().relative_to(source).as_posix()
+        if copy_weights:
+            key = f"{role}/{relative}"
+            files[key] = _copy_hashed(file, staging / key)
+        else:
+            key = str(source / relative)
+            files[key] = file_record(file)
+        entry["files"].append(key)
+    return entry
+
+
+def checkpoint_files(loaded: LoadedModel) -> list[Path]:
+    """Every file of the checkpoint that loading reads: config, safetensors shards, tokenizer files."""
+    path = loaded.path
+    named = [path / name for name in CHECKPOINT_FILES if (path / name).is_file()]
+    tiktoken = sorted(path.glob("*.tiktoken"))
+    return sorted({*named, *tiktoken, *loaded.weight_files})
+
+
+def graph_name(mode: str, bucket: int) -> str:
+    """The name compile() gives the (mode, bucket) graph; dumps and artifact files use it too."""
+    return f"step_b{bucket}_{mode}"
+
+
+def kernel_choices(gm: fx.GraphModule) -> dict[str, Any]:
+    """node -> meta["gs_kernel"] for every node lower_kernels tagged (submodule nodes as path.node)."""
+    return {
+        f"{path}.{node.name}" if path else node.name: node.meta["gs_kernel"]
+        for path, module in _graph_modules(gm)
+        for node in module.graph.nodes
+        if "gs_kernel" in node.meta
+    }
+
+
+def compile_command(compiled: Compiled, out: Path, copy_weights: bool) -> str:
+    """The `graphspec compile` command line that rebuilds this artifact; error messages quote it."""
+    config = compiled.config
+    words = [
+        "graphspec",
+        "compile",
+        str(compiled.target.path.absolute()),
+        "--draft",
+        str(compiled.draft.path.absolute()),
+        "-k",
+        str(config.k),
+        "--batch-sizes",
+        ",".join(map(str, config.batch_sizes)),
+        "--dtype",
+        config.dtype,
+        "--device",
+        config.device,
+        "--max-seq-len",
+        str(config.max_seq_len),
+    ]
+    if config.capture != "auto":
+        words += ["--capture", config.capture]
+    if config.lowering != "auto":
+        words += ["--lowering", config.lowering]
+    modes = sorted({mode for mode, _ in compiled.graphs}, key=SAMPLING_MODES.index)
+    if tuple(modes) != SAMPLING_MODES:
+        words += ["--modes", ",".join(modes)]
+    records = next(iter(compiled.records.values()), [])
+    for record in records:
+        if record.skipped:
+            words += ["--skip", record.name]
+    if records and records[-1].name != PIPELINE[-1].NAME:
+        words += ["--stop-after", records[-1].name]
+    if not copy_weights:
+        words.append("--reference-weights")
+    words += ["--out", str(out)]
+    return shlex.join(words)
+
+
+def software_versions() -> dict[str, str | None]:
+    return {
+        "graphspec": graphspec.__version__,
+        "torch": torch.__version__,
+        "triton": _distribution_version("triton"),
+        "transformers": _distribution_version("transformers"),
+        "python": platform.python_version(),
+    }
+
+
+def pass_source_hash(module: object) -> str:
+    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()
+
+
+def normalized_config(config: Any) -> dict[str, Any]:
+    """config.to_dict() as it reads back from JSON, without keys that only say where it was read."""
+    raw = json.loads(json.dumps(config.to_dict(), default=str))
+    return {key: value for key, value in raw.items() if not key.startswith("_") and key not in VOLATILE_CONFIG_KEYS}
+
+
+def _op_schemas(graphs: Any) -> dict[str, str]:
+    """Schema of every non-aten op the graphs call. torch's own ops are covered by the torch version."""
+    schemas = {}
+    for gm in graphs:
+        for _, module in _graph_modules(gm):
+            for node in module.graph.nodes:
+                target = node.target
+                if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+                    if target.namespace != "aten":
+                        schemas[_op_name(target)] = str(target._schema)
+    return dict(sorted(schemas.items()))
+
+
+def _record_to_json(record: PassRecord) -> dict[str, Any]:
+    fields = asdict(record)
+    # created/erased list every node name a pass touched: dump material, too long for a manifest.
+    fields.pop("created")
+    fields.pop("erased")
+    return json.loads(json.dumps(fields, default=str))
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Graph (de)serialization: one JSON record per node; targets and constants by name.
+# --------------------------------------------------------------------------------------------------
+
+
+def _graph_modules(gm: fx.GraphModule) -> list[tuple[str, fx.GraphModule]]:
+    """(qualified path, module) for gm ("") and every nested GraphModule (split graphs' pieces)."""
+    return [(path, module) for path, module in gm.named_modules() if isinstance(module, fx.GraphModule)]
+
+
+def encode_graph_module(gm: fx.GraphModule, name: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """{module path: {"nodes": [...], "constants": {...}}} for gm and its nested GraphModules, and
+    the constant tensors keyed by qualified name (path.target)."""
+    modules: dict[str, Any] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for path, module in _graph_modules(gm):
+        # HACK(torch private): fx exposes no public accessor for a graph's codegen. A non-default
+        # codegen (pytree in/out) would change the forward signature we rebuild with the default one.
+        if type(module.graph._codegen) is not fx.graph.CodeGen:
+            raise ArtifactError(f"graph {name} ({path or 'root'}) uses {type(module.graph._codegen).__name__}")
+        constants = {}
+        for node in module.graph.find_nodes(op="get_attr"):
+            value = _get_attr(module, node.target)
+            if isinstance(value, torch.Tensor):
+                key = f"{path}.{node.target}" if path else node.target
+                tensors[key] = value.detach().to("cpu").contiguous().clone()
+                constants[node.target] = {"key": key, "device": str(value.device)}
+            elif not isinstance(value, fx.GraphModule):
+                raise ArtifactError(
+                    f"cannot store graph {name}: node {node.name} reads {node.target!r}, a {type(value).__name__}"
+                )
+        nodes = [_encode_node(node, name) for node in module.graph.nodes]
+        modules[path] = {"nodes": nodes, "constants": constants}
+    return modules, tensors
+
+
+def _encode_node(node: fx.Node, graph: str) -> dict[str, Any]:
+    try:
+        record = {
+            "name": node.name,
+            "op": node.op,
+            "target": _encode_target(node),
+            "args": _encode_value(node.args),
+            "kwargs": _encode_value(node.kwargs),
+        }
+    except TypeError as error:
+        raise ArtifactError(f"cannot store graph {graph}: node {node.name}: {error}") from None
+    meta = {}
+    for key, value in node.meta.items():
+        if key.startswith("gs_"):
+            try:
+                meta[key] = _encode_value(value)
+            except TypeError:
+                pass  # graphspec meta that is not plain data is dump material; the graph runs without it
+    if meta:
+        record["meta"] = meta
+    return record
+
+
+def _encode_target(node: fx.Node) -> Any:
+    target = node.target
+    if node.op != "call_function":
+        return target  # a string: placeholder/attribute/module/method name
+    if isinstance(target, torch._ops.OpOverload):
+        return {"op": _op_name(target)}
+    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if module in FUNCTION_MODULES or (module or "").startswith("torch."):
+        if qualname and _resolve_function(module, qualname) is target:
+            return {"function": f"{module}:{qualname}"}
+    raise TypeError(f"calls {target!r}, which cannot be named by an importable path")
+
+
+def _op_name(op: torch._ops.OpOverload) -> str:
+    return f"{op._schema.name}.{op._overloadname}"  # "graphspec::kv_write.default"
+
+
+def _encode_value(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, fx.Node):
+        return {"node": value.name}
+    if isinstance(value, list):
+        return [_encode_value(item) for item in value]
+    if isinstance(value, tuple):
+        return {"tuple": [_encode_value(item) for item in value]}
+    if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            raise TypeError(f"dict with non-string keys {list(value)!r}")
+        return {"dict": {key: _encode_value(item) for key, item in value.items()}}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, torch.layout):
+        return {"layout": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.memory_format):
+        return {"memory_format": str(value).removeprefix("torch.")}
+    if isinstance(value, slice):
+        return {"slice": [_encode_value(value.start), _encode_value(value.stop), _encode_value(value.step)]}
+    raise TypeError(f"argument of type {type(value).__name__} ({value!r}) has no artifact encoding")
+
+
+def _decode_value(value: Any, env: dict[str, fx.Node]) -> Any:
+    if isinstance(value, list):
+        return [_decode_value(item, env) for item in value]
+    if not isinstance(value, dict):
+        return value
+    (tag, payload), *rest = value.items()
+    if rest:
+        raise ValueError(f"malformed value {value!r}")
+    if tag == "node":
+        return env[payload]
+    if tag == "tuple":
+        return tuple(_decode_value(item, env) for item in payload)
+    if tag == "dict":
+        return {key: _decode_value(item, env) for key, item in payload.items()}
+    if tag == "float":
+        return float(payload)
+    if tag == "slice":
+        return slice(*(_decode_value(item, env) for item in payload))
+    if tag == "device":
+        return torch.device(payload)
+    if tag in ("dtype", "layout", "memory_format"):
+        kind = {"dtype": torch.dtype, "layout": torch.layout, "memory_format": torch.memory_format}[tag]
+        resolved = getattr(torch, payload, None)
+        if not isinstance(resolved, kind):
+            raise ValueError(f"torch.{payload} is not a {tag} in this torch")
+        return resolved
+    raise ValueError(f"unknown value tag {tag!r}")
+
+
+def _resolve_function(module: str, qualname: str) -> Any:
+    value: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def resolve_op(name: str) -> torch._ops.OpOverload:
+    """torch.ops lookup for "namespace::op.overload". Kernel ops register when graphspec.kernels'
+    modules are imported, so those are imported before giving up on a graphspec op."""
+    qualified, overload = name.rsplit(".", 1)
+    namespace, op = qualified.split("::")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    except (AttributeError, RuntimeError):
+        if namespace != "graphspec" or not _import_kernels():
+            raise
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
+def _import_kernels() -> bool:
+    """Import every graphspec.kernels module (each registers its ops); True if any was new."""
+    try:
+        package = importlib.import_module("graphspec.kernels")
+    except ImportError:
+        return False
+    new = False
+    for info in pkgutil.iter_modules(package.__path__, prefix="graphspec.kernels."):
+        if info.name not in sys.modules:
+            try:
+                importlib.import_module(info.name)
+                new = True
+            except ImportError:
+                continue  # a kernel whose dependencies are missing here; its op stays unregistered
+    return new
+
+
+def _get_attr(module: torch.nn.Module, target: str) -> Any:
+    value: Any = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def decode_graph_module(modules: dict[str, Any], constants: dict[str, torch.Tensor], name: str) -> fx.GraphModule:
+    """Rebuild the GraphModule from encode_graph_module's records: children first, then parents."""
+    built: dict[str, fx.GraphModule] = {}
+    # Deepest paths first, so every call_module target exists when its parent is built.
+    for path in sorted(modules, key=lambda p: -(p.count(".") + 1 if p else 0)):
+        record = modules[path]
+        graph = fx.Graph()
+        env: dict[str, fx.Node] = {}
+        for node_record in record["nodes"]:
+            op, target = node_record["op"], node_record["target"]
+            if op == "call_function":
+                if "op" in target:
+                    target = resolve_op(target["op"])
+                else:
+                    module_name, qualname = target["function"].split(":")
+                    if module_name not in FUNCTION_MODULES and not module_name.startswith("torch."):
+                        raise ValueError(f"node {node_record['name']} calls {module_name}:{qualname}, not allowed")
+                    target = _resolve_function(module_name, qualname)
+            args = _decode_value(node_record["args"], env)
+            kwargs = _decode_value(node_record["kwargs"], env)
+            node = graph.create_node(op, target, tuple(args), dict(kwargs), name=node_record["name"])
+            if node.name != node_record["name"]:
+                raise ValueError(f"node {node_record['name']} was renamed {node.name} on rebuild")
+            node.meta.update({key: _decode_value(value, env) for key, value in node_record.get("meta", {}).items()})
+            env[node.name] = node
+        graph.lint()
+        prefix = f"{path}." if path else ""
+        # Constants go back to the device they were compiled on (the artifact's device).
+        attributes: dict[str, Any] = {
+            target: constants[info["key"]].to(info["device"]) for target, info in record["constants"].items()
+        }
+        for child_path, child in built.items():
+            if child_path.startswith(prefix) and "." not in child_path[len(prefix) :] and child_path != path:
+                attributes[child_path[len(prefix) :]] = child
+        built[path] = fx.GraphModule(attributes, graph, class_name=name if not path else "GraphModule")
+    return built[""]
+
+
+def graph_source(gm: fx.GraphModule, name: str) -> str:
+    """The generated Python of gm and of each nested GraphModule, for people (loading uses the JSON)."""
+    parts = [f"# {name}: generated code of the compiled step graph; the artifact loads graphs/{name}.json.\n"]
+    for path, module in _graph_modules(gm):
+        parts.append(f"\n# ---- {path or 'root'} ----\n{module.code.strip()}\n")
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------------
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def _copy_hashed(source: Path, destination: Path) -> dict[str, Any]:
+    """Copy and hash in one read: weights can be tens of GB."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    digest, size = hashlib.sha256(), 0
+    with source.open("rb") as reader, destination.open("wb") as writer:
+        while chunk := reader.read(_CHUNK):
+            digest.update(chunk)
+            writer.write(chunk)
+            size += len(chunk)
+    return {"sha256": digest.hexdigest(), "bytes": size}
+
+
+def _write(path: Path, text: str, files: dict[str, dict[str, Any]] | None = None, key: str | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if files is not None and key is not None:
+        files[key] = file_record(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The parsed manifest of the artifact at `path`, after structural checks (no hashing)."""
+    path = Path(path).expanduser()
+    fix = f"write one with `graphspec compile TARGET --draft DRAFT --out {path}`"
+    if not path.exists():
+        raise ArtifactError(f"artifact directory {path} does not exist; {fix}")
+    if not path.is_dir():
+        raise ArtifactError(f"artifact {path} is not a directory; {fix}")
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        what = (
+            "is empty"
+            if not any(path.iterdir())
+            else f"has no {MANIFEST} (not a graphspec artifact, or an incomplete one)"
+        )
+        raise ArtifactError(f"artifact directory {path} {what}; {fix}")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ArtifactError(f"{manifest_path}: not valid JSON ({error}); {fix}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f'{manifest_path}: not a graphspec artifact manifest (no "format": "{FORMAT}"); {fix}')
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{manifest_path}: artifact format version {version!r}, this graphspec {graphspec.__version__} reads "
+            f"version {FORMAT_VERSION}: recompile with `{manifest.get('command') or fix}`"
+        )
+    for key in ("command", "versions", "device", "config", "models", "signature", "pipeline", "ops", "graphs", "files"):
+        if key not in manifest:
+            raise ArtifactError(f"{manifest_path}: missing field {key!r}; recompile with `{manifest.get('command')}`")
+    return manifest
+
+
+def environment_mismatches(manifest: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(what, compiled for, this machine) for every software or hardware difference that may matter."""
+    mismatches = []
+    versions, here = manifest["versions"], software_versions()
+    device = manifest["device"]["device"]
+    compiled_sm = manifest["device"].get("sm")
+    current_sm = device_sm(device) if device.startswith("cuda") and torch.cuda.is_available() else None
+    if compiled_sm != current_sm:
+        mismatches.append(("sm", _sm_text(compiled_sm, device), _sm_text(current_sm, device)))
+    if versions.get("graphspec") != here["graphspec"]:
+        mismatches.append(("graphspec", f"graphspec {versions.get('graphspec')}", f"graphspec {here['graphspec']}"))
+    # Local build tags (+cu128, +cpu) do not change the aten ops a graph calls.
+    if str(versions.get("torch")).split("+")[0] != str(here["torch"]).split("+")[0]:
+        mismatches.append(("torch", f"torch {versions.get('torch')}", f"torch {here['torch']}"))
+    if device.startswith("cuda") and versions.get("triton") != here["triton"]:
+        mismatches.append(("triton", f"triton {versions.get('triton')}", f"triton {here['triton']}"))
+    return mismatches
+
+
+def changed_passes(manifest: dict[str, Any]) -> list[str]:
+    """Passes whose source differs from the one that compiled the artifact (or that were added or removed)."""
+    current = {module.NAME: pass_source_hash(module) for module in PIPELINE}
+    compiled = {entry["name"]: entry["sha256"] for entry in manifest["pipeline"]}
+    return sorted(name for name in set(current) | set(compiled) if current.get(name) != compiled.get(name))
+
+
+def _sm_text(sm: int | None, device: str) -> str:
+    return f"sm_{sm}" if sm is not None else f"no GPU sm (device {device})"
+
+
+def load_artifact(path: str | Path, allow_mismatch: bool = False) -> Compiled:
+    """Verify the artifact at `path` and rebuild its Compiled: models from the (copied or referenced)
+    checkpoints, graphs from their stored nodes. Neither traces nor runs a pass.
+
+    Refuses with ArtifactError when anything differs from what the manifest records. With
+    allow_mismatch=True, a GPU SM or software version difference is a warning instead; a changed
+    or missing file never is."""
+    path = Path(path).expanduser().absolute()
+    manifest = read_manifest(path)
+    command = manifest["command"]
+    try:
+        return _load(path, manifest, allow_mismatch, command)
+    except ArtifactError:
+        raise
+    except GraphspecError as error:
+        raise ArtifactError(f"{path}: {error}; recompile with `{command}`") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ArtifactError(
+            f"{path}: malformed artifact ({type(error).__name__}: {error}); recompile with `{command}`"
+        ) from None
+
+
+def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: str) -> Compiled:
+    device = manifest["device"]["device"]
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ArtifactError(
+            f"{path} was compiled for {device} ({_sm_text(manifest['device'].get('sm'), device)}) but CUDA is "
+            f"not available on this machine: recompile with `{_with_option(command, '--device', 'cpu')}`"
+        )
+    mismatches = environment_mismatches(manifest)
+    if mismatches:
+        message = (
+            f"{path} was compiled for {', '.join(m[1] for m in mismatches)}; this machine has "
+            f"{', '.join(m[2] for m in mismatches)}: recompile with `{command}`"
+        )
+        if not allow_mismatch:
+            raise ArtifactError(f"{message} (or pass --allow-mismatch / allow_mismatch=True to load it anyway)")
+        warnings.warn(f"{message}; loading anyway (allow_mismatch)", ArtifactMismatchWarning, stacklevel=3)
+    # The stored graphs do not depend on the pass code that produced them, so a changed pass is no
+    # reason to refuse (and refusing would break every artifact on each edit during development);
+    # it does mean the artifact lacks the change, which is worth saying.
+    changed = changed_passes(manifest)
+    if changed:
+        warnings.warn(
+            f"{path} was compiled by another version of pass(es) {', '.join(changed)}; its graphs run as compiled: "
+            f"recompile with `{command}` to pick up the change",
+            ArtifactMismatchWarning,
+            stacklevel=3,
+        )
+
+    _verify_files(path, manifest, command)
+    weights = {role: _weights_dir(path, manifest["models"][role]) for role in ROLES}
+    for role in ROLES:
+        _verify_config(role, manifest["models"][role], weights[role], command)
+    schemas = manifest["ops"]
+    for name, schema in schemas.items():
+        try:
+            op = resolve_op(name)
+        except (AttributeError, RuntimeError, ValueError):
+            raise ArtifactError(
+                f"the graphs call {name}, which this graphspec does not register: recompile with `{command}`"
+            ) from None
+        if str(op._schema) != schema:
+            raise ArtifactError(
+                f"the graphs call {schema}, but this graphspec defines {op._schema}: recompile with `{command}`"
+            )
+    graph_docs = {}
+    for entry in manifest["graphs"]:
+        graph_file = path / entry["graph"]
+        try:
+            graph_docs[entry["name"]] = json.loads(graph_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ArtifactError(f"{graph_file}: not valid JSON ({error}); recompile with `{command}`") from None
+
+    # Everything is verified; build. load_model reads weights, it does not trace.
+    try:
+        config = SpecConfig(**{**manifest["config"], "batch_sizes": tuple(manifest["config"]["batch_sizes"])})
+    except TypeError as error:
+        raise ArtifactError(f"{path / MANIFEST}: bad config ({error}); recompile with `{command}`") from None
+    target, draft = (load_model(weights[role], config.dtype, config.device) for role in ROLES)
+    signature = trace.StepSignature(
+        tuple(manifest["signature"]["target_params"]), tuple(manifest["signature"]["draft_params"])
+    )
+    for role, loaded, names in (("target", target, signature.target_params), ("draft", draft, signature.draft_params)):
+        if tuple(model_inputs(loaded.model)) != names:
+            raise ArtifactError(
+                f"the {role} model built from {weights[role]} has other parameters than the compiled graphs "
+                f"take (the model code changed since compile): recompile with `{command}`"
+            )
+    if tuple(manifest["signature"].get("step_inputs", trace.STEP_INPUTS)) != trace.STEP_INPUTS:
+        raise ArtifactError(f"the graphs take other step inputs than this runtime provides: recompile with `{command}`")
+    graphs, records = {}, {}
+    for entry in manifest["graphs"]:
+        name = entry["name"]
+        constants = load_file(str(path / entry["constants"])) if entry.get("constants") else {}
+        try:
+            gm = decode_graph_module(graph_docs[name]["modules"], constants, name)
+        except (KeyError, ValueError, TypeError, AttributeError, RuntimeError) as error:
+            raise ArtifactError(
+                f"{path / entry['graph']}: cannot rebuild the graph ({type(error).__name__}: {error}); "
+                f"recompile with `{command}`"
+            ) from None
+        placeholders = len(gm.graph.find_nodes(op="placeholder"))
+        if placeholders != len(signature.input_names):
+            raise ArtifactError(
+                f"{path / entry['graph']}: graph takes {placeholders} inputs, the signature names "
+                f"{len(signature.input_names)}; recompile with `{command}`"
+            )
+        graphs[(entry["mode"], int(entry["bucket"]))] = gm
+        records[name] = [PassRecord(**fields) for fields in entry.get("passes", [])]
+    missing = sorted({(m, b) for m in manifest.get("modes", []) for b in config.batch_sizes} - set(graphs))
+    if missing:
+        raise ArtifactError(f"{path / MANIFEST}: no graph for (mode, bucket) {missing}; recompile with `{command}`")
+    return Compiled(config, target, draft, graphs, signature, manifest["device"].get("sm"), records)
+
+
+def _weights_dir(path: Path, model: dict[str, Any]) -> Path:
+    weights = Path(model["weights"])
+    return weights if model["copied"] is False else path / _inside(model["weights"])
+
+
+def _inside(relative: str) -> str:
+    """A manifest path relative to the artifact must stay inside it."""
+    if Path(relative).is_absolute() or ".." in Path(relative).parts:
+        raise ArtifactError(f"manifest path {relative!r} points outside the artifact")
+    return relative
+
+
+def _verify_files(path: Path, manifest: dict[str, Any], command: str) -> None:
+    """sha256 of every contained and referenced file; every file the manifest uses must be listed."""
+    files: dict[str, dict[str, Any]] = manifest["files"]
+    used = [entry[key] for entry in manifest["graphs"] for key in ("graph", "constants") if entry.get(key)]
+    used += [manifest.get("kernels", KERNELS)]
+    used += [name for role in ROLES for name in manifest["models"][role]["files"]]
+    unlisted = [name for name in used if name not in files]
+    if unlisted:
+        raise ArtifactError(
+            f"{path / MANIFEST} lists no sha256 for {', '.join(unlisted)}, so they cannot be verified: "
+            f"recompile with `{command}`"
+        )
+    problems = []
+    for name, record in files.items():
+        file = Path(name) if Path(name).is_absolute() else path / _inside(name)
+        where = name if not Path(name).is_absolute() else f"referenced file {name}"
+        if not file.is_file():
+            problems.append(f"{where} is missing")
+        elif file.stat().st_size != record["bytes"]:
+            problems.append(f"{where} has {file.stat().st_size} bytes, the manifest recorded {record['bytes']}")
+        elif sha256_file(file) != record["sha256"]:
+            problems.append(f"{where} has another sha256 than the manifest recorded (changed or corrupt)")
+    if problems:
+        referenced = any(Path(name).is_absolute() for name in files)
+        restore = " or restore the referenced checkpoint" if referenced else ""
+        raise ArtifactError(f"{path}: {'; '.join(problems)}: recompile with `{command}`{restore}")
+
+
+def _verify_config(role: str, model: dict[str, Any], weights: Path, command: str) -> None:
+    """The manifest's copy of the model config must be what the checkpoint's config.json says."""
+    actual = normalized_config(load_config(weights))
+    recorded = model["config"]
+    # Keys on one side only are transformers-version defaults, not edits; values that differ are.
+    differ = sorted(key for key in set(actual) & set(recorded) if actual[key] != recorded[key])
+    if differ:
+        shown = ", ".join(f"{key} {recorded[key]!r} (manifest) vs {actual[key]!r} (config.json)" for key in differ[:5])
+        raise ArtifactError(
+            f"the {role} model config in {MANIFEST} differs from {weights / 'config.json'}: {shown}: "
+            f"recompile with `{command}`"
+        )
+
+
+def _with_option(command: str, option: str, value: str) -> str:
+    words = shlex.split(command)
+    if option in words:
+        words[words.index(option) + 1] = value
+    return shlex.join(words)
+
+
+__all__ = [
+    "ArtifactMismatchWarning",
+    "changed_passes",
+    "environment_mismatches",
+    "load_artifact",
+    "read_manifest",
+    "save_artifact",
+]

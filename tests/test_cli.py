@@ -1,0 +1,270 @@
+"""The `graphspec` command line, run as a user runs it: `python -m graphspec ...` in a subprocess.
+
+Every process costs a torch import, so the module starts them all together from one fixture (those that
+need the compiled artifact once it exists) and the tests read their results. Variants of a command
+whose process wiring is already covered call main() in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graphspec.cli import main
+from graphspec.pipeline import describe
+from graphspec.runtime.runtime import Runtime
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+TIMEOUT = 300
+COMPILE_FLAGS = ["--dtype", "float32", "--device", "cpu", "--max-seq-len", "64"]
+
+# name -> (arguments, a fragment the one-line error must contain). {target} etc. are filled in below.
+USER_ERRORS = {
+    "unknown_flag": (["compile", "{target}", "--draft", "{draft}", "--bogus"], "unrecognized arguments: --bogus"),
+    "k_zero": (["compile", "{target}", "--draft", "{draft}", "-k", "0", "--out", "{tmp}/a"], "argument -k"),
+    "batch_size_zero": (["compile", "{target}", "--draft", "{draft}", "--batch-sizes", "0,2"], "'0,2'"),
+    "batch_size_words": (["compile", "{target}", "--draft", "{draft}", "--batch-sizes", "a,b"], "'a,b'"),
+    "missing_target": (["compile", "{tmp}/no_target", "--draft", "{draft}", "--out", "{tmp}/a"], "no_target"),
+    "missing_artifact": (["generate", "{tmp}/no_art", "--prompt-ids", "1,2"], "no_art does not exist"),
+}
+
+
+def command(*args: object) -> list[str]:
+    return [sys.executable, "-m", "graphspec", *map(str, args)]
+
+
+def start(*args: object) -> subprocess.Popen:
+    return subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    stdout, stderr = process.communicate(timeout=TIMEOUT)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def add_word_tokenizer(directory: Path) -> None:
+    """A tokenizer whose words are w0..w127 (id i <-> "wi"), so text in and out is predictable."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(128)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="w0", bos_token="w1", eos_token="w2")
+    fast.save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(checkpoint_factory, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli_checkpoints")
+    target = Path(shutil.copytree(checkpoint_factory("llama", 0), root / "target"))
+    add_word_tokenizer(target)
+    return target, checkpoint_factory("llama", 1, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="module")
+def runs(checkpoints, tmp_path_factory):
+    """Every CLI process of this module: name -> CompletedProcess, plus the paths they wrote."""
+    tmp = tmp_path_factory.mktemp("cli")
+    target, draft = checkpoints
+    artifact, dumps, bisect = tmp / "art", tmp / "dumps", tmp / "bisect"
+    values = {"target": target, "draft": draft, "tmp": tmp}
+    # Independent of the artifact: start right away, next to the compile.
+    started = {
+        "compile": start(
+            "compile", target, "--draft", draft, "-k", "3", "--batch-sizes", "1,2", *COMPILE_FLAGS,
+            "--out", artifact, "--dump-dir", dumps,
+        ),
+        "list_passes": start("compile", "--list-passes"),
+        "bisect": start(
+            "compile", target, "--draft", draft, "-k", "2", "--batch-sizes", "1", "--modes", "greedy", *COMPILE_FLAGS,
+            "--dump-dir", bisect, "--skip", "mask_padding", "--stop-after", "defunctionalize_kv",
+        ),
+        **{name: start(*(arg.format(**values) for arg in args)) for name, (args, _) in USER_ERRORS.items()},
+    }  # fmt: skip
+    results = {"compile": finish(started.pop("compile"))}
+    assert results["compile"].returncode == 0, results["compile"].stderr
+    # These need the artifact.
+    started["generate_stream"] = start(
+        "generate", artifact, "--prompt-ids", "3,4,5", "--ids", "--max-new-tokens", "10", "--stream"
+    )
+    started["inspect"] = start("inspect", artifact)
+    results.update({name: finish(process) for name, process in started.items()})
+    return {"results": results, "artifact": artifact, "dumps": dumps, "bisect": bisect}
+
+
+@pytest.fixture(scope="module")
+def artifact(runs) -> Path:
+    return runs["artifact"]
+
+
+@pytest.fixture(scope="module")
+def runtime(artifact):
+    """The same artifact loaded in this process: the reference for what the CLI prints."""
+    return Runtime.load(artifact)
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Non-zero exit, exactly one `error: ...` line on stderr, no traceback."""
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+# --------------------------------------------------------------------------------------------------
+# compile
+# --------------------------------------------------------------------------------------------------
+
+
+def test_compile_writes_the_artifact_and_says_where(runs):
+    result, artifact, dumps = runs["results"]["compile"], runs["artifact"], runs["dumps"]
+    assert (artifact / "manifest.json").is_file()
+    assert (artifact / "target" / "tokenizer.json").is_file()  # tokenizer files travel with the weights
+    assert f"artifact: {artifact}" in result.stdout
+    assert f"dumps:    {dumps}" in result.stdout
+    assert str(dumps / "step_b2_sample" / "summary.md") in result.stdout
+    assert (dumps / "step_b2_sample" / "summary.md").is_file()
+
+
+def test_compile_shows_progress_on_stderr(runs):
+    stderr = runs["results"]["compile"].stderr
+    for line in (
+        "loading target",
+        "loading draft",
+        "tracing step_b1_greedy (graph 1/4)",
+        "step_b2_sample: mask_padding",
+    ):
+        assert line in stderr, line
+    assert stderr.strip().splitlines()[-1].endswith(f"writing artifact {runs['artifact']}")
+
+
+def test_list_passes_prints_the_pipeline_without_a_target(runs):
+    result = runs["results"]["list_passes"]
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == describe() + "\n"
+
+
+def test_stop_after_and_skip_bisect_the_pipeline(runs):
+    result = runs["results"]["bisect"]
+    assert result.returncode == 0, result.stderr
+    dumps = runs["bisect"] / "step_b1_greedy"
+    written = sorted(p.name for p in dumps.glob("*.py"))
+    assert written == ["00_traced.py", "01_insert_verify.py", "02_mask_padding.py", "03_defunctionalize_kv.py"]
+    assert "SKIPPED" in (dumps / "02_mask_padding.py").read_text()
+    assert "partial pipeline (stopped after defunctionalize_kv; skipped mask_padding)" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# generate and inspect
+# --------------------------------------------------------------------------------------------------
+
+
+def test_generate_streams_prompt_ids(runs, runtime):
+    result = runs["results"]["generate_stream"]
+    assert result.returncode == 0, result.stderr
+    expected = runtime.generate([[3, 4, 5]], max_new_tokens=10)[0].token_ids
+    assert result.stdout == ",".join(map(str, expected)) + "\n"
+    stats = result.stderr.strip().splitlines()[-1]
+    assert stats.startswith(f"stats: {len(expected)} tokens in ")
+    assert "tokens/s" in stats and "mean accepted" in stats and "acceptance by draft position" in stats
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_generate_prints_text_when_there_is_a_tokenizer(artifact, runtime, capsys, stream):
+    args = ["generate", str(artifact), "--prompt", "w3 w4 w5", "--max-new-tokens", "10"]
+    assert main(args + (["--stream"] if stream else [])) == 0
+    expected = runtime.generate(["w3 w4 w5"], max_new_tokens=10)[0]
+    assert expected.text.startswith("w")
+    assert capsys.readouterr().out == expected.text + "\n"
+
+
+def test_generate_batch_with_sampling_prints_ids_per_prompt(artifact, runtime, capsys):
+    args = ["generate", str(artifact), "--prompt-ids", "3,4,5", "--prompt-ids", "7,8", "--ids"]
+    args += ["--max-new-tokens", "8", "--temperature", "0.8", "--top-k", "40", "--top-p", "0.9", "--seed", "5"]
+    assert main(args) == 0
+    expected = runtime.generate([[3, 4, 5], [7, 8]], max_new_tokens=8, temperature=0.8, top_k=40, top_p=0.9, seed=5)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"[{i}] " + ",".join(map(str, r.token_ids)) for i, r in enumerate(expected)]
+
+
+def test_inspect_summarizes_the_manifest(runs):
+    result = runs["results"]["inspect"]
+    assert result.returncode == 0, result.stderr
+    for fragment in (
+        "k=3  buckets 1,2  modes greedy,sample  dtype float32",
+        "target     llama  2 layers  hidden 64",
+        "draft      llama  1 layers",
+        "vocab 128",
+        "[01] insert_verify",
+        "step_b2_sample",
+        "graphs/step_b1_greedy.json",
+        "target/model.safetensors",
+        "this machine: matches",
+        "recompile  graphspec compile",
+    ):
+        assert fragment in result.stdout, fragment
+
+
+def test_inspect_json_prints_the_manifest(artifact, capsys):
+    assert main(["inspect", str(artifact), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads((artifact / "manifest.json").read_text())
+
+
+def test_allow_mismatch_turns_an_sm_mismatch_into_a_warning(artifact, tmp_path, capsys):
+    copy = Path(shutil.copytree(artifact, tmp_path / "art"))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["device"]["sm"] = 80
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    args = ["generate", str(copy), "--prompt-ids", "3,4", "--max-new-tokens", "2", "--ids"]
+    assert main(args) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and "sm_80" in error and "--allow-mismatch" in error
+    assert main([*args, "--allow-mismatch"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("warning: ") and "sm_80" in captured.err
+    assert len(captured.out.strip().split(",")) == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# User errors: one line, no traceback
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", sorted(USER_ERRORS))
+def test_user_errors_exit_with_one_line_and_no_traceback(runs, case):
+    assert_user_error(runs["results"][case], USER_ERRORS[case][1])
+
+
+IN_PROCESS_ERRORS = {
+    "no_command": ([], "required: COMMAND"),
+    "nothing_to_write": (["compile", "{target}", "--draft", "{draft}"], "nothing to write"),
+    "no_draft": (["compile", "{target}", "--out", "{tmp}/a"], "--draft"),
+    "unknown_pass": (["compile", "{target}", "--draft", "{draft}", "--stop-after", "nope"], "unknown pass 'nope'"),
+    "unknown_skip": (["compile", "{target}", "--draft", "{draft}", "--skip", "mask_padding,nope"], "nope"),
+    "bad_device": (["compile", "{target}", "--draft", "{draft}", "--device", "tpu"], "'tpu'"),
+    "bad_prompt_ids": (["generate", "{art}", "--prompt-ids", "1,x"], "'1,x'"),
+    "no_prompt": (["generate", "{art}"], "--prompt"),
+    "top_p_above_one": (["generate", "{art}", "--prompt-ids", "1", "--top-p", "2"], "(0, 1]"),
+    "stream_two_prompts": (["generate", "{art}", "--prompt-ids", "1", "--prompt-ids", "2", "--stream"], "one prompt"),
+    "prompt_too_long": (["generate", "{art}", "--prompt-ids", "3", "--max-new-tokens", "100"], "max_seq_len 64"),
+    "prompt_ids_outside_vocab": (["generate", "{art}", "--prompt-ids", "500"], "outside [0, 128)"),
+    "inspect_missing": (["inspect", "{tmp}/no_art"], "no_art does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IN_PROCESS_ERRORS))
+def test_main_reports_user_errors_in_one_line(case, checkpoints, artifact, tmp_path, capsys):
+    values = {"target": checkpoints[0], "draft": checkpoints[1], "art": artifact, "tmp": tmp_path}
+    args, fragment = IN_PROCESS_ERRORS[case]
+    status = main([arg.format(**values) for arg in args])
+    captured = capsys.readouterr()
+    assert_user_error(subprocess.CompletedProcess(args, status, captured.out, captured.err), fragment)
