@@ -1,0 +1,283 @@
+"""Kernel benchmark: each graphspec Triton kernel against the best stock torch path at real shapes, with
+achieved bandwidth against a device-to-device copy measured in the same run.
+
+    python benchmarks/bench_kernels.py                 # the table (about a minute on an H200)
+    python benchmarks/bench_kernels.py --sweep         # also sweep attention configs at two shapes
+    python benchmarks/bench_kernels.py --json out.json
+
+Shapes are 8B-class (32 q heads, 8 kv heads, head dim 128, hidden 4096, Qwen vocab 151936), bf16.
+Every kernel runs through its graphspec::<op>_triton op with the config of this GPU's SM, captured
+in a CUDA graph and timed over replays (benchmarks/common.time_fn, median), as the runtime runs it.
+Attention reads whole caches (start_pos = S - T) and rotates over ROTATE disjoint sets of slots per
+replay so no byte is still in L2 when it is read again. Bandwidth = the fewest bytes the op must move
+(each input read once, each output written once) / time; "% copy" compares it with the copy rate,
+which counts bytes read plus bytes written. The torch column: SDPA (flash or whatever torch picks,
+enable_gqa) on K/V already gathered per row and contiguous, so its gather is not timed and its
+mask-free attention does less than ours; for the other ops, the graphspec reference op (pure torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from graphspec.kernels import attention as attention_kernel
+from graphspec.kernels import common as kernel_common
+
+from benchmarks import common
+from graphspec import ops
+from graphspec.lowering import registry
+
+Q_HEADS, KV_HEADS, HEAD_DIM, HIDDEN, VOCAB = 32, 8, 128, 4096, 151936
+ROTATE = 4
+DTYPE = torch.bfloat16
+ATTENTION_SHAPES = [  # (batch, cache tokens, K)
+    (1, 32768, 1),
+    (1, 32768, 4),
+    (1, 32768, 8),
+    (1, 4096, 4),
+    (8, 32768, 4),
+    (32, 8192, 4),
+    (64, 4096, 8),
+]
+
+
+def config(op: str, sm: int) -> dict[str, int]:
+    entry = registry.resolve(op, sm)
+    assert entry is not None, f"no {op} kernel for sm {sm}"
+    return entry.config
+
+
+def timed(fn, reps: int = 30) -> float:
+    """Median ms of fn() replayed in a CUDA graph."""
+    return common.time_fn(fn, "cuda", reps=reps, warmup=3)["ms"]
+
+
+def row(name: str, shape: str, ms: float, nbytes: int, copy_gb_s: float, torch_ms: float | None, **extra) -> dict:
+    gb_s = nbytes / (ms * 1e-3) / 1e9
+    torch_us = "-" if torch_ms is None else f"{torch_ms * 1e3:.1f}"
+    pct = 100 * gb_s / copy_gb_s
+    print(f"{name} {shape}: {ms * 1e3:.1f} us, {gb_s:.0f} GB/s ({pct:.1f}% copy), torch {torch_us} us")
+    return {
+        "kernel": name,
+        "shape": shape,
+        "us": ms * 1e3,
+        "gb_s": gb_s,
+        "pct_copy": 100 * gb_s / copy_gb_s,
+        "torch_us": None if torch_ms is None else torch_ms * 1e3,
+        "speedup": None if torch_ms is None else torch_ms / ms,
+        **extra,
+    }
+
+
+def attention_inputs(batch: int, seq: int, k: int):
+    t = k + 1
+    cache = torch.empty(1, 2, batch * ROTATE, KV_HEADS, seq, HEAD_DIM, dtype=DTYPE, device="cuda").normal_()
+    q = torch.randn(batch, Q_HEADS, t, HEAD_DIM, dtype=DTYPE, device="cuda")
+    slot_sets = [torch.arange(i * batch, (i + 1) * batch, device="cuda") for i in range(ROTATE)]
+    start_pos = torch.full((batch,), seq - t, device="cuda")  # whole windows: every key is read
+    nbytes = 2 * batch * KV_HEADS * seq * HEAD_DIM * cache.element_size() + 2 * q.numel() * q.element_size()
+    return cache, q, slot_sets, start_pos, nbytes
+
+
+def time_attention(cache, q, slot_sets, start_pos, values: tuple[int, ...]) -> float:
+    scale = HEAD_DIM**-0.5
+    op = torch.ops.graphspec.attention_triton
+
+    def run() -> None:
+        for slots in slot_sets:
+            op(q, cache, 0, slots, start_pos, scale, *values)
+
+    return timed(run) / ROTATE
+
+
+def bench_attention(batch: int, seq: int, k: int, sm: int, copy_gb_s: float) -> dict:
+    cache, q, slot_sets, start_pos, nbytes = attention_inputs(batch, seq, k)
+    values = tuple(config("attention", sm).values())
+    ms = time_attention(cache, q, slot_sets, start_pos, values)
+    out = torch.ops.graphspec.attention_triton(q, cache, 0, slot_sets[0], start_pos, HEAD_DIM**-0.5, *values)
+    error = None
+    if batch * seq <= 2**17:  # the reference's fp32 gathers stay small
+        exact = ops.attention_reference(q, cache, 0, slot_sets[0], start_pos, HEAD_DIM**-0.5).float()
+        error = ((out.float() - exact).norm() / exact.norm()).item()
+    gathered = [(cache[0, 0][s].contiguous(), cache[0, 1][s].contiguous()) for s in slot_sets]
+    del cache
+
+    def sdpa() -> None:
+        for keys, values_ in gathered:
+            F.scaled_dot_product_attention(q, keys, values_, enable_gqa=True)
+
+    try:
+        torch_ms = timed(sdpa) / ROTATE
+    except RuntimeError as error_:  # a torch without GQA SDPA: leave the column empty
+        print(f"sdpa failed: {error_}", file=sys.stderr)
+        torch_ms = None
+    splits = attention_kernel.num_splits(
+        batch, KV_HEADS, 1, seq, values[0], values[3], kernel_common.sm_count(q.device)
+    )
+    shape = f"B={batch} S={seq} K={k}"
+    return row("attention", shape, ms, nbytes, copy_gb_s, torch_ms, splits=splits, rel_err_vs_ref=error)
+
+
+def bench_rms_norm(rows: int, sm: int, copy_gb_s: float) -> list[dict]:
+    x = torch.randn(rows, HIDDEN, dtype=DTYPE, device="cuda")
+    residual = torch.randn_like(x)
+    weight = torch.randn(HIDDEN, dtype=DTYPE, device="cuda")
+    norm_values = tuple(config("rms_norm", sm).values())
+    add_values = tuple(config("add_rms_norm", sm).values())
+    size = x.numel() * x.element_size()
+    return [
+        row(
+            "rms_norm", f"rows={rows} D={HIDDEN}",
+            timed(lambda: torch.ops.graphspec.rms_norm_triton(x, weight, 1e-5, *norm_values)),
+            2 * size, copy_gb_s, timed(lambda: ops.rms_norm_reference(x, weight, 1e-5)),
+        ),
+        row(
+            "add_rms_norm", f"rows={rows} D={HIDDEN}",
+            timed(lambda: torch.ops.graphspec.add_rms_norm_triton(x, residual, weight, 1e-5, *add_values)),
+            4 * size, copy_gb_s, timed(lambda: ops.add_rms_norm_reference(x, residual, weight, 1e-5)),
+        ),
+    ]  # fmt: skip
+
+
+def bench_rotary(batch: int, t: int, sm: int, copy_gb_s: float) -> dict:
+    q = torch.randn(batch, t, Q_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda").transpose(1, 2)
+    k = torch.randn(batch, t, KV_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda").transpose(1, 2)
+    cos, sin = torch.rand(batch, t, HEAD_DIM, device="cuda"), torch.rand(batch, t, HEAD_DIM, device="cuda")
+    values = tuple(config("rotary", sm).values())
+    nbytes = 2 * (q.numel() + k.numel()) * q.element_size() + 2 * cos.numel() * cos.element_size()
+    return row(
+        "rotary", f"B={batch} T={t}",
+        timed(lambda: torch.ops.graphspec.rotary_triton(q, k, cos, sin, *values)),
+        nbytes, copy_gb_s, timed(lambda: ops.rotary_reference(q, k, cos, sin)),
+    )  # fmt: skip
+
+
+def bench_verify(batch: int, k: int, sm: int, copy_gb_s: float) -> list[dict]:
+    wide = torch.randn(batch, k + 1, VOCAB + 64, dtype=DTYPE, device="cuda")
+    target = wide[:, :, :VOCAB]  # a slice, as lm_head output padded to a multiple of 64 would be
+    draft = torch.randn(batch, k, VOCAB, dtype=DTYPE, device="cuda")
+    drafts = torch.randint(0, VOCAB, (batch, k), device="cuda")
+    greedy_values = tuple(config("verify_greedy", sm).values())
+    rows = [
+        row(
+            "verify_greedy", f"B={batch} K={k} V={VOCAB}",
+            timed(lambda: torch.ops.graphspec.verify_greedy_triton(target, drafts, *greedy_values)),
+            target.numel() * target.element_size(), copy_gb_s, timed(lambda: ops.verify_greedy(target, drafts)),
+        )
+    ]  # fmt: skip
+    rejection_values = tuple(config("verify_rejection", sm).values())
+    nbytes = (target.numel() + draft.numel()) * target.element_size()
+    for top_k, top_p in ((0, 1.0), (50, 0.9)):
+        args = (
+            target, draft, drafts,
+            torch.full((batch,), 0.8, device="cuda"), torch.full((batch,), top_k, device="cuda"),
+            torch.full((batch,), top_p, device="cuda"),
+            torch.arange(batch, device="cuda"), torch.zeros(batch, dtype=torch.int64, device="cuda"),
+        )  # fmt: skip
+        rows.append(
+            row(
+                "verify_rejection", f"B={batch} K={k} top_k={top_k} top_p={top_p}",
+                timed(lambda args=args: torch.ops.graphspec.verify_rejection_triton(*args, *rejection_values), reps=10),
+                nbytes, copy_gb_s, timed(lambda args=args: ops.verify_rejection_reference(*args), reps=10),
+            )
+        )  # fmt: skip
+    return rows
+
+
+# CONFIG_FIELDS order: block_n, num_warps, num_stages, programs_per_sm (split-K only matters at small B).
+SWEEP_GRID = {
+    (1, 32768, 4): list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (2, 4, 8))),
+    (64, 4096, 4): list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (2,))),
+}
+
+
+def sweep_attention(copy_gb_s: float, keep: int = 6) -> list[dict]:
+    """Each config of SWEEP_GRID at its shape (what CONFIGS[90] is chosen from), each checked against
+    the reference (relative error, bf16 rounding level expected); the `keep` fastest per shape."""
+    results = []
+    scale = HEAD_DIM**-0.5
+    for (batch, seq, k), grid in SWEEP_GRID.items():
+        cache, q, slot_sets, start_pos, nbytes = attention_inputs(batch, seq, k)
+        exact = ops.attention_reference(q, cache, 0, slot_sets[0], start_pos, scale).float()
+        shape_rows = []
+        for values in grid:
+            try:
+                ms = time_attention(cache, q, slot_sets, start_pos, values)
+                out = torch.ops.graphspec.attention_triton(q, cache, 0, slot_sets[0], start_pos, scale, *values)
+            except Exception as error:  # out of shared memory or registers: not a candidate
+                print(f"sweep {values}: {type(error).__name__}", file=sys.stderr)
+                continue
+            error = ((out.float() - exact).norm() / exact.norm()).item()
+            entry = row("attention", f"B={batch} S={seq} K={k}", ms, nbytes, copy_gb_s, None, rel_err_vs_ref=error)
+            entry["config"] = "/".join(map(str, values)) + ("" if error < 1e-2 else " WRONG")
+            print(f"sweep {entry['shape']} {entry['config']}: {entry['us']:.1f} us, rel err {error:.1e}")
+            shape_rows.append(entry)
+        results += sorted(shape_rows, key=lambda r: r["us"])[:keep]
+        del cache
+    return results
+
+
+def print_table(rows: list[dict], copy_gb_s: float, title: str) -> None:
+    print(f"\n{title} (copy bandwidth {copy_gb_s:.0f} GB/s, read + write)")
+    header = ("kernel", "shape", "ours us", "GB/s", "% copy", "torch us", "speedup")
+    print("| {:<16} | {:<30} | {:>8} | {:>6} | {:>6} | {:>8} | {:>7} |".format(*header))
+    print(f"| {'-' * 16} | {'-' * 30} | {'-' * 8}: | {'-' * 6}: | {'-' * 6}: | {'-' * 8}: | {'-' * 7}: |")
+    for r in rows:
+        torch_us = f"{r['torch_us']:8.1f}" if r["torch_us"] is not None else f"{'-':>8}"
+        speedup = f"{r['speedup']:6.2f}x" if r["speedup"] is not None else f"{'-':>7}"
+        shape = r["shape"] + (f" {r['config']}" if "config" in r else "")
+        print(
+            f"| {r['kernel']:<16} | {shape:<30} | {r['us']:8.1f} | {r['gb_s']:6.0f} | {r['pct_copy']:6.1f} "
+            f"| {torch_us} | {speedup} |"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", action="store_true", help="also sweep attention configs")
+    parser.add_argument("--json", type=Path, help="write every row as JSON here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_kernels needs a CUDA GPU")
+        return 1
+    major, minor = torch.cuda.get_device_capability()
+    sm = major * 10 + minor
+    copy = common.measure_copy_bandwidth("cuda", nbytes=2 << 30)
+    copy_gb_s = copy["gb_s"]
+    print(f"{torch.cuda.get_device_name()} sm_{sm}, torch {torch.__version__}; copy {copy_gb_s:.0f} GB/s")
+    rows: list[dict] = []
+    failed = 0
+    sections = [(bench_attention, shape) for shape in ATTENTION_SHAPES]
+    sections += [(bench_rms_norm, (5,)), (bench_rms_norm, (576,))]  # B * (K+1) rows: B 1 K 4, B 64 K 8
+    sections += [(bench_rotary, (1, 5)), (bench_rotary, (64, 9)), (bench_verify, (1, 4)), (bench_verify, (64, 4))]
+    for bench, shape in sections:
+        try:  # one failing kernel must not hide the others' numbers
+            result = bench(*shape, sm, copy_gb_s)
+        except Exception as error:
+            print(f"{bench.__name__}{shape} FAILED: {type(error).__name__}: {error}"[:2000], file=sys.stderr)
+            failed += 1
+            continue
+        rows += result if isinstance(result, list) else [result]
+    for extra in rows:
+        if "splits" in extra:
+            print(f"attention {extra['shape']}: splits={extra['splits']} rel_err_vs_ref={extra['rel_err_vs_ref']}")
+    print_table(rows, copy_gb_s, f"graphspec kernels, sm_{sm}, each with the registry's config for sm {sm}")
+    sweep = sweep_attention(copy_gb_s) if args.sweep else []
+    if sweep:
+        fields = "/".join(attention_kernel.CONFIG_FIELDS)
+        print_table(sweep, copy_gb_s, f"attention config sweep, fastest first per shape (config: {fields})")
+    if args.json:
+        args.json.write_text(json.dumps({"copy": copy, "sm": sm, "rows": rows, "sweep": sweep}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

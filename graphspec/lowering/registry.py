@@ -1,0 +1,203 @@
+"""Kernel table: (op, SM arch) -> Triton kernel entry, with fallbacks: the exact SM, then "default", then
+None (the graph keeps the torch reference op).
+
+Each kernel file (kernels/<op>.py, installed as graphspec.kernels.<op>) registers the custom op
+graphspec::<op>_triton (the reference op's arguments plus its config as trailing ints) and holds its
+per-SM configs as data in CONFIGS. This module adds what the table needs on top of that: which ops have
+kernels, the oldest SM they run on, and a `fits(node)` predicate per op that reads the node's fake
+tensors (node.meta["val"] of its tensor arguments) to check the shapes and dtypes the kernel supports.
+A node without fake values does not fit: the reference is always correct, a kernel only where checked.
+Kernel modules are imported on first use, so importing the pipeline never creates Triton functions
+(tests choose TRITON_INTERPRET before that).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+MIN_SM = 80  # bf16 tensor-core dots and cp.async pipelining need Ampere or newer
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INT32_LIMIT = 2**31
+
+
+def _vals(node: fx.Node, count: int) -> list[Any] | None:
+    """Fake tensors of the node's first `count` arguments, None if any is missing."""
+    values = []
+    for arg in node.args[:count]:
+        value = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+        if not isinstance(value, torch.Tensor):
+            return None
+        values.append(value)
+    return values if len(values) == count else None
+
+
+def fits_attention(node: fx.Node) -> bool:
+    values = _vals(node, 2)
+    if values is None:
+        return False
+    q, cache = values
+    head_dim = q.shape[-1] if q.dim() == 4 else None
+    return (
+        q.dim() == 4
+        and cache.dim() == 6
+        and q.dtype == cache.dtype
+        and q.dtype in FLOAT_DTYPES
+        and head_dim in _module("attention").HEAD_DIMS
+        and cache.shape[5] == head_dim
+        and q.shape[1] % cache.shape[3] == 0
+        # int32 offsets inside one (layer, kind, slot, head) plane; everything above it is int64
+        and cache.shape[4] * cache.stride(4) + head_dim * cache.stride(5) < INT32_LIMIT
+    )
+
+
+def fits_rms_norm(node: fx.Node) -> bool:
+    values = _vals(node, 2)
+    if values is None:
+        return False
+    x, weight = values
+    return (
+        x.dim() >= 1
+        and x.dtype in FLOAT_DTYPES
+        and weight.dtype == x.dtype
+        and weight.dim() == 1
+        and weight.shape[0] == x.shape[-1]
+        and x.shape[-1] <= _module("rms_norm").MAX_DIM
+    )
+
+
+def fits_add_rms_norm(node: fx.Node) -> bool:
+    values = _vals(node, 3)
+    if values is None:
+        return False
+    x, residual, weight = values
+    return (
+        residual.shape == x.shape
+        and residual.dtype == x.dtype
+        and x.dtype in FLOAT_DTYPES
+        and weight.dtype == x.dtype
+        and weight.dim() == 1
+        and weight.shape[0] == x.shape[-1]
+        and x.shape[-1] <= _module("rms_norm").MAX_DIM
+    )
+
+
+def fits_rotary(node: fx.Node) -> bool:
+    values = _vals(node, 4)
+    if values is None:
+        return False
+    q, k, cos, sin = values
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3:
+        return False
+    batch, _, t, head_dim = q.shape
+    return (
+        q.dtype in FLOAT_DTYPES
+        and k.dtype == q.dtype
+        and head_dim % 2 == 0
+        and tuple(k.shape) == (batch, k.shape[1], t, head_dim)
+        and tuple(cos.shape) == (batch, t, head_dim)
+        and tuple(sin.shape) == (batch, t, head_dim)
+    )
+
+
+def fits_verify_greedy(node: fx.Node) -> bool:
+    values = _vals(node, 2)
+    if values is None:
+        return False
+    logits, drafts = values
+    return (
+        logits.dim() == 3
+        and logits.dtype in FLOAT_DTYPES
+        and drafts.dim() == 2
+        and not drafts.dtype.is_floating_point
+        and tuple(drafts.shape) == (logits.shape[0], logits.shape[1] - 1)
+        and logits.shape[2] < INT32_LIMIT
+    )
+
+
+def fits_verify_rejection(node: fx.Node) -> bool:
+    values = _vals(node, 8)
+    if values is None:
+        return False
+    target, draft, drafts = values[:3]
+    return (
+        target.dim() == 3
+        and draft.dim() == 3
+        and target.dtype in FLOAT_DTYPES
+        and draft.dtype in FLOAT_DTYPES
+        and drafts.dim() == 2
+        and not drafts.dtype.is_floating_point
+        and tuple(draft.shape) == (target.shape[0], target.shape[1] - 1, target.shape[2])
+        and tuple(drafts.shape) == tuple(draft.shape[:2])
+        and target.shape[2] < INT32_LIMIT
+        and all(value.dim() == 1 and value.shape[0] == target.shape[0] for value in values[3:])
+    )
+
+
+# Reference op name (graphspec.ops.OPS) -> fits predicate. The kernel module is graphspec.kernels.<op>
+# and its op torch.ops.graphspec.<op>_triton. A new kernel is a new entry here and a new file.
+KERNELS: dict[str, Callable[[fx.Node], bool]] = {
+    "attention": fits_attention,
+    "rms_norm": fits_rms_norm,
+    "add_rms_norm": fits_add_rms_norm,
+    "rotary": fits_rotary,
+    "verify_greedy": fits_verify_greedy,
+    "verify_rejection": fits_verify_rejection,
+}
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """One row of the table: the kernel op for `op` on `sm` (an SM or "default") with its config."""
+
+    op: str
+    sm: int | str
+    kernel: torch._ops.OpOverload
+    config: dict[str, int] = field(hash=False)
+    fits: Callable[[fx.Node], bool] = field(hash=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"graphspec::{self.op}_triton"
+
+    @property
+    def config_args(self) -> tuple[int, ...]:
+        """The config as the kernel op's trailing arguments (CONFIGS key order)."""
+        return tuple(self.config.values())
+
+
+def _module(op: str) -> ModuleType:
+    # Imported on first use: creating the @triton.jit functions reads TRITON_INTERPRET.
+    return importlib.import_module(f"graphspec.kernels.{op}")
+
+
+def _entry(op: str, key: int | str) -> KernelEntry:
+    module = _module(op)
+    kernel = getattr(torch.ops.graphspec, f"{op}_triton").default
+    return KernelEntry(op, key, kernel, dict(module.CONFIGS[key]), KERNELS[op])
+
+
+def entries() -> Iterator[KernelEntry]:
+    """Every (op, SM key) row of the table, "default" rows included."""
+    for op in KERNELS:
+        for key in _module(op).CONFIGS:
+            yield _entry(op, key)
+
+
+def resolve(op: str, sm: int | None, node: fx.Node | None = None) -> KernelEntry | None:
+    """The kernel for `op` on `sm`: the exact SM's config, else the "default" config; None (keep the
+    reference) when the op has no kernel, there is no GPU (sm None), the SM is older than MIN_SM, or
+    `node` is given and its shapes/dtypes do not fit the kernel."""
+    if op not in KERNELS or sm is None or sm < MIN_SM:
+        return None
+    configs = _module(op).CONFIGS
+    entry = _entry(op, sm if sm in configs else "default")
+    if node is not None and not entry.fits(node):
+        return None
+    return entry

@@ -1,0 +1,302 @@
+"""graphspec::attention as a split-K (flash-decoding) Triton kernel: K+1 queries per row against the KV cache.
+
+Semantics are graphspec.ops.attention_reference: q [B, Hq, T, D]; query t of row b sits at position
+start_pos[b] + t and attends causally to cache[layer, 0/1, slot_ids[b], kv_head, :, :] (keys/values,
+cache [L, 2, SLOTS, Hkv, S, D]); GQA maps q head h to kv head h // (Hq // Hkv).
+
+One program handles one (row b, kv head, split, query block): the GROUP = Hq/Hkv q heads that share
+the kv head times the T query tokens are packed as the M dimension of one tile, so every key/value
+block is read from HBM once per kv head, whatever the group size. The visible keys of row b
+(0 .. start_pos[b] + T - 1) are cut into `splits` equal chunks computed on the device from start_pos,
+so the work is balanced for any actual length with a static grid (CUDA-graph safe). With splits > 1
+each program writes a normalized partial output and its log-sum-exp and attention_reduce_kernel
+combines them; with one split the main kernel writes the output directly.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from graphspec.kernels.common import (
+    cdiv,
+    check_config_table,
+    check_device,
+    next_power_of_2,
+    round_to,
+    sm_count,
+)
+from torch import Tensor
+
+from graphspec.ops import attention_reference
+
+__all__ = ["CONFIGS", "attention", "attention_reference", "attention_triton"]
+
+# block_n: keys per loop step; num_warps/num_stages: Triton launch knobs (stages = software-pipelined
+# K/V loads in flight); programs_per_sm: split-K target, programs launched per SM when the batch
+# alone does not fill the GPU (0 = never split).
+CONFIGS: dict[int | str, dict[str, int]] = {
+    80: {"block_n": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4},
+    90: {"block_n": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2},
+    "default": {"block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2},
+}
+CONFIG_FIELDS = check_config_table(CONFIGS)
+
+HEAD_DIMS = (64, 128)  # head dims the kernel is tested for (any power of 2 from 16 to 256 compiles)
+MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
+MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
+REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step
+LOG2E = 1.4426950408889634
+
+
+@triton.jit(do_not_specialize=["layer"])
+def attention_kernel(
+    q_ptr,
+    cache_ptr,
+    slot_ids_ptr,
+    start_pos_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    layer,
+    qk_scale,  # scale * log2(e): scores in base-2 units so the softmax can use exp2
+    seq_capacity,  # S, cache positions per slot
+    num_kv_heads,
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_qd,
+    stride_cl,
+    stride_ckind,
+    stride_cslot,
+    stride_ch,
+    stride_cs,
+    stride_cd,
+    T: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    split = tl.program_id(0)
+    row_head = tl.program_id(1)  # b * Hkv + kv_head
+    m_block = tl.program_id(2)
+    b = row_head // num_kv_heads
+    kv_head = row_head % num_kv_heads
+    slot = tl.load(slot_ids_ptr + b).to(tl.int64)
+    start = tl.load(start_pos_ptr + b).to(tl.int32)
+
+    # Tile rows: the GROUP q heads of this kv head times T tokens, row = g * T + t; rows past
+    # GROUP * T are padding (BLOCK_M is a power of 2 >= 16 for tl.dot) and are never stored.
+    rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < GROUP * T
+    head = kv_head * GROUP + rows // T  # q head of each row, [BLOCK_M]
+    token = rows % T
+    query_pos = start + token  # cache position of each query; it sees keys at positions <= query_pos
+    dims = tl.arange(0, HEAD_DIM)
+    q_rows = b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + token.to(tl.int64) * stride_qt
+    q = tl.load(q_ptr + q_rows[:, None] + dims[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    # Keys this row can see at all (the last query's window), clamped to the cache capacity, cut into
+    # num_splits chunks of whole BLOCK_N blocks: split `split` covers positions [lo, hi).
+    kv_len = tl.minimum(start + T, seq_capacity)
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+
+    # Slot base in int64: layer/slot/head offsets of an H200-sized cache exceed 2**31 elements. Offsets
+    # inside one (layer, kind, slot, head) plane stay int32 (the launcher checks S * stride_s < 2**31).
+    key_base = cache_ptr + layer.to(tl.int64) * stride_cl + slot * stride_cslot + kv_head.to(tl.int64) * stride_ch
+    value_base = key_base + stride_ckind
+
+    # Online softmax state. m_i starts finite so a row with no visible key in a block gets
+    # exp2(-inf - m_i) = 0 and alpha = 1, never NaN from (-inf) - (-inf).
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for block_start in range(lo, hi, BLOCK_N):
+        pos = block_start + offs_n  # [BLOCK_N] key positions
+        in_range = pos < hi  # the last block of a chunk may run past it; masked keys/values load as 0
+        kv_offsets = pos[:, None] * stride_cs + dims[None, :] * stride_cd
+        k = tl.load(key_base + kv_offsets, mask=in_range[:, None], other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        # Causal within the block: query at query_pos sees key positions <= query_pos.
+        visible = (pos[None, :] <= query_pos[:, None]) & in_range[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # Values past `hi` load as 0 (the cache beyond a row's length may hold garbage, even NaN).
+        v = tl.load(value_base + kv_offsets, mask=in_range[:, None], other=0.0)
+        # P is rounded to the value dtype (bf16 on GPU) for the tensor-core dot, as flash attention does.
+        if UPCAST_DOT:
+            p, v = round_to(p, v.dtype), v.to(tl.float32)
+        else:
+            p = p.to(v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        m_i = m_new
+
+    has_keys = l_i > 0  # false for rows whose window misses this split entirely
+    norm = tl.where(has_keys, l_i, 1.0)
+    out_rows = (b.to(tl.int64) * (num_kv_heads * GROUP) + head) * T + token  # row of [B, Hq, T] (contiguous)
+    if SPLIT:
+        # Partials [B, Hq, T, splits, (D)]: normalized output and base-2 log-sum-exp (-inf when empty).
+        part_rows = out_rows * num_splits + split
+        lse = tl.where(has_keys, m_i + tl.log2(norm), float("-inf"))
+        tl.store(part_lse_ptr + part_rows, lse, mask=row_ok)
+        tl.store(
+            part_out_ptr + part_rows[:, None] * HEAD_DIM + dims[None, :], acc / norm[:, None], mask=row_ok[:, None]
+        )
+    else:
+        out = round_to(acc / norm[:, None], out_ptr.dtype.element_ty)
+        tl.store(
+            out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
+
+
+@triton.jit
+def attention_reduce_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    # One program per output row (b, h, t), the row index of contiguous [B, Hq, T]; combines that
+    # row's num_splits partials: out = sum_s 2^(lse_s - top) * out_s / sum_s 2^(lse_s - top).
+    row = tl.program_id(0).to(tl.int64)
+    splits = tl.arange(0, BLOCK_SPLITS)
+    lse = tl.load(part_lse_ptr + row * num_splits + splits, mask=splits < num_splits, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # guard: a row with no keys at all stays finite
+    total = tl.sum(tl.exp2(lse - top), 0)  # empty and padding splits weigh 0
+    dims = tl.arange(0, HEAD_DIM)
+    acc = tl.full([HEAD_DIM], 0.0, tl.float32)
+    for first in range(0, num_splits, CHUNK):  # CHUNK partial rows at a time keep registers bounded
+        chunk = first + tl.arange(0, CHUNK)
+        ok = chunk < num_splits
+        weight = tl.exp2(tl.load(part_lse_ptr + row * num_splits + chunk, mask=ok, other=float("-inf")) - top)
+        parts = tl.load(
+            part_out_ptr + (row * num_splits + chunk)[:, None] * HEAD_DIM + dims[None, :], mask=ok[:, None], other=0.0
+        )
+        acc += tl.sum(parts * weight[:, None], 0)
+    out = round_to(acc / total, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def num_splits(
+    batch: int, kv_heads: int, m_blocks: int, seq_capacity: int, block_n: int, programs_per_sm: int, sms: int
+) -> int:
+    """Split-K factor: about programs_per_sm programs per SM in all, at most one split per key block of
+    the cache and MAX_SPLITS. A function of shapes only, so a CUDA graph replays the same grid."""
+    programs = batch * kv_heads * m_blocks
+    return max(1, min(MAX_SPLITS, cdiv(seq_capacity, block_n), cdiv(programs_per_sm * sms, programs)))
+
+
+def attention(
+    q: Tensor,
+    cache: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor,
+    scale: float,
+    block_n: int = CONFIGS["default"]["block_n"],
+    num_warps: int = CONFIGS["default"]["num_warps"],
+    num_stages: int = CONFIGS["default"]["num_stages"],
+    programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
+) -> Tensor:
+    """Launch attention_kernel (+ attention_reduce_kernel when split). Same result as
+    graphspec.ops.attention_reference; returns a new contiguous [B, Hq, T, D] tensor of q's dtype."""
+    check_device(q, cache)
+    batch, q_heads, t, head_dim = q.shape
+    kv_heads, seq_capacity = cache.shape[3], cache.shape[4]
+    if q.dtype != cache.dtype or q_heads % kv_heads or head_dim != cache.shape[5]:
+        raise ValueError(
+            f"attention kernel: q {tuple(q.shape)} {q.dtype} does not match cache {tuple(cache.shape)} {cache.dtype}"
+        )
+    if (seq_capacity - 1) * cache.stride(4) + (head_dim - 1) * cache.stride(5) >= 2**31:
+        raise ValueError("attention kernel: one cache plane (S * D) must stay below 2**31 elements")
+    out = torch.empty((batch, q_heads, t, head_dim), dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    group = q_heads // kv_heads
+    block_m = min(MAX_BLOCK_M, max(16, next_power_of_2(group * t)))
+    m_blocks = cdiv(group * t, block_m)
+    # HACK(triton<=3.9 interpreter): tl.dot on bf16/fp16 operands returns garbage under
+    # TRITON_INTERPRET=1; there the kernel upcasts the (exactly representable) operands to fp32.
+    # Remove when the interpreter's dot handles 16-bit floats.
+    upcast = q.device.type != "cuda" and q.dtype != torch.float32
+    splits = num_splits(batch, kv_heads, m_blocks, seq_capacity, block_n, programs_per_sm, sm_count(q.device))
+    if splits > 1:
+        part_out = torch.empty((batch, q_heads, t, splits, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((batch, q_heads, t, splits), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused: the single split writes `out` directly
+    attention_kernel[(splits, batch * kv_heads, m_blocks)](
+        q,
+        cache,
+        slot_ids,
+        start_pos,
+        out,
+        part_out,
+        part_lse,
+        layer,
+        scale * LOG2E,
+        seq_capacity,
+        kv_heads,
+        splits,
+        *q.stride(),
+        *cache.stride(),
+        T=t,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        SPLIT=splits > 1,
+        PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
+        UPCAST_DOT=upcast,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if splits > 1:
+        attention_reduce_kernel[(batch * q_heads * t,)](
+            part_out, part_lse, out, splits,
+            HEAD_DIM=head_dim, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=REDUCE_CHUNK, num_warps=4,
+        )  # fmt: skip
+    return out
+
+
+@torch.library.custom_op("graphspec::attention_triton", mutates_args=())
+def attention_triton(
+    q: Tensor,
+    cache: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor,
+    scale: float,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    programs_per_sm: int,
+) -> Tensor:
+    """graphspec::attention lowered to attention_kernel; the trailing ints are CONFIG_FIELDS."""
+    return attention(q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm)
+
+
+@attention_triton.register_fake
+def _(q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm):
+    return q.new_empty(q.shape)

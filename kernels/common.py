@@ -1,0 +1,90 @@
+"""Launch helpers shared by the kernel files (no op lives here): config lookup, SM count, block sizes.
+
+Every kernel file keeps its configs as data, `CONFIGS = {80: {...}, 90: {...}, "default": {...}}`, each
+value a dict of ints in one fixed key order; the lowered graph passes those ints as trailing op
+arguments in that order, so a dumped graph shows (and a re-loaded one keeps) the exact config.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+
+import torch
+import triton
+import triton.language as tl
+
+# Programs a launch aims for, per SM, when it splits work (split-K attention, vocab splits): enough
+# independent loads in flight to saturate HBM on Ampere/Hopper without making the reduce step large.
+PROGRAMS_PER_SM = 4
+
+# Used when the tensors live on the CPU (TRITON_INTERPRET=1): small, so interpreter tests still
+# exercise the split paths without running many programs.
+INTERPRETER_SMS = 2
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_device(*tensors: torch.Tensor) -> None:
+    """Triton compiles for CUDA only; CPU tensors need the interpreter, chosen before import."""
+    if any(t.device.type != "cuda" for t in tensors) and not interpreting():
+        raise RuntimeError(
+            "graphspec Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 set before the kernel "
+            "modules are imported (tests do this in tests/kernels/conftest.py)"
+        )
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of the device (a host-side property query, no sync; cached)."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def config_for(configs: Mapping[int | str, dict[str, int]], sm: int | None) -> dict[str, int]:
+    """The config of an SM from a CONFIGS table: exact SM, else "default"."""
+    return dict(configs.get(sm, configs["default"]))
+
+
+def check_config_table(configs: Mapping[int | str, dict[str, int]]) -> tuple[str, ...]:
+    """All configs of a table share one key order (it is the op's trailing argument order)."""
+    fields = tuple(configs["default"])
+    for sm, config in configs.items():
+        if tuple(config) != fields or not all(isinstance(v, int) for v in config.values()):
+            raise ValueError(f"CONFIGS[{sm!r}] must have int fields {fields} in that order, got {config}")
+    return fields
+
+
+def next_power_of_2(n: int) -> int:
+    return triton.next_power_of_2(max(1, int(n)))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """fp32 x rounded to DTYPE (round to nearest even), returned as fp32 holding an exact DTYPE value.
+
+    Kernels round through this instead of `.to(tl.bfloat16)`: the Triton interpreter (TRITON_INTERPRET=1,
+    triton<=3.9) truncates fp32->bf16 casts, so CPU tests would not see the GPU's rounding; a value
+    that is already exact in bf16 converts identically everywhere. NaN payloads are not preserved.
+    """
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        # Add half an ulp of bf16 (0x7FFF) plus the lowest kept bit (ties to even), then drop 16 bits.
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif DTYPE == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x

@@ -1,0 +1,146 @@
+"""graphspec::rotary as a Triton kernel: rotate-half rotary embedding of q and k in one launch.
+
+Same rounding as graphspec.ops.rotary_reference, which runs in the model dtype: cos/sin are cast to
+q's dtype, then q*cos and rotate_half(q)*sin are each rounded to the dtype before their sum is.
+With rotate_half(x) = cat(-x2, x1) for halves x1, x2 of the head dim:
+    out1 = x1*cos1 - x2*sin1,  out2 = x2*cos2 + x1*sin2   (each product rounded, then the sum).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2, round_to
+from torch import Tensor
+
+from graphspec.ops import rotary_reference
+
+__all__ = ["CONFIGS", "rotary", "rotary_reference", "rotary_triton"]
+
+# block_h: heads (q heads then k heads, one index space) per program.
+CONFIGS: dict[int | str, dict[str, int]] = {
+    80: {"block_h": 8, "num_warps": 4},
+    90: {"block_h": 16, "num_warps": 4},
+    "default": {"block_h": 8, "num_warps": 4},
+}
+CONFIG_FIELDS = check_config_table(CONFIGS)
+
+
+@triton.jit
+def rotary_kernel(
+    q_ptr,
+    k_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    q_heads,
+    kv_heads,
+    half,  # D // 2
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_kd,
+    stride_cb,
+    stride_ct,
+    stride_cd,
+    stride_sb,
+    stride_st,
+    stride_sd,
+    T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    bt = tl.program_id(0)  # b * T + t
+    b = (bt // T).to(tl.int64)
+    t = bt % T
+    # Heads of this program in one index space: [0, q_heads) are q heads, [q_heads, q_heads + kv_heads) k heads.
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    is_q = heads < q_heads
+    is_k = (heads >= q_heads) & (heads < q_heads + kv_heads)
+    k_heads = tl.where(is_k, heads - q_heads, 0)
+    col = tl.arange(0, BLOCK_HALF)  # index within one half of the head dim
+    col_ok = col < half
+
+    # cos/sin [B, T, D] rows for (b, t), cast to the model dtype like the reference, then held in fp32.
+    dtype = q_out_ptr.dtype.element_ty
+    cos_row = cos_ptr + b * stride_cb + t * stride_ct
+    sin_row = sin_ptr + b * stride_sb + t * stride_st
+    cos1 = round_to(tl.load(cos_row + col * stride_cd, mask=col_ok, other=0.0).to(tl.float32), dtype)
+    cos2 = round_to(tl.load(cos_row + (col + half) * stride_cd, mask=col_ok, other=0.0).to(tl.float32), dtype)
+    sin1 = round_to(tl.load(sin_row + col * stride_sd, mask=col_ok, other=0.0).to(tl.float32), dtype)
+    sin2 = round_to(tl.load(sin_row + (col + half) * stride_sd, mask=col_ok, other=0.0).to(tl.float32), dtype)
+
+    # Input element (head, col) of each half: q rows for q heads, k rows for k heads (masked loads).
+    q_off = b * stride_qb + heads.to(tl.int64)[:, None] * stride_qh + t * stride_qt + col[None, :] * stride_qd
+    k_off = b * stride_kb + k_heads.to(tl.int64)[:, None] * stride_kh + t * stride_kt + col[None, :] * stride_kd
+    q_mask = is_q[:, None] & col_ok[None, :]
+    k_mask = is_k[:, None] & col_ok[None, :]
+    x1 = tl.where(
+        q_mask, tl.load(q_ptr + q_off, mask=q_mask, other=0.0), tl.load(k_ptr + k_off, mask=k_mask, other=0.0)
+    )
+    x2 = tl.where(
+        q_mask,
+        tl.load(q_ptr + q_off + half * stride_qd, mask=q_mask, other=0.0),
+        tl.load(k_ptr + k_off + half * stride_kd, mask=k_mask, other=0.0),
+    )
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    # Each product rounded to the dtype, then the sum (a no-op chain for fp32).
+    out1 = round_to(round_to(x1 * cos1[None, :], dtype) - round_to(x2 * sin1[None, :], dtype), dtype).to(dtype)
+    out2 = round_to(round_to(x2 * cos2[None, :], dtype) + round_to(x1 * sin2[None, :], dtype), dtype).to(dtype)
+
+    # Outputs are contiguous [B, H, T, D]: element (b, h, t, d) at ((b * H + h) * T + t) * D + d.
+    dim = 2 * half
+    q_dst = ((b * q_heads + heads.to(tl.int64)) * T + t)[:, None] * dim + col[None, :]
+    k_dst = ((b * kv_heads + k_heads.to(tl.int64)) * T + t)[:, None] * dim + col[None, :]
+    tl.store(q_out_ptr + q_dst, out1, mask=q_mask)
+    tl.store(q_out_ptr + q_dst + half, out2, mask=q_mask)
+    tl.store(k_out_ptr + k_dst, out1.to(k_out_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(k_out_ptr + k_dst + half, out2.to(k_out_ptr.dtype.element_ty), mask=k_mask)
+
+
+def rotary(
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    block_h: int = CONFIGS["default"]["block_h"],
+    num_warps: int = CONFIGS["default"]["num_warps"],
+) -> tuple[Tensor, Tensor]:
+    """Rotary of q [B, Hq, T, D] and k [B, Hkv, T, D] (any strides) with cos/sin [B, T, D]; returns
+    contiguous (q_out, k_out)."""
+    check_device(q, k, cos, sin)
+    batch, q_heads, t, dim = q.shape
+    kv_heads = k.shape[1]
+    if dim % 2 or k.dtype != q.dtype or k.shape[3] != dim:
+        raise ValueError(f"rotary kernel: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} do not match")
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if batch * t == 0:
+        return q_out, k_out
+    grid = (batch * t, cdiv(q_heads + kv_heads, block_h))
+    rotary_kernel[grid](
+        q, k, cos, sin, q_out, k_out, q_heads, kv_heads, dim // 2,
+        *q.stride(), *k.stride(), *cos.stride(), *sin.stride(),
+        T=t, BLOCK_H=block_h, BLOCK_HALF=next_power_of_2(dim // 2), num_warps=num_warps,
+    )  # fmt: skip
+    return q_out, k_out
+
+
+@torch.library.custom_op("graphspec::rotary_triton", mutates_args=())
+def rotary_triton(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, block_h: int, num_warps: int
+) -> tuple[Tensor, Tensor]:
+    """graphspec::rotary lowered to rotary_kernel; the trailing ints are CONFIG_FIELDS."""
+    return rotary(q, k, cos, sin, block_h, num_warps)
+
+
+@rotary_triton.register_fake
+def _(q, k, cos, sin, block_h, num_warps):
+    return q.new_empty(q.shape), k.new_empty(k.shape)

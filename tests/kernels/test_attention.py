@@ -1,0 +1,168 @@
+"""attention kernel vs graphspec.ops.attention_reference (CPU: interpreter, small shapes; GPU: real shapes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from graphspec.kernels import attention as kernel
+from graphspec.kernels.common import config_for, sm_count
+
+from tests.kernels.helpers import DEVICE, TOLERANCE, poison_allocator, rel_error
+
+
+def make_case(
+    batch: int,
+    q_heads: int,
+    kv_heads: int,
+    t: int,
+    seq: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int,
+    layers: int = 2,
+    device: torch.device = DEVICE,
+):
+    """Random q [B, Hq, T, D] (a transposed view, as the decoder passes it), cache, distinct slots and
+    start positions anywhere the T queries fit, one row at each extreme."""
+    g = torch.Generator(device).manual_seed(seed)  # on the device: real-shape caches are gigabytes
+    slots = batch + 2
+    cache = torch.randn(layers, 2, slots, kv_heads, seq, head_dim, generator=g, device=device).to(dtype)
+    q = torch.randn(batch, t, q_heads, head_dim, generator=g, device=device).to(dtype).transpose(1, 2)
+    slot_ids = torch.randperm(slots, generator=g, device=device)[:batch]
+    start_pos = torch.randint(0, seq - t + 1, (batch,), generator=g, device=device)
+    start_pos[0] = 0  # only key 0 visible to the first query
+    start_pos[-1] = seq - t  # the window ends at the last cache position
+    return q, cache, slot_ids, start_pos
+
+
+def check(q, cache, layer, slot_ids, start_pos, scale, out) -> None:
+    exact = kernel.attention_reference(q.float(), cache.float(), layer, slot_ids, start_pos, scale)
+    reference = kernel.attention_reference(q, cache, layer, slot_ids, start_pos, scale)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert torch.isfinite(out).all(), "an output element is NaN/inf (unwritten or bad masking)"
+    error = rel_error(out, exact)
+    assert error < TOLERANCE[q.dtype], error
+    # 16-bit: no worse than the reference's own rounding (P is rounded to bf16 for the second dot).
+    assert error <= 2 * rel_error(reference, exact) + 1e-6, (error, rel_error(reference, exact))
+
+
+# Each dtype meets every GQA ratio (Hq / Hkv) and both head dims (a full cross product is 2x slower
+# under the interpreter and adds no index path).
+CASES = [
+    (torch.float32, 1, 64),
+    (torch.float32, 2, 128),
+    (torch.float32, 4, 64),
+    (torch.bfloat16, 1, 128),
+    (torch.bfloat16, 2, 64),
+    (torch.bfloat16, 4, 128),
+]
+
+
+@pytest.mark.parametrize(("dtype", "group", "head_dim"), CASES)
+def test_attention_matches_reference(dtype: torch.dtype, group: int, head_dim: int) -> None:
+    kv_heads = 2
+    q, cache, slot_ids, start_pos = make_case(3, kv_heads * group, kv_heads, 3, 40, head_dim, dtype, seed=group)
+    scale = head_dim**-0.5
+    poison_allocator()
+    out = kernel.attention(q, cache, 1, slot_ids, start_pos, scale)
+    check(q, cache, 1, slot_ids, start_pos, scale, out)
+
+
+@pytest.mark.parametrize("programs_per_sm", [0, 3, 64])
+def test_attention_split_counts_agree(programs_per_sm: int) -> None:
+    """One split (direct write), a few, and one per key block (row 0 sees 2 keys: its other splits
+    are empty) all agree."""
+    q, cache, slot_ids, start_pos = make_case(2, 4, 2, 2, 70, 64, torch.float32, seed=7)
+    splits = kernel.num_splits(2, 2, 1, 70, 16, programs_per_sm, sm_count(DEVICE))
+    assert splits == {0: 1, 64: 5}.get(programs_per_sm, splits) and (splits > 1) == (programs_per_sm > 0)
+    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, block_n=16, programs_per_sm=programs_per_sm)
+    check(q, cache, 0, slot_ids, start_pos, 0.125, out)
+
+
+@pytest.mark.parametrize("sm", list(kernel.CONFIGS))
+def test_attention_every_table_config(sm: int | str) -> None:
+    """Each SM's config from the table (block size and split target) gives the reference's result."""
+    q, cache, slot_ids, start_pos = make_case(2, 8, 2, 2, 150, 128, torch.bfloat16, seed=13)
+    out = kernel.attention(q, cache, 1, slot_ids, start_pos, 0.09, **kernel.CONFIGS[sm])
+    check(q, cache, 1, slot_ids, start_pos, 0.09, out)
+
+
+def test_attention_ignores_cache_past_each_row() -> None:
+    """Positions beyond start_pos + T hold garbage (NaN) in a real cache; no query may see them."""
+    q, cache, slot_ids, start_pos = make_case(2, 4, 2, 3, 48, 64, torch.float32, seed=3)
+    start_pos[:] = torch.tensor([5, 20])
+    dirty = cache.clone()
+    for row, (slot, start) in enumerate(zip(slot_ids.tolist(), start_pos.tolist(), strict=True)):
+        dirty[:, :, slot, :, start + 3 :] = float("nan")
+        assert row < 2
+    out = kernel.attention(q, dirty, 1, slot_ids, start_pos, 0.125)
+    check(q, cache, 1, slot_ids, start_pos, 0.125, out)
+
+
+def test_attention_many_query_rows_take_several_tiles() -> None:
+    """GROUP * T > 128 query rows per kv head: the rows are spread over two tiles (grid axis 2)."""
+    q, cache, slot_ids, start_pos = make_case(1, 16, 1, 9, 24, 64, torch.float32, seed=5)
+    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125)
+    check(q, cache, 0, slot_ids, start_pos, 0.125, out)
+
+
+def test_attention_op_matches_launcher() -> None:
+    """The registered graphspec::attention_triton op passes its config through to the launcher."""
+    q, cache, slot_ids, start_pos = make_case(2, 4, 2, 2, 32, 64, torch.float32, seed=11)
+    config = kernel.CONFIGS["default"]
+    out = torch.ops.graphspec.attention_triton(q, cache, 1, slot_ids, start_pos, 0.125, *config.values())
+    torch.testing.assert_close(out, kernel.attention(q, cache, 1, slot_ids, start_pos, 0.125, **config))
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU: 8B-class heads (32 q heads, 8 kv heads, D 128), caches up to 32k tokens, batch 1-64, K 1-8.
+# ---------------------------------------------------------------------------------------------------
+
+
+def device_config() -> dict[str, int]:
+    major, minor = torch.cuda.get_device_capability()
+    return config_for(kernel.CONFIGS, major * 10 + minor)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("batch", "seq", "k"),
+    [(1, 32768, 1), (1, 32768, 8), (4, 32768, 4), (16, 8192, 1), (64, 4096, 4), (64, 2048, 8)],
+)
+def test_attention_real_shapes_gpu(batch: int, seq: int, k: int) -> None:
+    q, cache, slot_ids, start_pos = make_case(batch, 32, 8, k + 1, seq, 128, torch.bfloat16, seed=batch + k, layers=1)
+    poison_allocator()
+    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 128**-0.5, **device_config())
+    check(q, cache, 0, slot_ids, start_pos, 128**-0.5, out)
+
+
+@pytest.mark.gpu
+def test_attention_cache_offsets_past_int32_gpu() -> None:
+    """A 5.4 GB cache (2.7e9 elements): the slot read sits past element 2**31, so any int32 offset
+    arithmetic would wrap and read the wrong memory."""
+    layers, slots, kv_heads, seq, head_dim = 5, 8, 8, 32768, 128
+    cache = torch.empty(layers, 2, slots, kv_heads, seq, head_dim, dtype=torch.bfloat16, device="cuda")
+    cache.normal_(generator=torch.Generator("cuda").manual_seed(0))
+    layer, slot_ids = 4, torch.tensor([7, 6], device="cuda")
+    assert cache[layer, 0, 6].storage_offset() > 2**31
+    q = torch.randn(2, 32, 5, head_dim, device="cuda", dtype=torch.bfloat16)
+    start_pos = torch.tensor([seq - 5, 1000], device="cuda")
+    out = kernel.attention(q, cache, layer, slot_ids, start_pos, head_dim**-0.5, **device_config())
+    # The reference on a view of just that layer: same values, small temporaries.
+    check(q, cache[layer : layer + 1], 0, slot_ids, start_pos, head_dim**-0.5, out)
+
+
+@pytest.mark.gpu
+def test_attention_replays_in_cuda_graph_gpu() -> None:
+    """Capturable: no host sync or allocation outside the graph pool; a replay with new start
+    positions and slots (same tensors, new contents) matches a fresh eager call."""
+    q, cache, slot_ids, start_pos = make_case(2, 32, 8, 5, 4096, 128, torch.bfloat16, seed=1, layers=1)
+    config = device_config()
+    kernel.attention(q, cache, 0, slot_ids, start_pos, 0.088, **config)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.graphspec.attention_triton(q, cache, 0, slot_ids, start_pos, 0.088, *config.values())
+    start_pos.copy_(torch.tensor([17, 3000]))
+    slot_ids.copy_(slot_ids.flip(0))
+    graph.replay()
+    torch.testing.assert_close(out, kernel.attention(q, cache, 0, slot_ids, start_pos, 0.088, **config))

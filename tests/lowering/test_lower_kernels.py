@@ -1,0 +1,150 @@
+"""lower_kernels: swaps reference ops for the kernel ops of the target SM, with config args."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+import torch.fx as fx
+
+from graphspec import ops
+from graphspec.config import PassContext
+from graphspec.lowering import lower_kernels, registry
+from tests.graphs import assert_graph_equal
+from tests.kernels.helpers import DEVICE
+from tests.lowering.hot_ops import EPS, hot_inputs, traced
+from tests.step_case import StepCase
+
+HOT_OPS = ("rms_norm", "add_rms_norm", "rotary", "attention", "verify_greedy", "verify_rejection")
+
+
+def ctx(sm: int | None = None, **overrides) -> PassContext:
+    return PassContext(k=2, batch=2, mode="sample", sm=sm, **overrides)
+
+
+def test_nothing_to_do_on_cpu() -> None:
+    gm = traced(hot_inputs())
+    before = gm.code
+    result = lower_kernels.run(gm, ctx(sm=None))
+    assert not result.changed and "no GPU" in result.note
+    assert result.gm.code == before and lower_kernels.kernel_table(result.gm) == []
+
+
+def test_reference_lowering_changes_nothing() -> None:
+    gm = traced(hot_inputs())
+    before = gm.code
+    result = lower_kernels.run(gm, ctx(sm=90, lowering="reference", options={"force_sm": 90}))
+    assert not result.changed and "reference" in result.note
+    assert result.gm.code == before
+
+
+def test_lowers_every_hot_op_with_config_args() -> None:
+    gm = traced(hot_inputs())
+    expected = traced(hot_inputs())
+    for node in expected.graph.nodes:  # the expected graph, built by hand from the table's data
+        name = next((op for op in HOT_OPS if node.target == ops.OPS[op]), None)
+        if name is not None:
+            configs = registry._module(name).CONFIGS
+            node.target = getattr(torch.ops.graphspec, f"{name}_triton").default
+            node.args = (*node.args, *configs[90].values())
+    result = lower_kernels.run(gm, ctx(sm=None, options={"force_sm": 90}))
+    assert result.changed and result.stats == {"lowered": 6, "fallback": 0}
+    assert_graph_equal(result.gm, expected)
+    lowered = [n for n in result.gm.graph.nodes if "gs_kernel" in n.meta]
+    assert {n.meta["gs_pass"] for n in lowered} == {lower_kernels.NAME}
+    attention = next(n for n in lowered if n.meta["gs_kernel"]["kernel"] == "graphspec::attention_triton")
+    assert attention.meta["gs_kernel"]["sm"] == 90
+    assert attention.meta["gs_kernel"]["config"] == registry._module("attention").CONFIGS[90]
+    assert "torch.ops.graphspec.attention_triton.default(" in result.gm.code  # the config shows in code
+
+
+def test_unknown_sm_lowers_with_default_configs() -> None:
+    result = lower_kernels.run(traced(hot_inputs()), ctx(sm=89))
+    assert result.stats == {"lowered": 6, "fallback": 0}
+    assert {row[2].split()[0] for row in lower_kernels.kernel_table(result.gm)} == {"sm=default"}
+
+
+def test_node_outside_a_kernel_keeps_reference() -> None:
+    result = lower_kernels.run(traced(hot_inputs(head_dim=96)), ctx(sm=90))
+    assert result.stats == {"lowered": 5, "fallback": 1}
+    targets = [n.target for n in result.gm.graph.nodes]
+    assert ops.OPS["attention"] in targets and torch.ops.graphspec.attention_triton.default not in targets
+
+
+def test_kernel_table_rows() -> None:
+    result = lower_kernels.run(traced(hot_inputs()), ctx(sm=90))
+    rows = dict((node, (kernel, config)) for node, kernel, config in lower_kernels.kernel_table(result.gm))
+    assert set(rows) == {n.name for n in result.gm.graph.nodes if "gs_kernel" in n.meta}
+    fields = registry._module("attention").CONFIGS[90]
+    config = "sm=90 " + " ".join(f"{key}={value}" for key, value in fields.items())  # sm=90 block_n=64 ...
+    assert rows["attention"] == ("graphspec::attention_triton", config)
+
+
+def test_kernel_table_sees_nested_pieces() -> None:
+    """After split_attention the lowered nodes live in submodules; the table still lists them."""
+    lowered = lower_kernels.run(traced(hot_inputs()), ctx(sm=90)).gm
+    outer = fx.GraphModule(torch.nn.Module(), fx.Graph())
+    outer.add_submodule("submod_1", lowered)
+    names = [row[0] for row in lower_kernels.kernel_table(outer)]
+    assert "submod_1.attention" in names and len(names) == 6
+
+
+def test_lowered_graph_matches_reference_graph_fp32() -> None:
+    """Run both graphs (the kernels under the interpreter on CPU): same results in fp32; the sampled
+    and greedy tokens exactly."""
+    inputs = [x.to(DEVICE) for x in hot_inputs()]
+    gm = traced(inputs)
+    expected = gm(*inputs)
+    lowered = lower_kernels.run(gm, ctx(sm=None, options={"force_sm": 90})).gm
+    got = lowered(*inputs)
+    for index, (g, e) in enumerate(zip(got, expected, strict=True)):
+        if g.dtype.is_floating_point:
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, msg=f"output {index}")
+        else:
+            torch.testing.assert_close(g, e, rtol=0, atol=0, msg=f"output {index}")
+
+
+def test_lowered_code_reloads_as_source() -> None:
+    """The generated code names the kernel op and its config; exec'd on its own it computes the same."""
+
+    def norm_only(x, weight):
+        return ops.rms_norm(x, weight, EPS)
+
+    x, weight = torch.randn(3, 32, device=DEVICE), torch.randn(32, device=DEVICE)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(norm_only, tracing_mode="fake")(x, weight)
+    lowered = lower_kernels.run(gm, ctx(sm=90)).gm
+    assert "torch.ops.graphspec.rms_norm_triton.default(x_1, weight_1, 1e-05, 8192, 8)" in lowered.code
+    namespace = {"torch": torch, "operator": operator}
+    exec(lowered.code, namespace)
+    torch.testing.assert_close(namespace["forward"](None, x, weight), ops.rms_norm(x, weight, EPS))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The real traced speculation step (tiny Llama target, Qwen3 draft with q/k norms; head dim 64 so
+# attention fits too), lowered for sm 90 and run under the interpreter.
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_step(checkpoint_factory) -> StepCase:
+    target = checkpoint_factory("llama", seed=0, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    draft = checkpoint_factory("qwen3", seed=1, head_dim=64, num_attention_heads=2, num_key_value_heads=1)
+    return StepCase(target, draft)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU step case: its kernels run under the interpreter")
+def test_lowered_real_step_matches_unlowered(real_step: StepCase) -> None:
+    """Every hot op of the step is lowered; tokens and counts equal the unlowered step's, caches to fp32
+    rounding (kernel sums run in a different order)."""
+    mode = "sample"
+    reference = real_step.through(mode, "defunctionalize_kv")
+    lowered = real_step.through(mode, "lower_kernels", options={"force_sm": 90})
+    hot = [n for n in lowered.graph.nodes if n.op == "call_function" and n.target in lower_kernels.REFERENCE_OPS]
+    assert not hot, f"left on the reference: {[n.name for n in hot]}"
+    got, _ = real_step.run_graph(lowered)
+    want, _ = real_step.run_graph(reference)
+    for name in ("tokens", "num_accepted", "next_committed_len", "next_last_tokens"):
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+    for name in ("target_cache", "draft_cache"):
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=name)

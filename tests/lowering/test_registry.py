@@ -1,0 +1,82 @@
+"""The kernel table: every (op, SM) entry resolves, unknown SMs fall back to "default", nodes that
+do not fit (or have no fake values) keep the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphspec import ops
+from graphspec.lowering import registry
+from tests.lowering.hot_ops import hot_inputs, traced
+
+REQUIRED_SMS = (80, 90, "default")
+
+
+def hot_nodes(head_dim: int = 64) -> dict[str, torch.fx.Node]:
+    gm = traced(hot_inputs(head_dim))
+    by_target = {target: name for name, target in ops.OPS.items()}
+    return {by_target[n.target]: n for n in gm.graph.nodes if n.op == "call_function" and n.target in by_target}
+
+
+def test_every_op_has_80_90_and_default_entries() -> None:
+    keys = {(entry.op, entry.sm) for entry in registry.entries()}
+    assert {(op, sm) for op in registry.KERNELS for sm in REQUIRED_SMS} <= keys
+
+
+@pytest.mark.parametrize("entry", list(registry.entries()), ids=lambda e: f"{e.op}-{e.sm}")
+def test_entry_resolves_to_its_kernel_op(entry: registry.KernelEntry) -> None:
+    """The kernel op exists, takes the reference op's arguments then the config fields in order, and
+    resolving the entry's SM gives back this entry."""
+    reference = ops.OPS[entry.op]._schema.arguments
+    arguments = entry.kernel._schema.arguments
+    assert [a.name for a in arguments[: len(reference)]] == [a.name for a in reference]
+    assert [a.name for a in arguments[len(reference) :]] == list(entry.config)
+    returns = [str(r.type) for r in entry.kernel._schema.returns]
+    assert returns == [str(r.type) for r in ops.OPS[entry.op]._schema.returns]
+    assert entry.kernel._schema.is_mutable == ops.OPS[entry.op]._schema.is_mutable
+    assert str(entry.kernel) == f"graphspec.{entry.op}_triton.default"
+    if entry.sm != "default":
+        assert registry.resolve(entry.op, entry.sm) == entry
+
+
+@pytest.mark.parametrize("sm", [86, 89, 100, 120])
+def test_unknown_sm_uses_default_config(sm: int) -> None:
+    entry = registry.resolve("attention", sm)
+    assert entry is not None and entry.sm == "default"
+    assert entry.config == registry._module("attention").CONFIGS["default"]
+
+
+@pytest.mark.parametrize("sm", [None, 70, 75])
+def test_no_gpu_or_old_sm_keeps_reference(sm: int | None) -> None:
+    assert all(registry.resolve(op, sm) is None for op in registry.KERNELS)
+
+
+def test_op_without_kernel_keeps_reference() -> None:
+    assert registry.resolve("kv_write", 90) is None
+    assert registry.resolve("commit", 90) is None
+
+
+def test_traced_nodes_fit() -> None:
+    for op, node in hot_nodes().items():
+        assert registry.resolve(op, 90, node) is not None, op
+
+
+def test_unsupported_head_dim_falls_back_to_reference() -> None:
+    node = hot_nodes(head_dim=96)["attention"]
+    assert registry.resolve("attention", 90) is not None
+    assert registry.resolve("attention", 90, node) is None
+
+
+def test_node_without_fake_values_falls_back_to_reference() -> None:
+    graph = torch.fx.Graph()
+    x, weight = graph.placeholder("x"), graph.placeholder("weight")
+    node = graph.call_function(torch.ops.graphspec.rms_norm.default, (x, weight, 1e-5))
+    assert registry.resolve("rms_norm", 90, node) is None
+
+
+def test_mixed_dtypes_fall_back_to_reference() -> None:
+    inputs = hot_inputs()
+    inputs[2] = inputs[2].to(torch.bfloat16)  # norm weight bf16, activations fp32
+    nodes = {n.target: n for n in traced(inputs).graph.nodes}
+    assert registry.resolve("rms_norm", 90, nodes[torch.ops.graphspec.rms_norm.default]) is None
