@@ -130,7 +130,7 @@ def fits_verify_rejection(node: fx.Node) -> bool:
         target.dim() == 3
         and draft.dim() == 3
         and target.dtype in FLOAT_DTYPES
-        and draft.dtype in FLOAT_DTYPES
+        and draft.dtype == target.dtype
         and drafts.dim() == 2
         and not drafts.dtype.is_floating_point
         and tuple(draft.shape) == (target.shape[0], target.shape[1] - 1, target.shape[2])

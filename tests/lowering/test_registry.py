@@ -78,5 +78,7 @@ def test_node_without_fake_values_falls_back_to_reference() -> None:
 def test_mixed_dtypes_fall_back_to_reference() -> None:
     inputs = hot_inputs()
     inputs[2] = inputs[2].to(torch.bfloat16)  # norm weight bf16, activations fp32
+    inputs[11] = inputs[11].to(torch.bfloat16)  # draft logits bf16, target logits fp32
     nodes = {n.target: n for n in traced(inputs).graph.nodes}
     assert registry.resolve("rms_norm", 90, nodes[torch.ops.graphspec.rms_norm.default]) is None
+    assert registry.resolve("verify_rejection", 90, nodes[torch.ops.graphspec.verify_rejection.default]) is None
