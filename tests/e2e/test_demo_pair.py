@@ -129,3 +129,28 @@ def test_acceptance_on_heldout_prompts_stays_above_floor(hf_pair, graphspec_pair
     prompts = measure.heldout_prompts(graphspec_pair[0].tokenizer, count=2, length=64)
     result = measure.measure(target, draft, prompts, k=4, new_tokens=32, eos=set(graphspec_pair[0].eos_token_ids))
     assert result.mean_accepted >= ACCEPTANCE_FLOOR, result
+
+
+def test_speculative_runtime_on_the_pair_is_lossless_and_accepts(graphspec_pair):
+    """The real compiled step on the shipped pair: greedy output equals target-only greedy decoding
+    (fp32) and the runtime's own acceptance stays above the floor on held-out prompts."""
+    import graphspec
+    from graphspec.reference import reference_generate
+
+    measure = measure_acceptance_module()
+    target = graphspec_pair[0]
+    prompts = [ids for _, ids in measure.heldout_prompts(target.tokenizer, count=2, length=64)]
+    runtime = graphspec.Runtime.from_pretrained(
+        DEMO_TARGET,
+        DEMO_DRAFT,
+        k=4,
+        batch_sizes=(2,),
+        dtype="float32",
+        device="cpu",
+        max_seq_len=160,
+        modes=("greedy",),
+    )
+    results = runtime.generate(prompts, max_new_tokens=32)
+    expected = reference_generate(target.model, prompts, 32, stop_token_ids=target.eos_token_ids, max_seq_len=160)
+    assert [r.token_ids for r in results] == expected
+    assert runtime.stats.mean_accepted >= ACCEPTANCE_FLOOR, runtime.stats
