@@ -20,6 +20,14 @@ MODEL_CLASSES = {
     "qwen2": transformers.Qwen2ForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
 }
+# llama3 rope scaling with an original context short enough that tiny test prompts cross it.
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 def tiny_config(family: str = "llama", vocab_size: int = 128, **overrides) -> transformers.PretrainedConfig:

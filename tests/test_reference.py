@@ -13,15 +13,8 @@ from graphspec import ops
 from graphspec.errors import InputError
 from graphspec.models import load_model
 from graphspec.reference import reference_generate, row_seeds
-from tests.checkpoints import load_hf, make_checkpoint
+from tests.checkpoints import LLAMA3_ROPE, load_hf, make_checkpoint
 
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 64,
-}
 VARIANTS = {
     "llama": ("llama", {}),
     "llama3_rope_tied": ("llama", {"rope_scaling": LLAMA3_ROPE, "tie_word_embeddings": True}),

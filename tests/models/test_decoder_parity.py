@@ -10,15 +10,8 @@ import torch
 
 from graphspec.models import load_model
 from graphspec.models.spec import rope_frequencies
-from tests.checkpoints import load_hf, make_checkpoint, tiny_config
+from tests.checkpoints import LLAMA3_ROPE, load_hf, make_checkpoint, tiny_config
 
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 64,
-}
 # name -> (family, config overrides). Each entry exercises a different code path of the decoder.
 VARIANTS = {
     "llama": ("llama", {}),
