@@ -557,23 +557,26 @@ class Bench:
             rows = prompts[:batch]
             limit = args.prompt_len + args.new_tokens
             reference_generate(model, rows, 2, max_seq_len=limit)  # warm-up (cuBLAS handles, allocator)
+            # One mark after every model forward (prefill, then one per decode step), the same per-step
+            # clock the HF rows use: the intervals are decode steps including the host's sampling.
+            clock = common.Clock(self.device)
+            hook = model.register_forward_hook(lambda *_: clock.mark())
             common.sync(self.device)
             began = time.perf_counter()
-            reference_generate(model, rows, 1, max_seq_len=limit)
-            common.sync(self.device)
-            first = time.perf_counter() - began
-            began = time.perf_counter()
-            outputs = reference_generate(model, rows, args.new_tokens, max_seq_len=limit)
+            try:
+                outputs = reference_generate(model, rows, args.new_tokens, max_seq_len=limit)
+            finally:
+                hook.remove()
             common.sync(self.device)
             wall = time.perf_counter() - began
             n = args.new_tokens
-            step_ms = (wall - first) / (n - 1) * 1e3 if n > 1 else wall * 1e3
+            intervals = clock.intervals_ms()
+            step_ms = statistics.fmean(intervals) if intervals else wall * 1e3
             return {
                 "tokens_per_s": batch * n / wall,
                 "ms_per_step": step_ms,
                 "tokens_per_step": 1.0,
                 "steps": n,
-                "prefill_ms": first * 1e3,
                 "gen_wall_s": wall,
                 "outputs": outputs,
             }
@@ -870,6 +873,9 @@ class Bench:
         config.num_assistant_tokens_schedule = "constant"
         config.assistant_confidence_threshold = 0.0  # 0 disables the early stop of drafting
         counts = {"target": 0, "draft": 0}
+        # A mark after every target forward: prefill, then one verify per speculation step, so the
+        # intervals are whole steps (drafting included), measured like every other row.
+        clock = common.Clock(self.device)
         hooks = [
             hf_target.register_forward_pre_hook(lambda *_: counts.__setitem__("target", counts["target"] + 1)),
             hf_draft.register_forward_pre_hook(lambda *_: counts.__setitem__("draft", counts["draft"] + 1)),
@@ -878,22 +884,19 @@ class Bench:
             kwargs = dict(assistant_model=hf_draft, clock=False)
             self.hf_generate(hf_target, 1, prompts, min(8, n), **kwargs)  # warm-up
             counts.update(target=0, draft=0)
-            first = self.hf_generate(hf_target, 1, prompts, 1, **kwargs)
-            first_forwards = counts["target"]
-            counts.update(target=0, draft=0)
+            hooks.append(hf_target.register_forward_hook(lambda *_: clock.mark()))
             result = self.hf_generate(hf_target, 1, prompts, n, **kwargs)
             forwards, drafts = counts["target"], counts["draft"]
         finally:
             for hook in hooks:
                 hook.remove()
-        steps = max(forwards - first_forwards, 1)
+        intervals = clock.intervals_ms()
         return {
             "tokens_per_s": n / result["wall"],
-            "ms_per_step": (result["wall"] - first["wall"]) / steps * 1e3,
+            "ms_per_step": statistics.fmean(intervals) if intervals else result["wall"] / max(forwards, 1) * 1e3,
             "tokens_per_step": n / max(forwards, 1),
             "steps": forwards,
             "draft_forwards": drafts,
-            "prefill_ms": first["wall"] * 1e3,
             "gen_wall_s": result["wall"],
             "outputs": result["tokens"],
         }
