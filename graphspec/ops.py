@@ -97,6 +97,22 @@ def _(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
+def silu_mul_reference(gate_up: Tensor) -> Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+@torch.library.custom_op("graphspec::silu_mul", mutates_args=())
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """SwiGLU activation of the fused gate/up projection: gate_up [..., 2I] -> silu(gate) * up [..., I]."""
+    return silu_mul_reference(gate_up).contiguous()
+
+
+@silu_mul.register_fake
+def _(gate_up: Tensor) -> Tensor:
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
 # --------------------------------------------------------------------------------------------------
 # KV cache
 # --------------------------------------------------------------------------------------------------
@@ -381,6 +397,7 @@ OPS = {
     "rms_norm": torch.ops.graphspec.rms_norm.default,
     "add_rms_norm": torch.ops.graphspec.add_rms_norm.default,
     "rotary": torch.ops.graphspec.rotary.default,
+    "silu_mul": torch.ops.graphspec.silu_mul.default,
     "kv_update": torch.ops.graphspec.kv_update.default,
     "kv_write": torch.ops.graphspec.kv_write.default,
     "attention": torch.ops.graphspec.attention.default,
