@@ -20,6 +20,7 @@ The table is printed last; --json writes every number, the kernel profile and th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import gc
@@ -43,6 +44,7 @@ from safetensors.torch import save_file
 
 import graphspec
 from graphspec.compiler import Compiled
+from graphspec.models.decoder import checkpoint_shapes
 from graphspec.models.loading import build_model
 from graphspec.runtime.graphs import StepGraph
 from graphspec.runtime.runtime import Runtime, RuntimeStats
@@ -118,8 +120,8 @@ def write_checkpoint(directory: Path, shape: str, device: str, seed: int) -> Pat
     config.save_pretrained(directory)
     generator = torch.Generator(device=device).manual_seed(seed)
     state = {}
-    for name, parameter in build_model(config).named_parameters():  # tied weights appear once
-        weight = torch.randn(parameter.shape, generator=generator, device=device, dtype=torch.bfloat16).mul_(0.02)
+    for name, shape in checkpoint_shapes(build_model(config)).items():  # tied weights appear once
+        weight = torch.randn(shape, generator=generator, device=device, dtype=torch.bfloat16).mul_(0.02)
         state[name] = (weight.add_(1.0) if name.endswith("norm.weight") else weight).cpu()
     save_file(state, str(directory / "model.safetensors"))
     return directory
@@ -415,6 +417,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--parity-tokens", type=int, default=25)
     parser.add_argument("--self-draft", choices=("auto", "target", "draft", "none"), default="auto")
     parser.add_argument("--no-piecewise", action="store_true", help="skip the piecewise bucket-1 row")
+    parser.add_argument("--no-stock", action="store_true", help="skip the stock-torch (lowering=reference) rows")
     parser.add_argument("--copy-gib", type=float, default=4.0)
     parser.add_argument("--workdir", default=None, help="where checkpoints go (default /dev/shm, else /tmp)")
     parser.add_argument("--json", default=None)
@@ -497,6 +500,21 @@ def main(argv: list[str] | None = None) -> int:
         del captured, eager, compiled
         release(cuda)
 
+        if not args.no_stock and cuda:
+            # The same step with every graphspec op left as its torch reference (lowering="reference"):
+            # what stock torch kernels (cuBLAS GEMMs, aten elementwise) reach under the same capture.
+            try:
+                stock = graphspec.compile(target_dir, draft_dir, batch_sizes=buckets, lowering="reference", **options)
+                rows, stock_runtime, _ = measure_pair(f"{pair} stock", stock, args, floor_ms, eager_too=False)
+                report["rows"] += rows
+                with contextlib.suppress(Exception):
+                    report["profile_batch_1_stock"] = kernel_profile(stock_runtime.graphs[("greedy", buckets[0])], 3)
+                del stock, stock_runtime, rows
+            except Exception as error:
+                report["stock_error"] = f"{type(error).__name__}: {error}"
+                traceback.print_exc()
+            release(cuda)
+
         if not args.no_piecewise and cuda:
             try:
                 begin = time.perf_counter()
@@ -556,12 +574,19 @@ def release(cuda: bool) -> None:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    profile = report.get("profile_batch_1")
+    for key, stock in (("profile_batch_1", False), ("profile_batch_1_stock", True)):
+        print_profile(report, report.get(key), stock)
+    print_summary(report)
+
+
+def print_profile(report: dict[str, Any], profile: dict[str, Any] | None, stock: bool) -> None:
     if profile and "top" in profile:
-        step = next((r["captured"]["median_ms"] for r in report["rows"] if "captured" in r), None)
+        rows = [r for r in report["rows"] if "captured" in r and r["pair"].endswith(" stock") == stock]
+        step = rows[0]["captured"]["median_ms"] if rows else None
         idle = f"; the step takes {step:.2f} ms" if step else ""
+        kind = "stock-torch" if stock else "lowered"
         print(
-            f"\nkernels of one captured step at batch 1: {profile['kernels_per_step']:.0f} launches, "
+            f"\nkernels of one captured {kind} step at batch 1: {profile['kernels_per_step']:.0f} launches, "
             f"{profile['kernel_us_per_step'] / 1e3:.2f} ms of kernel time{idle}"
         )
         for category, entry in sorted(profile["categories"].items(), key=lambda item: -item[1]["us_per_step"]):
@@ -572,6 +597,9 @@ def print_report(report: dict[str, Any]) -> None:
                 f"  {kernel['share'] * 100:5.1f}%  {kernel['us_per_step']:8.1f} us  "
                 f"x{kernel['calls_per_step']:5.0f}  {kernel['name'][:80]}"
             )
+
+
+def print_summary(report: dict[str, Any]) -> None:
     parity_result = report.get("parity", {})
     if "identical" in parity_result:
         print(

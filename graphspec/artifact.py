@@ -56,7 +56,7 @@ from graphspec.pipeline import PIPELINE
 from graphspec.trace import model_inputs
 
 FORMAT = "graphspec-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: fused qkv_proj and gate_up_proj parameters, token-major attention output
 MANIFEST = "manifest.json"
 KERNELS = "kernels.json"
 ROLES = ("target", "draft")

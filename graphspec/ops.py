@@ -179,19 +179,22 @@ def attention_reference(
     # the poisoning tests); a zero probability times NaN is still NaN, so zero them out.
     dead = key_pos[None, :] > query_pos[:, -1:]  # [B, S]
     values = values.masked_fill(dead[:, None, :, None], 0.0)
-    return torch.matmul(probs, values).to(q.dtype)
+    return torch.matmul(probs, values).to(q.dtype).transpose(1, 2)  # [B, T, Hq, D]
 
 
 @torch.library.custom_op("graphspec::attention", mutates_args=())
 def attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
     """Causal attention of q [B, Hq, T, D] (query t at position start_pos[b] + t) against the cache
-    slot of each row; GQA when Hq is a multiple of Hkv. Returns [B, Hq, T, D]."""
+    slot of each row; GQA when Hq is a multiple of Hkv. Returns [B, T, Hq, D]: token-major, so the
+    output projection reads it as a plain [B, T, Hq * D] view (no transpose copy, and a layout that
+    lets matmul fold the batch into one GEMM instead of a batched GEMM over an expanded weight)."""
     return attention_reference(q, cache, layer, slot_ids, start_pos, scale).contiguous()
 
 
 @attention.register_fake
 def _(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
-    return q.new_empty(q.shape)
+    batch, heads, t, head_dim = q.shape
+    return q.new_empty((batch, t, heads, head_dim))
 
 
 # --------------------------------------------------------------------------------------------------

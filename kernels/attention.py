@@ -2,7 +2,8 @@
 
 Semantics are graphspec.ops.attention_reference: q [B, Hq, T, D]; query t of row b sits at position
 start_pos[b] + t and attends causally to cache[layer, 0/1, slot_ids[b], kv_head, :, :] (keys/values,
-cache [L, 2, SLOTS, Hkv, S, D]); GQA maps q head h to kv head h // (Hq // Hkv).
+cache [L, 2, SLOTS, Hkv, S, D]); GQA maps q head h to kv head h // (Hq // Hkv). The output is
+token-major [B, T, Hq, D].
 
 One program handles one (row b, kv head, split, query block): the GROUP = Hq/Hkv q heads that share
 the kv head times the T query tokens are packed as the M dimension of one tile, so every key/value
@@ -151,9 +152,9 @@ def attention_kernel(
 
     has_keys = l_i > 0  # false for rows whose window misses this split entirely
     norm = tl.where(has_keys, l_i, 1.0)
-    out_rows = (b.to(tl.int64) * (num_kv_heads * GROUP) + head) * T + token  # row of [B, Hq, T] (contiguous)
+    out_rows = (b.to(tl.int64) * T + token) * (num_kv_heads * GROUP) + head  # row of contiguous [B, T, Hq]
     if SPLIT:
-        # Partials [B, Hq, T, splits, (D)]: normalized output and base-2 log-sum-exp (-inf when empty).
+        # Partials [B, T, Hq, splits, (D)]: normalized output and base-2 log-sum-exp (-inf when empty).
         part_rows = out_rows * num_splits + split
         lse = tl.where(has_keys, m_i + tl.log2(norm), float("-inf"))
         tl.store(part_lse_ptr + part_rows, lse, mask=row_ok)
@@ -179,7 +180,7 @@ def attention_reduce_kernel(
     BLOCK_SPLITS: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    # One program per output row (b, h, t), the row index of contiguous [B, Hq, T]; combines that
+    # One program per output row (b, t, h), the row index of contiguous [B, T, Hq]; combines that
     # row's num_splits partials: out = sum_s 2^(lse_s - top) * out_s / sum_s 2^(lse_s - top).
     row = tl.program_id(0).to(tl.int64)
     splits = tl.arange(0, BLOCK_SPLITS)
@@ -223,7 +224,7 @@ def attention(
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
 ) -> Tensor:
     """Launch attention_kernel (+ attention_reduce_kernel when split). Same result as
-    graphspec.ops.attention_reference; returns a new contiguous [B, Hq, T, D] tensor of q's dtype."""
+    graphspec.ops.attention_reference; returns a new contiguous [B, T, Hq, D] tensor of q's dtype."""
     check_device(q, cache)
     batch, q_heads, t, head_dim = q.shape
     kv_heads, seq_capacity = cache.shape[3], cache.shape[4]
@@ -233,7 +234,7 @@ def attention(
         )
     if (seq_capacity - 1) * cache.stride(4) + (head_dim - 1) * cache.stride(5) >= 2**31:
         raise ValueError("attention kernel: one cache plane (S * D) must stay below 2**31 elements")
-    out = torch.empty((batch, q_heads, t, head_dim), dtype=q.dtype, device=q.device)
+    out = torch.empty((batch, t, q_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
     group = q_heads // kv_heads
@@ -245,8 +246,8 @@ def attention(
     upcast = q.device.type != "cuda" and q.dtype != torch.float32
     splits = num_splits(batch, kv_heads, m_blocks, seq_capacity, block_n, programs_per_sm, sm_count(q.device))
     if splits > 1:
-        part_out = torch.empty((batch, q_heads, t, splits, head_dim), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((batch, q_heads, t, splits), dtype=torch.float32, device=q.device)
+        part_out = torch.empty((batch, t, q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((batch, t, q_heads, splits), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused: the single split writes `out` directly
     attention_kernel[(splits, batch * kv_heads, m_blocks)](
@@ -302,4 +303,5 @@ def attention_triton(
 
 @attention_triton.register_fake
 def _(q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm):
-    return q.new_empty(q.shape)
+    batch, heads, t, head_dim = q.shape
+    return q.new_empty((batch, t, heads, head_dim))

@@ -80,7 +80,7 @@ def test_attention_matches_sdpa_with_causal_block_mask():
         n = start[row] + 3
         mask = torch.arange(n)[None, :] <= (start[row] + torch.arange(3))[:, None]
         expected = torch.nn.functional.scaled_dot_product_attention(q[row], keys, values, attn_mask=mask, scale=0.35)
-        torch.testing.assert_close(out[row], expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[row].transpose(0, 1), expected, rtol=1e-5, atol=1e-5)  # out is [T, Hq, D]
 
 
 def test_verify_greedy_accepts_the_matching_prefix():

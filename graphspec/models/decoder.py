@@ -3,13 +3,14 @@
 Written for tracing: static shapes, the KV cache is an explicit tensor owned by the caller and
 threaded through forward functionally (graphspec::kv_update returns the new cache), positions are
 tensors, and attention/norm/rotary/cache writes are single graphspec:: ops. Module and parameter
-names mirror transformers' so a checkpoint's state dict loads without renaming.
+names mirror transformers', except that projections of one input are fused into one weight (q/k/v
+into qkv_proj, gate/up into gate_up_proj; see FusedLinear), which the loader concatenates from the
+checkpoint's separate tensors.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphspec import ops
@@ -25,6 +26,17 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
 
+class FusedLinear(nn.Linear):
+    """Projections of the same input as one GEMM: q/k/v, or gate/up. At decode batch sizes a GEMM is
+    bound by streaming its weight, and one wide GEMM streams better (and launches fewer kernels, with
+    fewer split-K reductions) than two or three narrow ones. `parts` maps each checkpoint tensor name
+    (relative to the parent module) to its rows; the weight is their concatenation in that order."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool) -> None:
+        super().__init__(in_features, sum(parts.values()), bias=bias)
+        self.parts = dict(parts)
+
+
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, layer: int) -> None:
         super().__init__()
@@ -32,9 +44,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.scale = spec.head_dim**-0.5
         hidden, q_dim, kv_dim = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        self.q_proj = nn.Linear(hidden, q_dim, bias=spec.qkv_bias)
-        self.k_proj = nn.Linear(hidden, kv_dim, bias=spec.qkv_bias)
-        self.v_proj = nn.Linear(hidden, kv_dim, bias=spec.qkv_bias)
+        self.qkv_proj = FusedLinear(hidden, {"q_proj": q_dim, "k_proj": kv_dim, "v_proj": kv_dim}, spec.qkv_bias)
         self.o_proj = nn.Linear(q_dim, hidden, bias=spec.o_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
@@ -45,9 +55,10 @@ class Attention(nn.Module):
         self, x: Tensor, cos: Tensor, sin: Tensor, start_pos: Tensor, slot_ids: Tensor, cache: Tensor, in_place: bool
     ) -> tuple[Tensor, Tensor]:
         batch, t, _ = x.shape
-        q = self.q_proj(x).view(batch, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split(list(self.qkv_proj.parts.values()), dim=-1)  # views, no copies
+        q = q.view(batch, t, self.num_heads, self.head_dim)
+        k = k.view(batch, t, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:  # Qwen3 normalizes each head before rotary.
             q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
@@ -57,19 +68,19 @@ class Attention(nn.Module):
             ops.kv_write(cache, self.layer, slot_ids, start_pos, k, v)
         else:  # tracing: functional form, made in-place again by the defunctionalize_kv pass
             cache = ops.kv_update(cache, self.layer, slot_ids, start_pos, k, v)
-        out = ops.attention(q, cache, self.layer, slot_ids, start_pos, self.scale)  # [B, Hq, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(batch, t, -1)), cache
+        out = ops.attention(q, cache, self.layer, slot_ids, start_pos, self.scale)  # [B, T, Hq, D]
+        return self.o_proj(out.view(batch, t, -1)), cache
 
 
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.mlp_bias)
-        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=spec.mlp_bias)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.mlp_bias)
+        size = spec.intermediate_size
+        self.gate_up_proj = FusedLinear(spec.hidden_size, {"gate_proj": size, "up_proj": size}, spec.mlp_bias)
+        self.down_proj = nn.Linear(size, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -113,6 +124,8 @@ class DecoderLM(nn.Module):
         # Same arithmetic as transformers' rotary embedding: fp32 angles, cos/sin scaled, cast later.
         freqs = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, D/2]
         angles = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]
+        if self.rope_scale == 1.0:  # most rope types: skip two multiplies per forward in the step graph
+            return angles.cos(), angles.sin()
         return angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
 
     def forward(
@@ -153,3 +166,35 @@ class DecoderLM(nn.Module):
         shape = (spec.num_layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)
         make = torch.zeros if zeroed else torch.empty
         return make(shape, dtype=dtype, device=device)
+
+
+def checkpoint_layout(model: nn.Module) -> dict[str, tuple[str, int, int]]:
+    """Checkpoint tensor name -> (parameter name, first row, rows) for every tensor stored in a fused
+    parameter; tensors not listed here are stored under the parameter's own name."""
+    layout = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, FusedLinear):
+            parent = prefix.rpartition(".")[0]
+            for kind in ("weight", "bias") if module.bias is not None else ("weight",):
+                row = 0
+                for part, rows in module.parts.items():
+                    layout[f"{parent}.{part}.{kind}"] = (f"{prefix}.{kind}", row, rows)
+                    row += rows
+    return layout
+
+
+def checkpoint_state(model: nn.Module) -> dict[str, Tensor]:
+    """The model's weights under the checkpoint's own (unfused) names, tied weights once: fused
+    parameters appear as row slices (views), so this also serves to save or compare a checkpoint."""
+    layout = checkpoint_layout(model)
+    fused = {parameter for parameter, _, _ in layout.values()}
+    parameters = dict(model.named_parameters())
+    state = {name: p for name, p in parameters.items() if name not in fused}
+    for name, (parameter, row, rows) in layout.items():
+        state[name] = parameters[parameter][row : row + rows]
+    return state
+
+
+def checkpoint_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor a checkpoint for `model` holds (meta models work too)."""
+    return {name: tuple(tensor.shape) for name, tensor in checkpoint_state(model).items()}

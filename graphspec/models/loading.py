@@ -16,7 +16,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig
 
 from graphspec.errors import CheckpointError
-from graphspec.models.decoder import DecoderLM
+from graphspec.models.decoder import DecoderLM, checkpoint_layout, checkpoint_shapes
 from graphspec.models.spec import FAMILIES, ModelSpec, rope_frequencies
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -184,7 +184,7 @@ def load_model(
     _check_index(path, available)
     model = build_model(config)
 
-    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    expected = checkpoint_shapes(model)
     if model.spec.tie_word_embeddings:
         available.pop("lm_head.weight", None)  # some tied checkpoints still store it
     missing = sorted(set(expected) - set(available))
@@ -213,12 +213,24 @@ def load_model(
                         state[name] = handle.get_tensor(name).to(device=device, dtype=torch_dtype)
         except Exception as error:  # safetensors raises its own error types for corrupt data
             raise CheckpointError(f"{file}: could not read tensors ({error})") from None
+    _fuse(model, state)
     model.load_state_dict(state, strict=False, assign=True)
     if model.spec.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = model.inv_freq.to(device)
     model.eval().requires_grad_(False)
     return LoadedModel(model, config, load_tokenizer(path), path, files)
+
+
+def _fuse(model: DecoderLM, state: dict[str, torch.Tensor]) -> None:
+    """Replace the checkpoint's separate q/k/v and gate/up tensors in `state` by the fused parameters
+    the model holds (concatenated along rows, in FusedLinear.parts order), one parameter at a time so
+    peak memory grows by one fused tensor only."""
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for name, (parameter, row, _) in checkpoint_layout(model).items():
+        groups.setdefault(parameter, []).append((row, name))
+    for parameter, parts in groups.items():
+        state[parameter] = torch.cat([state.pop(name) for _, name in sorted(parts)], dim=0)
 
 
 def load_tokenizer(path: Path) -> object | None:

@@ -38,7 +38,8 @@ def make_case(
 def check(q, cache, layer, slot_ids, start_pos, scale, out) -> None:
     exact = kernel.attention_reference(q.float(), cache.float(), layer, slot_ids, start_pos, scale)
     reference = kernel.attention_reference(q, cache, layer, slot_ids, start_pos, scale)
-    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    batch, heads, t, head_dim = q.shape
+    assert out.shape == (batch, t, heads, head_dim) and out.dtype == q.dtype and out.is_contiguous()
     assert torch.isfinite(out).all(), "an output element is NaN/inf (unwritten or bad masking)"
     error = rel_error(out, exact)
     assert error < TOLERANCE[q.dtype], error

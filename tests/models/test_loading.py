@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from graphspec.errors import CheckpointError
 from graphspec.models import FAMILIES, load_model
+from graphspec.models.decoder import checkpoint_state
 from tests.checkpoints import load_hf
 
 
@@ -288,7 +289,7 @@ def test_unknown_dtype_lists_choices(checkpoint: Path) -> None:
 def test_weights_equal_the_checkpoint_tensors(checkpoint_factory) -> None:
     directory = checkpoint_factory("llama")
     stored = load_file(directory / "model.safetensors")
-    params = dict(load_model(directory).model.named_parameters())
+    params = checkpoint_state(load_model(directory).model)  # fused q/k/v and gate/up seen as their parts
     assert set(params) == set(stored)
     for name, tensor in stored.items():
         assert torch.equal(params[name], tensor), name
@@ -308,7 +309,7 @@ def test_bfloat16_load_converts_every_parameter_and_keeps_rope_in_float32(checkp
     directory = checkpoint_factory("llama")
     model = load_model(directory, dtype="bfloat16").model
     stored = load_file(directory / "model.safetensors")
-    for name, parameter in model.named_parameters():
+    for name, parameter in checkpoint_state(model).items():
         assert parameter.dtype == torch.bfloat16, name
         assert torch.equal(parameter, stored[name].to(torch.bfloat16)), name
     # Rotary angles are computed in fp32 as transformers does; bf16 frequencies would drift at long range.

@@ -26,7 +26,8 @@ def layered_forward(layers: int) -> fx.GraphModule:
     for layer in range(layers):
         q = graph.call_function(torch.ops.aten.mul.Tensor, (x, weight))
         graph.call_function(KV_WRITE, (cache, layer, slots, start, k, v))
-        attended = graph.call_function(ATTENTION, (q, cache, layer, slots, start, SCALE))
+        attended = graph.call_function(ATTENTION, (q, cache, layer, slots, start, SCALE))  # [B, T, H, D]
+        attended = graph.call_function(torch.ops.aten.transpose.int, (attended, 1, 2))
         x = graph.call_function(torch.ops.aten.add.Tensor, (attended, x))
     graph.output((x, cache))
     return fx.GraphModule(torch.nn.Module(), graph)
