@@ -5,7 +5,8 @@ achieved bandwidth against a device-to-device copy measured in the same run.
     python benchmarks/bench_kernels.py --sweep         # also sweep attention configs at two shapes
     python benchmarks/bench_kernels.py --json out.json
 
-Shapes are 8B-class (32 q heads, 8 kv heads, head dim 128, hidden 4096, Qwen vocab 151936), bf16.
+Shapes are 8B-class (32 q heads, 8 kv heads, head dim 128, hidden 4096, MLP 14336, Qwen vocab 151936),
+bf16.
 Every kernel runs through its graphspec::<op>_triton op with the config of this GPU's SM, captured
 in a CUDA graph and timed over replays (benchmarks/common.time_fn, median), as the runtime runs it.
 Attention reads whole caches (start_pos = S - T) and rotates over ROTATE disjoint sets of slots per
@@ -35,7 +36,7 @@ from benchmarks import common
 from graphspec import ops
 from graphspec.lowering import registry
 
-Q_HEADS, KV_HEADS, HEAD_DIM, HIDDEN, VOCAB = 32, 8, 128, 4096, 151936
+Q_HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTERMEDIATE, VOCAB = 32, 8, 128, 4096, 14336, 151936
 ROTATE = 4
 DTYPE = torch.bfloat16
 ATTENTION_SHAPES = [  # (batch, cache tokens, K)
@@ -160,6 +161,35 @@ def bench_rotary(batch: int, t: int, sm: int, copy_gb_s: float) -> dict:
     )  # fmt: skip
 
 
+def bench_kv_write(batch: int, t: int, sm: int, copy_gb_s: float) -> dict:
+    """One layer's K and V of a step into a 4096-token cache: one launch against the reference's two
+    index_put launches. v is a transposed slice of a fused qkv output, as the decoder passes it."""
+    cache = torch.zeros(1, 2, batch, KV_HEADS, 4096, HEAD_DIM, dtype=DTYPE, device="cuda")
+    k = torch.randn(batch, KV_HEADS, t, HEAD_DIM, dtype=DTYPE, device="cuda")
+    qkv = torch.randn(batch, t, (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM, dtype=DTYPE, device="cuda")
+    v = qkv[..., (Q_HEADS + KV_HEADS) * HEAD_DIM :].view(batch, t, KV_HEADS, HEAD_DIM).transpose(1, 2)
+    slots = torch.randperm(batch, device="cuda")
+    start = torch.randint(0, 4096 - t + 1, (batch,), device="cuda")
+    values = tuple(config("kv_write", sm).values())
+    nbytes = 4 * k.numel() * k.element_size()  # k and v read once, written once
+    return row(
+        "kv_write", f"B={batch} T={t}",
+        timed(lambda: torch.ops.graphspec.kv_write_triton(cache, 0, slots, start, k, v, *values)),
+        nbytes, copy_gb_s, timed(lambda: ops.kv_write(cache, 0, slots, start, k, v)),
+    )  # fmt: skip
+
+
+def bench_silu_mul(rows: int, sm: int, copy_gb_s: float) -> dict:
+    gate_up = torch.randn(rows, 2 * INTERMEDIATE, dtype=DTYPE, device="cuda")
+    values = tuple(config("silu_mul", sm).values())
+    nbytes = 3 * rows * INTERMEDIATE * gate_up.element_size()  # gate and up read, the product written
+    return row(
+        "silu_mul", f"rows={rows} I={INTERMEDIATE}",
+        timed(lambda: torch.ops.graphspec.silu_mul_triton(gate_up, *values)),
+        nbytes, copy_gb_s, timed(lambda: ops.silu_mul_reference(gate_up)),
+    )  # fmt: skip
+
+
 def bench_verify(batch: int, k: int, sm: int, copy_gb_s: float) -> list[dict]:
     wide = torch.randn(batch, k + 1, VOCAB + 64, dtype=DTYPE, device="cuda")
     target = wide[:, :, :VOCAB]  # a slice, as lm_head output padded to a multiple of 64 would be
@@ -258,6 +288,7 @@ def main() -> int:
     sections = [(bench_attention, shape) for shape in ATTENTION_SHAPES]
     sections += [(bench_rms_norm, (5,)), (bench_rms_norm, (576,))]  # B * (K+1) rows: B 1 K 4, B 64 K 8
     sections += [(bench_rotary, (1, 5)), (bench_rotary, (64, 9)), (bench_verify, (1, 4)), (bench_verify, (64, 4))]
+    sections += [(bench_kv_write, (1, 5)), (bench_kv_write, (64, 9)), (bench_silu_mul, (5,)), (bench_silu_mul, (576,))]
     for bench, shape in sections:
         try:  # one failing kernel must not hide the others' numbers
             result = bench(*shape, sm, copy_gb_s)

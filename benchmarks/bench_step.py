@@ -47,6 +47,7 @@ from graphspec.compiler import Compiled
 from graphspec.models.decoder import checkpoint_shapes
 from graphspec.models.loading import build_model
 from graphspec.runtime.graphs import StepGraph
+from graphspec.runtime.region_timing import time_regions
 from graphspec.runtime.runtime import Runtime, RuntimeStats
 
 LLAMA3_ROPE = {
@@ -271,9 +272,45 @@ KERNEL_CATEGORIES = (
     ("kv_write", ("index_elementwise", "index_put", "kv_write")),
     ("attention", ("attention",)),
     ("norm", ("rms_norm",)),
+    ("silu_mul", ("silu_mul",)),
     ("rotary", ("rotary",)),
     ("verify", ("verify",)),
 )
+
+
+def step_regions(runtime: Runtime, row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Draft / verify / accept time of the bucket's real step, measured inside it by marks at its region
+    boundaries (graphspec.runtime.region_timing), at the mean context of the acceptance run; host = that
+    run's wall time per step minus the plain step."""
+    bucket = row["batch"]
+    graph = runtime.graphs[("greedy", bucket)]
+    context = args.prompt_len + args.gen_tokens // 2
+    load_bucket(graph, bucket, context, runtime.vocab_size, bucket, runtime.device)
+    timing = time_regions(graph, runs=max(5, args.replays // 5), warmup=args.warmup)
+    return {"bucket": bucket, "context": context, **timing.as_dict(row.get("accept", {}).get("loop_step_ms"))}
+
+
+def print_regions(regions: dict[str, Any] | None) -> None:
+    if not regions:
+        return
+    if "error" in regions:
+        print(f"\nregions of the step failed: {regions['error']}")
+        return
+    marked = regions["marked_ms"]
+    print(
+        f"\nregions of one {regions['mode']} step at batch {regions['bucket']}, context ~{regions['context']} "
+        f"({regions['clock']}, inside the step): "
+        + ", ".join(
+            f"{name} {regions[f'{name}_ms']:.2f} ms ({100 * regions[f'{name}_ms'] / marked:.0f}%)"
+            for name in ("draft", "verify", "accept")
+        )
+        + f" = {marked:.2f} ms; plain step {regions['step_ms']:.2f} ms"
+        + (
+            f"; host {regions['host_ms']:.2f} ms of generate()'s {regions['wall_ms_per_step']:.2f} ms per step"
+            if "host_ms" in regions
+            else ""
+        )
+    )
 
 
 def kernel_profile(graph: StepGraph, replays: int) -> dict[str, Any]:
@@ -489,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as error:
                 report["profile_batch_1"] = {"error": f"{type(error).__name__}: {error}"}
                 traceback.print_exc()
+        if rows and "error" not in rows[0]:
+            try:
+                report["regions_batch_1"] = step_regions(captured, rows[0], args)
+            except Exception as error:
+                report["regions_batch_1"] = {"error": f"{type(error).__name__}: {error}"}
+                traceback.print_exc()
         try:
             begin = time.perf_counter()
             report["parity"] = parity(captured, eager, args)
@@ -576,6 +619,7 @@ def release(cuda: bool) -> None:
 def print_report(report: dict[str, Any]) -> None:
     for key, stock in (("profile_batch_1", False), ("profile_batch_1_stock", True)):
         print_profile(report, report.get(key), stock)
+    print_regions(report.get("regions_batch_1"))
     print_summary(report)
 
 

@@ -19,7 +19,10 @@ What runs (same random weights, same prompts, greedy, no EOS stopping):
 - transformers generate, greedy, target only; with a static cache + torch.compile (reduce-overhead);
   and assisted generation with the draft (num_assistant_tokens=K, constant schedule, no confidence cutoff);
 - the floor: bytes a step must read over the copy bandwidth measured here (and FLOPs over the measured
-  matrix rate, whichever is larger).
+  matrix rate, whichever is larger);
+- regions: for every graphspec K:B point, where the time of one real step goes, measured inside the
+  compiled (and on CUDA captured) step by marks at its region boundaries: draft, verify (the target
+  forward), accept (verify/accept, commit, feedback), and host = generate()'s wall per step minus the step.
 
 Random weights give random acceptance, so every row reports time per target forward (per speculation
 step for speculative systems) and tokens per step next to tokens/s. Outputs are checked against the oracle
@@ -745,46 +748,27 @@ class Bench:
 
     @torch.inference_mode()
     def time_regions(self, runtime, k: int, batch: int, row: dict) -> dict:
-        """Draft-only and target-only forwards with the step's shapes, on the runtime's own models and
-        caches (positions past the mean context: what they write there is dead KV), captured on CUDA."""
+        """Where the time of one real step goes, measured inside it: the bucket's compiled step (lowered
+        kernels, captured on CUDA) instrumented with marks at its region boundaries (draft, verify,
+        accept; graphspec.runtime.region_timing), at the run's mean context, next to the plain step.
+        host_ms = generate()'s wall time per step (this row's ms_per_step) minus the plain step."""
+        from graphspec.runtime.region_timing import time_regions
+
         device = self.device
         ctx = int(self.args.prompt_len + self.args.new_tokens / 2)
-        slots = torch.arange(batch, device=device)
-        start = torch.full((batch,), ctx, dtype=torch.int64, device=device)
         vocab = runtime.target.spec.vocab_size
-        one = torch.randint(3, vocab, (batch, 1), device=device)
-        two = torch.randint(3, vocab, (batch, 2), device=device)
-        verify = torch.randint(3, vocab, (batch, k + 1), device=device)
-        tc, dc = runtime.caches["target_cache"], runtime.caches["draft_cache"]
-        before = start - 1
+        graph = runtime.graphs[("greedy", batch)]
+        graph.buffers.load_rows(  # every row real, at the mean context; caches hold this run's KV
+            {
+                "last_tokens": torch.randint(3, vocab, (batch, 2), device=device),
+                "committed_len": torch.full((batch,), ctx, dtype=torch.int64, device=device),
+                "slot_ids": torch.arange(batch, device=device),
+                "step_counter": torch.ones(batch, dtype=torch.int64, device=device),
+            }
+        )
         reps = self.args.region_reps
-        warmup = 1 if reps < 5 else 3
-
-        def timed(fn):
-            return common.time_fn(fn, device, reps=reps, warmup=warmup)
-
-        draft1 = timed(lambda: runtime.draft(one, start, slots, dc, "last_logits", True))
-        draft2 = timed(lambda: runtime.draft(two, before, slots, dc, "last_logits", True))
-        target_verify = timed(lambda: runtime.target(verify, start, slots, tc, "logits", True))
-        target1 = timed(lambda: runtime.target(one, start, slots, tc, "last_logits", True))
-        drafts = draft2["ms"] + (k - 1) * draft1["ms"]
-        step = row.get("ms_per_step")
-        out = {
-            "draft_fwd_ms": draft1["ms"],
-            "draft_catchup_fwd_ms": draft2["ms"],
-            "draft_total_ms": drafts,
-            "verify_fwd_ms": target_verify["ms"],
-            "target_decode_fwd_ms": target1["ms"],
-            "timing_mode": target1["mode"],
-            "context": ctx,
-        }
-        if step:
-            out["rest_ms"] = step - drafts - target_verify["ms"]  # verify/accept, feedback copies, host read
-        with contextlib.suppress(Exception):  # these forwards run the model code (reference ops): say when
-            from graphspec.lowering.lower_kernels import kernel_table  # the step graph runs lowered kernels
-
-            out["lowered_kernels_in_step"] = len(kernel_table(runtime.compiled.graphs[("greedy", batch)]))
-        return out
+        timing = time_regions(graph, runs=reps, warmup=1 if reps < 5 else 3)
+        return dict(timing.as_dict(wall_ms_per_step=row.get("ms_per_step")), context=ctx)
 
     # ---------------------------------------------------------------------------------------------
     # transformers
@@ -1178,17 +1162,19 @@ def render(data: dict) -> str:
                 f"not depend on acceptance): " + ", ".join(projected)
             )
         for region in info.get("regions", []):
-            if "draft_total_ms" in region:
+            if "draft_ms" in region:
+                step, marked, host = region["step_ms"], region["marked_ms"], region.get("host_ms")
+                shares = ", ".join(
+                    f"{name} {region[f'{name}_ms']:.2f} ms ({100 * region[f'{name}_ms'] / marked:.0f}%)"
+                    for name in ("draft", "verify", "accept")
+                )
                 lines.append(
-                    f"[{pair}] regions K={region['k']} B={region['batch']} ({region.get('timing_mode')}): "
-                    f"draft {region['draft_total_ms']:.2f} ms ({region['draft_catchup_fwd_ms']:.2f} + "
-                    f"{region['k'] - 1}x{region['draft_fwd_ms']:.2f}), verify {region['verify_fwd_ms']:.2f} ms, "
-                    f"rest {fmt(region.get('rest_ms'), '.2f')} ms; target-only decode fwd "
-                    f"{region['target_decode_fwd_ms']:.2f} ms"
+                    f"[{pair}] regions K={region['k']} B={region['batch']} ({region['mode']} step, "
+                    f"{region['clock']}, ctx {region['context']}): {shares}; in-step total "
+                    f"{marked:.2f} ms vs plain step {step:.2f} ms"
                     + (
-                        f" (regions use reference ops; the step graph has {region['lowered_kernels_in_step']} "
-                        "lowered kernels)"
-                        if region.get("lowered_kernels_in_step")
+                        f"; host {host:.2f} ms of generate()'s {region['wall_ms_per_step']:.2f} ms per step"
+                        if host is not None
                         else ""
                     )
                 )
@@ -1306,7 +1292,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--new-tokens", type=int, default=None)
     parser.add_argument("--max-seq-len", type=int, default=None)
     parser.add_argument("--warmup-tokens", type=int, default=None)
-    parser.add_argument("--region-reps", type=int, default=None, help="timed replays per region forward")
+    parser.add_argument("--region-reps", type=int, default=None, help="timed runs of the step instrumented per region")
     parser.add_argument("--repeats", type=int, default=1, help="timed graphspec runs per point (median kept)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--systems", default="all", help=f"comma list of {','.join(SYSTEMS)} (default all)")

@@ -3,6 +3,8 @@ ends in when GRAPHSPEC_CHECK=1 (always in tests). See graphspec/INVARIANTS.md.""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -44,11 +46,49 @@ def no_host_sync_ops(gm: fx.GraphModule) -> None:
     assert not bad, f"host-sync ops in the step graph: {bad}"
 
 
+def step_ops(gm: fx.GraphModule) -> list[fx.Node]:
+    """The step's op nodes in the order they run; a split graph's pieces are entered in call order
+    (its top-level getitems only unpack piece outputs, they do no work)."""
+    ops = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and isinstance(piece := gm.get_submodule(node.target), fx.GraphModule):
+            ops += step_ops(piece)
+        elif node.op == "call_function":
+            unpacks_piece = node.target is operator.getitem and node.args[0].op == "call_module"
+            if not unpacks_piece:
+                ops.append(node)
+    return ops
+
+
+def regions_run_in_order(gm: fx.GraphModule) -> None:
+    """Every op carries meta["gs_region"], and the regions run as one contiguous run each, in
+    trace.REGIONS order: region timing (runtime/region_timing.py) marks only their boundaries."""
+    untagged = [node.name for node in step_ops(gm) if node.meta.get("gs_region") not in trace.REGIONS]
+    assert not untagged, f"{len(untagged)} ops without a region (meta['gs_region']): {untagged[:8]}"
+    runs: list[str] = []
+    for node in step_ops(gm):
+        if not runs or runs[-1] != node.meta["gs_region"]:
+            runs.append(node.meta["gs_region"])
+    assert tuple(runs) == trace.REGIONS, f"regions run as {runs}, expected one run each of {list(trace.REGIONS)}"
+
+
 # Checks that hold after each phase of pipeline.PIPELINE, keyed by the pass that ends the phase.
 PHASE_CHECKS = {
-    "insert_verify": (graph_lints, outputs_are_named, outputs_are_verified, no_host_sync_ops),
-    "mask_padding": (graph_lints, outputs_are_named, outputs_are_verified, no_host_sync_ops),
-    "defunctionalize_kv": (graph_lints, outputs_are_verified, no_functional_cache_updates, caches_are_inputs),
-    "lower_kernels": (graph_lints, outputs_are_verified, no_functional_cache_updates, caches_are_inputs),
-    "split_attention": (graph_lints,),
+    "insert_verify": (graph_lints, outputs_are_named, outputs_are_verified, no_host_sync_ops, regions_run_in_order),
+    "mask_padding": (graph_lints, outputs_are_named, outputs_are_verified, no_host_sync_ops, regions_run_in_order),
+    "defunctionalize_kv": (
+        graph_lints,
+        outputs_are_verified,
+        no_functional_cache_updates,
+        caches_are_inputs,
+        regions_run_in_order,
+    ),
+    "lower_kernels": (
+        graph_lints,
+        outputs_are_verified,
+        no_functional_cache_updates,
+        caches_are_inputs,
+        regions_run_in_order,
+    ),
+    "split_attention": (graph_lints, regions_run_in_order),
 }

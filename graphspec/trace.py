@@ -11,10 +11,13 @@ weights of the same shapes and the artifact can store graphs and weights separat
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
+import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
@@ -51,6 +54,15 @@ FEEDBACK = {
     "next_last_tokens": "last_tokens",
     "next_step_counter": "step_counter",
 }
+# The step's regions in the order they run; every op node carries one as meta["gs_region"], so a
+# benchmark can time each from inside the step (runtime/region_timing.py). draft: the draft forwards
+# and proposals; verify: the target forward over [bonus, d1..dK] with its lm_head; accept: verify/
+# accept, commit and the next step's feedback (insert_verify adds them; passes tag what they insert,
+# see passes/cleanup.py region_for).
+REGIONS = ("draft", "verify", "accept")
+# Meta keys torch adds to traced nodes under preserve_node_meta; dropped so annotation changes nothing
+# but meta["gs_region"] (dumps print meta["custom"] as a comment on every node).
+_ANNOTATION_META = ("custom", "seq_nr", "original_aten")
 
 
 @dataclass(frozen=True)
@@ -95,7 +107,8 @@ def speculate(
     target_cache: torch.Tensor,
     draft_cache: torch.Tensor,
 ) -> tuple[torch.Tensor, ...]:
-    """The speculation step up to the target logits (see DESIGN.md, "The speculation step")."""
+    """The speculation step up to the target logits (see DESIGN.md, "The speculation step").
+    Everything it traces lands in the "draft" or "verify" region (see REGIONS)."""
     call_draft = lambda tokens, start, cache: torch.func.functional_call(
         draft, draft_params, (tokens, start, slot_ids, cache, "last_logits")
     )
@@ -105,23 +118,27 @@ def speculate(
             return logits.argmax(dim=-1)
         return ops.sample(logits, temperature, top_k, top_p, seed, step_counter, ops.DRAFT_LANE + index)
 
-    # 1. Catch-up + first proposal: the last two committed tokens at positions L-2, L-1 cover the case
-    #    where the previous step accepted every draft (the draft never saw d_K); otherwise the first of
-    #    the two rewrites an identical KV entry.
-    logits, draft_cache = call_draft(last_tokens, committed_len - 2, draft_cache)  # [B, V]
-    proposals, proposal_logits = [propose(logits, 0)], [logits]
-    # 2. Proposals 2..K, unrolled: d_i sits at position L - 1 + i.
-    for index in range(1, k):
-        logits, draft_cache = call_draft(proposals[-1][:, None], committed_len - 1 + index, draft_cache)
-        proposals.append(propose(logits, index))
-        proposal_logits.append(logits)
-    draft_tokens = torch.stack(proposals, dim=1)  # [B, K]
-    # 3. One target forward over [bonus, d1..dK] at positions L-1 .. L-1+K.
-    verify_tokens = torch.cat((last_tokens[:, 1:], draft_tokens), dim=1)  # [B, K+1]
-    target_logits, target_cache = torch.func.functional_call(
-        target, target_params, (verify_tokens, committed_len - 1, slot_ids, target_cache, "logits")
-    )  # [B, K+1, V]
-    return target_logits, torch.stack(proposal_logits, dim=1), draft_tokens, target_cache, draft_cache
+    with region("draft"):
+        # 1. Catch-up + first proposal: the last two committed tokens at positions L-2, L-1 cover the
+        #    case where the previous step accepted every draft (the draft never saw d_K); otherwise the
+        #    first of the two rewrites an identical KV entry.
+        logits, draft_cache = call_draft(last_tokens, committed_len - 2, draft_cache)  # [B, V]
+        proposals, proposal_logits = [propose(logits, 0)], [logits]
+        # 2. Proposals 2..K, unrolled: d_i sits at position L - 1 + i.
+        for index in range(1, k):
+            logits, draft_cache = call_draft(proposals[-1][:, None], committed_len - 1 + index, draft_cache)
+            proposals.append(propose(logits, index))
+            proposal_logits.append(logits)
+        draft_tokens = torch.stack(proposals, dim=1)  # [B, K]
+        # Stacked here, not at the return, so the draft region stays one run in graph order.
+        draft_logits = torch.stack(proposal_logits, dim=1)  # [B, K, V]
+    with region("verify"):
+        # 3. One target forward over [bonus, d1..dK] at positions L-1 .. L-1+K.
+        verify_tokens = torch.cat((last_tokens[:, 1:], draft_tokens), dim=1)  # [B, K+1]
+        target_logits, target_cache = torch.func.functional_call(
+            target, target_params, (verify_tokens, committed_len - 1, slot_ids, target_cache, "logits")
+        )  # [B, K+1, V]
+    return target_logits, draft_logits, draft_tokens, target_cache, draft_cache
 
 
 def example_step_inputs(
@@ -163,12 +180,35 @@ def trace_step(
         return speculate(target, draft, k, greedy_draft, t_params, d_params, *flat[n_target + n_draft :])
 
     flat_inputs = [*target_params.values(), *draft_params.values(), *(step_inputs[n] for n in STEP_INPUTS)]
-    gm = make_fx(program, tracing_mode="fake")(*flat_inputs)
+    with fx_traceback.preserve_node_meta():  # makes make_fx copy region() annotations onto nodes
+        gm = make_fx(program, tracing_mode="fake")(*flat_inputs)
+    take_regions(gm)
     name_graph(gm, signature.input_names)
     output = gm.graph.find_nodes(op="output")[0]
     output.meta["gs_outputs"] = SPECULATE_OUTPUTS
     gm.recompile()
     return gm, signature
+
+
+@contextmanager
+def region(name: str) -> Iterator[None]:
+    """Nodes traced inside carry meta["gs_region"] = name (once take_regions has run). Uses torch's
+    fx_traceback.annotate (torch>=2.10; marked not backward compatible, so
+    tests/runtime/test_region_timing.py checks every traced op gets its region), which make_fx
+    records under preserve_node_meta; outside a trace it does nothing."""
+    assert name in REGIONS, name
+    with fx_traceback.annotate({"gs_region": name}):
+        yield
+
+
+def take_regions(gm: fx.GraphModule) -> None:
+    """Move region() annotations to meta["gs_region"] and drop the other keys annotation added."""
+    for node in gm.graph.nodes:
+        custom = node.meta.get("custom") or {}
+        if "gs_region" in custom:
+            node.meta["gs_region"] = custom["gs_region"]
+        for key in _ANNOTATION_META:
+            node.meta.pop(key, None)
 
 
 def name_graph(gm: fx.GraphModule, input_names: tuple[str, ...]) -> None:

@@ -77,13 +77,16 @@ def round_to(x, DTYPE: tl.constexpr):
 
     Kernels round through this instead of `.to(tl.bfloat16)`: the Triton interpreter (TRITON_INTERPRET=1,
     triton<=3.9) truncates fp32->bf16 casts, so CPU tests would not see the GPU's rounding; a value
-    that is already exact in bf16 converts identically everywhere. NaN payloads are not preserved.
+    that is already exact in bf16 converts identically everywhere. NaN stays NaN (payloads are not
+    preserved).
     """
     if DTYPE == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         # Add half an ulp of bf16 (0x7FFF) plus the lowest kept bit (ties to even), then drop 16 bits.
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
+        # NaN becomes the quiet NaN: the GPU's canonical NaN 0x7FFFFFFF would carry into the sign bit
+        # above and come out as -0.0 (a NaN input of silu or rms_norm silently turning into zero).
+        return tl.where(x == x, bits.to(tl.float32, bitcast=True), float("nan"))
     elif DTYPE == tl.float16:
         return x.to(tl.float16).to(tl.float32)
     else:

@@ -10,7 +10,7 @@
 #   bash scripts/gpu_check.sh                      # everything
 #   PYTEST_TARGETS="tests/runtime" PYTEST_FLAGS="-q" bash scripts/gpu_check.sh   # a subset, no -x
 # Stage time limits (seconds) can be overridden: TESTS_S, BENCH_S, PARITY_S, KERNELS_S; BENCH=0 skips stage 3,
-# EXTRAS=0 skips stage 4.
+# EXTRAS=0 skips stage 4, BENCH_ARGS adds arguments to bench_step.py (e.g. "--no-piecewise --self-draft none").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,12 +53,12 @@ if ! "$PYTHON" -c 'import graphspec, graphspec.kernels' >>"$SUMMARY" 2>&1; then
     exit 1
 fi
 
-# shellcheck disable=SC2086  # PYTEST_TARGETS and PYTEST_FLAGS are word lists on purpose
+# shellcheck disable=SC2086  # PYTEST_TARGETS, PYTEST_FLAGS and BENCH_ARGS are word lists on purpose
 stage "gpu tests" "${TESTS_S:-170}" "$OUT/pytest_gpu.log" \
     "$PYTHON" -m pytest -m gpu $PYTEST_TARGETS $PYTEST_FLAGS -p no:cacheprovider -rs --durations=10
 if [ "${BENCH:-1}" = 1 ]; then
     stage "bench_step" "${BENCH_S:-300}" "$OUT/bench_step.log" \
-        "$PYTHON" benchmarks/bench_step.py --json "$OUT/bench_step.json"
+        "$PYTHON" benchmarks/bench_step.py --json "$OUT/bench_step.json" ${BENCH_ARGS:-}
 fi
 if [ "${EXTRAS:-1}" = 1 ] && [ -f scripts/gpu_parity.py ]; then
     stage "gpu_parity" "${PARITY_S:-120}" "$OUT/gpu_parity.log" "$PYTHON" scripts/gpu_parity.py

@@ -77,11 +77,17 @@ def test_small_preset_runs_every_system_and_fails_soft(tmp_path, capsys):
     assert rows[("graphspec-selfdraft", 2, 1)]["tokens_per_step"] == 3.0  # draft = target: all accepted
     assert rows[("graphspec", 4, 1)]["ratio_vs_gs_k4"] == pytest.approx(1.0)
     assert rows[("graphspec", 4, 1)]["floor"]["ms"] > 0
-    assert "draft_total_ms" in rows[("graphspec", 4, 1)]["regions"]
+    # Regions come from inside the compiled step: every region timed, and host = wall per step - step.
+    regions = rows[("graphspec", 4, 1)]["regions"]
+    assert all(regions[f"{name}_ms"] > 0 for name in ("draft", "verify", "accept")), regions
+    assert (regions["mode"], regions["clock"]) == ("eager", "host_clock")
+    assert regions["host_ms"] == pytest.approx(rows[("graphspec", 4, 1)]["ms_per_step"] - regions["step_ms"])
+    assert [r["batch"] for r in info["regions"]] == [1, 2]
     assert info["oracle"]["rows"] == 2
     # The table is printed last, and also written next to the JSON.
     text = (out / "bench_systems.txt").read_text()
     assert "system" in text and "graphspec-selfdraft" in text and "ERROR: InjectedFailureError" in text
+    assert "[llama] regions K=4 B=1 (eager step, host_clock" in text
     assert stdout.rstrip().endswith(text.rstrip().splitlines()[-1])
     assert text.rstrip().splitlines()[-1].startswith("floor (target)")
     if (out / "bench_systems.png").exists():

@@ -1,13 +1,16 @@
-"""Swap hot reference ops (attention, norms, rotary, verify) for the Triton kernels chosen for ctx.sm.
+"""Swap hot reference ops (attention, norms, rotary, SwiGLU, KV writes, verify) for ctx.sm's Triton kernels.
 
 Input:  a flat, in-place step graph (after defunctionalize_kv) whose hot ops are graphspec reference
         ops, each carrying fake tensors in its arguments' meta["val"].
 Output: each such node whose kernel fits (lowering/registry.py) calls graphspec::<op>_triton with the
         same arguments plus the chosen config as trailing ints, so the printed graph shows the config
         and re-loads as source. The node keeps its name, users and meta["val"] (same outputs), and is
-        tagged meta["gs_pass"] and meta["gs_kernel"]. Other nodes are untouched. On CPU (ctx.sm None)
-        or with ctx.lowering == "reference" nothing changes; ctx.options["force_sm"] (an int) lowers
-        for that SM anyway, which is how the interpreter tests (TRITON_INTERPRET=1) run kernels on CPU.
+        tagged meta["gs_pass"] and meta["gs_kernel"]. Other nodes are untouched. Nodes are retargeted
+        in place, never moved or erased, and no dead-code elimination runs: an in-place kv_write has
+        no users, and its kernel op (mutates_args=("cache",)) keeps its position and its effect.
+        On CPU (ctx.sm None) or with ctx.lowering == "reference" nothing changes;
+        ctx.options["force_sm"] (an int) lowers for that SM anyway, which is how the interpreter tests
+        (TRITON_INTERPRET=1) run kernels on CPU.
 
     rms_norm(x, w, 1e-05)   becomes   rms_norm_triton(x, w, 1e-05, 8192, 8)
 """

@@ -14,7 +14,7 @@ Kernel modules are imported on first use, so importing the pipeline never create
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -29,13 +29,25 @@ INT32_LIMIT = 2**31
 
 def _vals(node: fx.Node, count: int) -> list[Any] | None:
     """Fake tensors of the node's first `count` arguments, None if any is missing."""
+    return _vals_at(node, range(count))
+
+
+def _vals_at(node: fx.Node, positions: Iterable[int]) -> list[Any] | None:
+    """Fake tensors of the node's arguments at `positions`, None if any is missing."""
     values = []
-    for arg in node.args[:count]:
+    for position in positions:
+        arg = node.args[position] if position < len(node.args) else None
         value = arg.meta.get("val") if isinstance(arg, fx.Node) else None
         if not isinstance(value, torch.Tensor):
             return None
         values.append(value)
-    return values if len(values) == count else None
+    return values
+
+
+def _is_index(value: torch.Tensor, length: int) -> bool:
+    """A [length] tensor of integers (bool would mean a mask to index_put, not indices)."""
+    dtype = value.dtype
+    return value.dim() == 1 and value.shape[0] == length and not dtype.is_floating_point and dtype != torch.bool
 
 
 def fits_attention(node: fx.Node) -> bool:
@@ -106,6 +118,45 @@ def fits_rotary(node: fx.Node) -> bool:
     )
 
 
+def fits_silu_mul(node: fx.Node) -> bool:
+    values = _vals(node, 1)
+    if values is None:
+        return False
+    (gate_up,) = values
+    return (
+        gate_up.dim() >= 1
+        and gate_up.dtype in FLOAT_DTYPES
+        and gate_up.shape[-1] % 2 == 0
+        # int32 column offsets within a row (rows are int64)
+        and gate_up.shape[-1] * max(1, abs(gate_up.stride(-1))) < INT32_LIMIT
+    )
+
+
+def fits_kv_write(node: fx.Node) -> bool:
+    # kv_write(cache, layer, slot_ids, start_pos, k, v): layer is a plain int, not a node.
+    values = _vals_at(node, (0, 2, 3, 4, 5))
+    if values is None or len(node.args) < 6 or type(node.args[1]) is not int:
+        return False
+    cache, slot_ids, start_pos, k, v = values
+    if cache.dim() != 6 or k.dim() != 4:
+        return False
+    batch, kv_heads, t, head_dim = k.shape
+    return (
+        cache.dtype in FLOAT_DTYPES
+        and k.dtype in FLOAT_DTYPES
+        and v.dtype in FLOAT_DTYPES
+        and tuple(v.shape) == tuple(k.shape)
+        and cache.shape[3] == kv_heads
+        and cache.shape[5] == head_dim
+        and -cache.shape[0] <= node.args[1] < cache.shape[0]
+        and _is_index(slot_ids, batch)
+        and _is_index(start_pos, batch)
+        and head_dim <= _module("kv_write").MAX_DIM
+        # int32 (b, h, t) row index; every memory offset above the head dim is int64
+        and batch * kv_heads * t < INT32_LIMIT
+    )
+
+
 def fits_verify_greedy(node: fx.Node) -> bool:
     values = _vals(node, 2)
     if values is None:
@@ -147,6 +198,8 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "rms_norm": fits_rms_norm,
     "add_rms_norm": fits_add_rms_norm,
     "rotary": fits_rotary,
+    "silu_mul": fits_silu_mul,
+    "kv_write": fits_kv_write,
     "verify_greedy": fits_verify_greedy,
     "verify_rejection": fits_verify_rejection,
 }

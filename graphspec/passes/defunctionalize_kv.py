@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from graphspec.config import PassContext, PassResult
-from graphspec.passes.cleanup import tag, tidy
+from graphspec.passes.cleanup import region_for, tag, tidy
 
 NAME = "defunctionalize_kv"
 
@@ -34,7 +34,6 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     order = {node: index for index, node in enumerate(graph.nodes)}
     root: dict[fx.Node, fx.Node] = {}  # cache version -> the graph input it will alias
     rewritten, kept = 0, 0
-    created = []
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in IN_PLACE:
             continue
@@ -50,15 +49,14 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         args[mutated] = origin
         with graph.inserting_before(node):
             write = graph.call_function(in_place_op, tuple(args), dict(node.kwargs))
+        tag([write], NAME, region_for(node))  # the region of the update it replaces
         order[write] = order[node]
-        created.append(write)
         root[node] = origin
         node.replace_all_uses_with(origin)
         graph.erase_node(node)
         rewritten += 1
     if not rewritten:
         return PassResult(gm, changed=False, stats={"kept_functional": kept}, note="no functional cache updates")
-    tag(created, NAME)
     tidy(gm, dead_code=False)
     return PassResult(
         gm,

@@ -3,7 +3,8 @@
 Input:  the traced speculation program; outputs named trace.SPECULATE_OUTPUTS.
 Output: outputs named trace.VERIFIED_OUTPUTS: emitted tokens, accepted counts and the next step's
         committed length / last tokens / step counter, computed by graphspec::verify_greedy
-        (ctx.mode == "greedy") or graphspec::verify_rejection ("sample"), then graphspec::commit.
+        (ctx.mode == "greedy") or graphspec::verify_rejection ("sample"), then graphspec::commit;
+        every node it adds is in the "accept" region (meta["gs_region"]).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         next_len = graph.call_function(operator.getitem, (commit, 0))
         next_last = graph.call_function(operator.getitem, (commit, 1))
         next_counter = graph.call_function(torch.ops.aten.add.Tensor, (values["step_counter"], 1))
-    tag([verify, tokens, accepted, commit, next_len, next_last, next_counter], NAME)
+    # These nodes are the step's "accept" region: after the target logits, up to the outputs.
+    tag([verify, tokens, accepted, commit, next_len, next_last, next_counter], NAME, region="accept")
     trace.set_outputs(
         gm,
         {

@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from graphspec import trace
 from graphspec.config import PassContext, PassResult
-from graphspec.passes.cleanup import tag, tidy
+from graphspec.passes.cleanup import region_for, tag, tidy
 
 NAME = "mask_padding"
 
@@ -75,7 +75,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     # Outputs first, so their fallbacks refer to the raw inputs, before those get replaced below.
     masked_outputs = dict(outputs)
     masked = 0
-    with graph.inserting_before(graph.find_nodes(op="output")[0]):
+    output = graph.find_nodes(op="output")[0]
+    last_region = region_for(output)  # the masks run after the last op: the "accept" region
+    with graph.inserting_before(output):
         for name, fallback in MASKED_OUTPUTS.items():
             if name not in outputs:
                 continue
@@ -84,10 +86,13 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
             created += nodes
             masked_outputs[name] = nodes[-1]
             masked += 1
+    tag(created, NAME, last_region)
     trace.set_outputs(gm, masked_outputs)
     passthrough = set(created)
 
     first_user = next(node for node in graph.nodes if node.op != "placeholder")
+    # Sanitizers run first, before the first draft forward, so they are timed as part of its region.
+    region = region_for(first_user)
     sanitized = 0
     for name, safe in SAFE_INPUTS.items():
         if name not in inputs:
@@ -95,11 +100,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         raw = inputs[name]
         with graph.inserting_before(first_user):
             nodes = _where_valid(graph, valid, raw, spare if safe == SPARE_SLOT else safe, raw.meta["val"].dim())
-        created += nodes
+        tag(nodes, NAME, region)
         # Everything reads the sanitized value except the masked outputs' fallbacks.
         raw.replace_all_uses_with(nodes[-1], delete_user_cb=lambda user, own=set(nodes): user not in own | passthrough)
         sanitized += 1
-    tag(created, NAME)
     tidy(gm)
     return PassResult(
         gm, changed=True, stats={"sanitized_inputs": sanitized, "masked_outputs": masked, "spare_slot": spare}

@@ -201,7 +201,9 @@ class StepGraph:
         recorder: Callable[[object | None], Recorder] | None = None,
     ) -> None:
         self.gm = gm
+        self.params = params
         self.buffers = buffers
+        self.caches = caches
         self.args = [*params, *(buffers.inputs[n] if n in buffers.inputs else caches[n] for n in trace.STEP_INPUTS)]
         self.capture = capture
         self.mode = capture_mode(gm, capture)
@@ -223,6 +225,11 @@ class StepGraph:
         self._keep_alive: list[Any] = []
         if capture and self.on_cuda:
             TRITON_COMPILES.install()
+
+    def sibling(self, gm: fx.GraphModule) -> StepGraph:
+        """Another compiled graph of the same step over this one's weights, buffers and caches, run the
+        same way (captured or eager, same recorder) but captured on its own, into its own pool."""
+        return StepGraph(gm, self.params, self.buffers, self.caches, self.capture, recorder=self.new_recorder)
 
     @property
     def cuda_graph(self) -> torch.cuda.CUDAGraph | None:

@@ -1,4 +1,5 @@
-"""A small aten-level graph with every hot graphspec op, traced by make_fx like the real step."""
+"""A small aten-level graph with every hot graphspec op, traced by make_fx like the real step (the KV write
+in place, as defunctionalize_kv leaves it: traced calls mutate the `cache` input)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ def hot_step(x, residual, weight, q, k, cos, sin, cache, slot_ids, start_pos, ta
              draft_tokens, temperature, top_k, top_p, seed, counter):  # fmt: skip
     hidden = ops.rms_norm(x, weight, EPS)
     normed, total = ops.add_rms_norm(hidden, residual, weight, EPS)
-    q, k = ops.rotary(q, k, cos, sin)
-    attn = ops.attention(q, cache, LAYER, slot_ids, start_pos, SCALE)
+    act = ops.silu_mul(total[..., 8:])  # a column slice: rows strided wider than 2I, as a fused projection's
+    q_rot, k_rot = ops.rotary(q, k, cos, sin)
+    # In place, with no users, as after defunctionalize_kv; v is the unrotated k (a transposed view).
+    ops.kv_write(cache, LAYER, slot_ids, start_pos, k_rot, k)
+    attn = ops.attention(q_rot, cache, LAYER, slot_ids, start_pos, SCALE)
     greedy_tokens, greedy_accepted = ops.verify_greedy(target_logits, draft_tokens)
     tokens, accepted = ops.verify_rejection(
         target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, seed, counter
     )
-    return normed, total, k, attn, greedy_tokens, greedy_accepted, tokens, accepted
+    return normed, total, act, k_rot, attn, greedy_tokens, greedy_accepted, tokens, accepted
 
 
 def hot_inputs(head_dim: int = 64, batch: int = 2, t: int = 3, vocab: int = 40, seed: int = 0) -> list[torch.Tensor]:

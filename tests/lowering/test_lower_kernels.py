@@ -13,10 +13,15 @@ from graphspec.config import PassContext
 from graphspec.lowering import lower_kernels, registry
 from tests.graphs import assert_graph_equal
 from tests.kernels.helpers import DEVICE
-from tests.lowering.hot_ops import EPS, hot_inputs, traced
+from tests.lowering.hot_ops import EPS, LAYER, hot_inputs, traced
 from tests.step_case import StepCase
 
-HOT_OPS = ("rms_norm", "add_rms_norm", "rotary", "attention", "verify_greedy", "verify_rejection")
+HOT_OPS = (
+    "rms_norm", "add_rms_norm", "silu_mul", "rotary", "kv_write", "attention", "verify_greedy", "verify_rejection"
+)  # fmt: skip
+
+
+CACHE = 7  # index of the KV cache in hot_inputs()
 
 
 def ctx(sm: int | None = None, **overrides) -> PassContext:
@@ -49,7 +54,7 @@ def test_lowers_every_hot_op_with_config_args() -> None:
             node.target = getattr(torch.ops.graphspec, f"{name}_triton").default
             node.args = (*node.args, *configs[90].values())
     result = lower_kernels.run(gm, ctx(sm=None, options={"force_sm": 90}))
-    assert result.changed and result.stats == {"lowered": 6, "fallback": 0}
+    assert result.changed and result.stats == {"lowered": len(HOT_OPS), "fallback": 0}
     assert_graph_equal(result.gm, expected)
     lowered = [n for n in result.gm.graph.nodes if "gs_kernel" in n.meta]
     assert {n.meta["gs_pass"] for n in lowered} == {lower_kernels.NAME}
@@ -61,13 +66,13 @@ def test_lowers_every_hot_op_with_config_args() -> None:
 
 def test_unknown_sm_lowers_with_default_configs() -> None:
     result = lower_kernels.run(traced(hot_inputs()), ctx(sm=89))
-    assert result.stats == {"lowered": 6, "fallback": 0}
+    assert result.stats == {"lowered": len(HOT_OPS), "fallback": 0}
     assert {row[2].split()[0] for row in lower_kernels.kernel_table(result.gm)} == {"sm=default"}
 
 
 def test_node_outside_a_kernel_keeps_reference() -> None:
     result = lower_kernels.run(traced(hot_inputs(head_dim=96)), ctx(sm=90))
-    assert result.stats == {"lowered": 5, "fallback": 1}
+    assert result.stats == {"lowered": len(HOT_OPS) - 1, "fallback": 1}
     targets = [n.target for n in result.gm.graph.nodes]
     assert ops.OPS["attention"] in targets and torch.ops.graphspec.attention_triton.default not in targets
 
@@ -87,7 +92,7 @@ def test_kernel_table_sees_nested_pieces() -> None:
     outer = fx.GraphModule(torch.nn.Module(), fx.Graph())
     outer.add_submodule("submod_1", lowered)
     names = [row[0] for row in lower_kernels.kernel_table(outer)]
-    assert "submod_1.attention" in names and len(names) == 6
+    assert "submod_1.attention" in names and len(names) == len(HOT_OPS)
 
 
 def test_lowered_graph_matches_reference_graph_fp32() -> None:
@@ -95,14 +100,53 @@ def test_lowered_graph_matches_reference_graph_fp32() -> None:
     and greedy tokens exactly."""
     inputs = [x.to(DEVICE) for x in hot_inputs()]
     gm = traced(inputs)
-    expected = gm(*inputs)
+    reference_inputs = [x.clone() for x in inputs]  # each run gets its own cache to write into
+    expected = gm(*reference_inputs)
     lowered = lower_kernels.run(gm, ctx(sm=None, options={"force_sm": 90})).gm
-    got = lowered(*inputs)
+    lowered_inputs = [x.clone() for x in inputs]
+    got = lowered(*lowered_inputs)
     for index, (g, e) in enumerate(zip(got, expected, strict=True)):
         if g.dtype.is_floating_point:
             torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, msg=f"output {index}")
         else:
             torch.testing.assert_close(g, e, rtol=0, atol=0, msg=f"output {index}")
+    torch.testing.assert_close(lowered_inputs[CACHE], reference_inputs[CACHE], rtol=1e-5, atol=1e-5)
+
+
+def test_in_place_kv_write_is_lowered_where_it_was_and_still_writes() -> None:
+    """kv_write returns nothing and has no users; its effect is the cache write that attention reads
+    next. Lowering retargets that node in place (same name, same position, still no users), nothing
+    erases it (FX's own dead-code elimination keeps it too: the kernel op's schema mutates `cache`),
+    and the lowered graph writes exactly k and v where the reference graph does, nothing else."""
+    inputs = [x.to(DEVICE) for x in hot_inputs()]
+    gm = traced(inputs)
+    order = [node.name for node in gm.graph.nodes]
+    reference_inputs = [x.clone() for x in inputs]
+    gm(*reference_inputs)
+    lowered = lower_kernels.run(gm, ctx(sm=None, options={"force_sm": 90})).gm
+    assert [node.name for node in lowered.graph.nodes] == order
+    write = next(node for node in lowered.graph.nodes if node.name == "kv_write")
+    assert write.target is torch.ops.graphspec.kv_write_triton.default and not write.users
+    args = [arg.name if isinstance(arg, fx.Node) else arg for arg in write.args]
+    config = registry._module("kv_write").CONFIGS[90].values()
+    assert args == ["cache_1", LAYER, "slot_ids_1", "start_pos_1", "getitem_3", "k_1", *config]
+    assert write.next.target is torch.ops.graphspec.attention_triton.default  # still before its reader
+    lowered.graph.eliminate_dead_code()
+    lowered.recompile()
+    assert [node.name for node in lowered.graph.nodes] == order
+
+    lowered_inputs = [x.clone() for x in inputs]
+    cache = lowered_inputs[CACHE]
+    outputs = lowered(*lowered_inputs)
+    k_rot, k, slots, start = outputs[3], inputs[4], inputs[8].tolist(), inputs[9].tolist()
+    expected = inputs[CACHE].clone()
+    t = k.shape[2]
+    for row, (slot, pos) in enumerate(zip(slots, start, strict=True)):
+        expected[LAYER, 0, slot, :, pos : pos + t] = k_rot[row]
+        expected[LAYER, 1, slot, :, pos : pos + t] = k[row]  # v is the unrotated k
+    assert not torch.equal(expected, inputs[CACHE])  # the write changes something
+    torch.testing.assert_close(cache, expected, rtol=0, atol=0)
+    torch.testing.assert_close(cache, reference_inputs[CACHE], rtol=1e-5, atol=1e-5)  # rotary's fp32 ulps
 
 
 def test_lowered_code_reloads_as_source() -> None:

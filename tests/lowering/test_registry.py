@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
 from graphspec.lowering import registry
@@ -53,8 +54,50 @@ def test_no_gpu_or_old_sm_keeps_reference(sm: int | None) -> None:
 
 
 def test_op_without_kernel_keeps_reference() -> None:
-    assert registry.resolve("kv_write", 90) is None
+    assert registry.resolve("kv_update", 90) is None  # functional form: gone after defunctionalize_kv
     assert registry.resolve("commit", 90) is None
+
+
+def kv_write_node(cache, slot_ids, start_pos, k, v, layer: int = 1) -> torch.fx.Node:
+    def write(cache, slot_ids, start_pos, k, v):
+        ops.kv_write(cache, layer, slot_ids, start_pos, k, v)
+        return cache
+
+    gm = make_fx(write, tracing_mode="fake")(cache, slot_ids, start_pos, k, v)
+    return next(n for n in gm.graph.nodes if n.target == ops.OPS["kv_write"])
+
+
+def test_kv_write_fits_integer_indices_and_matching_shapes() -> None:
+    """The kernel takes what the reference takes; kv_write's fake checks nothing, so fits must."""
+    cache = torch.zeros(2, 2, 3, 2, 16, 8, dtype=torch.bfloat16)
+    k = torch.zeros(2, 2, 3, 8)
+    slots, start = torch.tensor([2, 0]), torch.tensor([0, 5], dtype=torch.int32)
+    assert registry.resolve("kv_write", 90, kv_write_node(cache, slots, start, k, k)) is not None  # k/v cast
+    assert registry.resolve("kv_write", 90, kv_write_node(cache, slots, start, k, k, layer=-2)) is not None
+    for bad in (
+        kv_write_node(cache, slots, start, k, k[..., :4]),  # v narrower than k
+        kv_write_node(cache, slots, start, k[:, :1], k[:, :1]),  # fewer heads than the cache
+        kv_write_node(cache, slots, start.float(), k, k),  # float positions
+        kv_write_node(cache, slots != 0, start, k, k),  # a bool mask, not slot ids
+        kv_write_node(cache, slots[:1], start, k, k),  # one slot id for two rows
+        kv_write_node(cache, slots, start, k, k, layer=2),  # no such layer
+        kv_write_node(cache.to(torch.int8), slots, start, k, k),
+    ):
+        assert registry.resolve("kv_write", 90, bad) is None, bad.args
+
+
+def test_silu_mul_needs_an_even_float_last_dim() -> None:
+    def act(x):
+        return ops.silu_mul(x)
+
+    def node(x: torch.Tensor) -> torch.fx.Node:
+        gm = make_fx(act, tracing_mode="fake")(x)
+        return next(n for n in gm.graph.nodes if n.target == ops.OPS["silu_mul"])
+
+    assert registry.resolve("silu_mul", 90, node(torch.zeros(3, 4, 16)[..., 2:14])) is not None
+    assert registry.resolve("silu_mul", 90, node(torch.zeros(16, 3).t())) is not None  # strided last dim
+    assert registry.resolve("silu_mul", 90, node(torch.zeros(3, 15))) is None
+    assert registry.resolve("silu_mul", 90, node(torch.zeros(3, 16, dtype=torch.float64))) is None
 
 
 def test_traced_nodes_fit() -> None:

@@ -1,0 +1,105 @@
+"""graphspec::silu_mul as a Triton kernel: SwiGLU silu(gate) * up of a fused gate/up projection.
+
+Rounding is the reference's (graphspec.ops.silu_mul_reference: F.silu(gate) * up in the input dtype):
+torch's CUDA silu computes x / (1 + exp(-x)) in fp32 (expf, IEEE divide) and rounds to the dtype; the
+multiply by up is one rounding of the exact fp32 product (two bf16/fp16 significands fit in fp32). The
+kernel does the same steps with libdevice's expf and div_rn, so 16-bit outputs are bit-identical to
+torch on the GPU. Under the interpreter exp is numpy's, an fp32 ulp away from torch's CPU exp now and
+then, so CPU results can differ from torch's CPU silu by one 16-bit ulp in rare elements.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from graphspec.kernels.common import cdiv, check_config_table, check_device, interpreting, next_power_of_2, round_to
+from torch import Tensor
+from triton.language.extra import libdevice
+
+from graphspec.ops import silu_mul_reference
+
+__all__ = ["CONFIGS", "silu_mul", "silu_mul_reference", "silu_mul_triton", "tile_shape"]
+
+# tile_elems: outputs per program: BLOCK_C = min(tile_elems, padded I) columns x tile_elems // BLOCK_C rows.
+# Not tuned on hardware yet: 1024 bf16 outputs per program are 16-byte loads for 4 warps and, at
+# decode batch sizes (5 rows x I 14336), still give about 70 programs.
+CONFIGS: dict[int | str, dict[str, int]] = {
+    80: {"tile_elems": 1024, "num_warps": 4},
+    90: {"tile_elems": 1024, "num_warps": 4},
+    "default": {"tile_elems": 1024, "num_warps": 4},
+}
+CONFIG_FIELDS = check_config_table(CONFIGS)
+
+
+@triton.jit
+def silu_mul_kernel(
+    x_ptr,
+    out_ptr,
+    rows,
+    inter,  # I: gate is columns [0, I) of a row, up columns [I, 2I)
+    col_blocks,
+    stride_xr,
+    stride_xc,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    LIBDEVICE_EXP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = (pid // col_blocks).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    col = (pid % col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (row < rows)[:, None] & (col < inter)[None, :]
+    gate_ptr = x_ptr + row[:, None] * stride_xr + col[None, :] * stride_xc
+    gate = tl.load(gate_ptr, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gate_ptr + inter * stride_xc, mask=mask, other=0.0).to(tl.float32)
+    if LIBDEVICE_EXP:  # __nv_expf, what torch's CUDA silu calls (tl.exp is ex2.approx-based)
+        e = libdevice.exp(-gate)
+    else:  # the interpreter has no libdevice
+        e = tl.exp(-gate)
+    dtype = out_ptr.dtype.element_ty
+    silu = round_to(tl.div_rn(gate, 1.0 + e), dtype)  # torch's silu: fp32 math, one rounding
+    out = round_to(silu * up, dtype)  # exact product, rounded once, as torch's 16-bit multiply
+    tl.store(out_ptr + row[:, None] * inter + col[None, :], out.to(dtype), mask=mask)
+
+
+def tile_shape(inter: int, tile_elems: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_C) for I = `inter`: columns up to tile_elems (a power of 2), rows fill the rest."""
+    tile = next_power_of_2(tile_elems)  # tl.arange needs powers of 2
+    block_c = min(next_power_of_2(inter), tile)
+    return tile // block_c, block_c
+
+
+def silu_mul(
+    gate_up: Tensor,
+    tile_elems: int = CONFIGS["default"]["tile_elems"],
+    num_warps: int = CONFIGS["default"]["num_warps"],
+) -> Tensor:
+    """silu(gate) * up of gate_up [..., 2I] (any strides); a new contiguous [..., I] of its dtype."""
+    check_device(gate_up)
+    width = gate_up.shape[-1]
+    if width % 2:
+        raise ValueError(f"silu_mul kernel: last dim {width} of gate_up is odd")
+    inter = width // 2
+    out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
+    x2 = gate_up.reshape(-1, width)  # a view when the leading dims collapse (any row stride), else a copy
+    rows = x2.shape[0]
+    if rows == 0 or inter == 0:
+        return out
+    block_r, block_c = tile_shape(inter, tile_elems)
+    col_blocks = cdiv(inter, block_c)
+    silu_mul_kernel[(cdiv(rows, block_r) * col_blocks,)](
+        x2, out, rows, inter, col_blocks, x2.stride(0), x2.stride(1),
+        BLOCK_R=block_r, BLOCK_C=block_c, LIBDEVICE_EXP=not interpreting(), num_warps=num_warps,
+    )  # fmt: skip
+    return out
+
+
+@torch.library.custom_op("graphspec::silu_mul_triton", mutates_args=())
+def silu_mul_triton(gate_up: Tensor, tile_elems: int, num_warps: int) -> Tensor:
+    """graphspec::silu_mul lowered to silu_mul_kernel; the trailing ints are CONFIG_FIELDS."""
+    return silu_mul(gate_up, tile_elems, num_warps)
+
+
+@silu_mul_triton.register_fake
+def _(gate_up, tile_elems, num_warps):
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))

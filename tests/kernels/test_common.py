@@ -1,0 +1,44 @@
+"""kernels/common.py: round_to rounds fp32 like torch's .to() (nearest even), NaN included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from graphspec.kernels.common import round_to
+
+from tests.kernels.helpers import DEVICE, generator
+
+# The interpreter casts 0x7F7FFFFF to fp16 through numpy, which warns about the (correct) infinity.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+
+
+@triton.jit
+def round_kernel(x_ptr, out_ptr, n, block: tl.constexpr):
+    offsets = tl.arange(0, block)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    dtype = out_ptr.dtype.element_ty
+    tl.store(out_ptr + offsets, round_to(x, dtype).to(dtype), mask=mask)
+
+
+def special_values() -> torch.Tensor:
+    """Ties both ways, the largest finite floats, values that round to zero, and NaNs whose low 16
+    bits carry into the sign bit (0x7FFFFFFF is the GPU's canonical NaN)."""
+    raw = [0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x00008000, 0x7F800000,
+           0xFF800000, 0x7FC00000, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F80FFFF, 0x80000000]  # fmt: skip
+    if DEVICE.type == "cuda":  # the interpreter's fp32->bf16 cast flushes subnormal results to zero
+        raw.append(0x8000FFFF)  # rounds up to the smallest bf16 subnormal
+    return torch.tensor(raw, dtype=torch.int64).to(torch.int32).view(torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round_to_matches_torch(dtype: torch.dtype) -> None:
+    x = torch.cat((special_values(), torch.randn(1000, generator=generator(0)) * 100)).to(DEVICE)
+    out = torch.empty(x.shape, dtype=dtype, device=DEVICE)
+    round_kernel[(1,)](x, out, x.numel(), block=triton.next_power_of_2(x.numel()))
+    expected = x.to(dtype)
+    assert out.isnan().equal(expected.isnan())
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+    assert out.signbit()[~out.isnan()].equal(expected.signbit()[~expected.isnan()])
