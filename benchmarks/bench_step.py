@@ -1,7 +1,8 @@
 """Time one speculation step: captured CUDA graphs vs eager, next to the memory-bandwidth floor.
 
-Writes random bf16 checkpoints shaped like Llama-3.1-8B (target) and Llama-3.2-1B (draft), with the
-weights drawn on the GPU, compiles the pair (greedy, K=4, buckets 1/4/8) and per bucket reports:
+Writes random bf16 checkpoints shaped like Llama-3.1-8B (target) and Llama-3.2-1B (draft), or the
+Qwen3-8B/0.6B pair with --preset qwen3 (shapes from benchmarks/common.py), with the weights drawn on
+the GPU, compiles the pair (greedy, K=4, buckets 1/4/8) and per bucket reports:
 - the median time of one step, captured (replayed CUDA graph) and eager (capture="none");
 - tokens per step from a generate() run, and tokens/s = rows * tokens per step / step time;
 - the floor of a step: (bytes of target weights + K * bytes of draft weights) / copy bandwidth,
@@ -12,7 +13,7 @@ against eager generate() token for token at batch 1, 3, 5, 8 over fresh prompts.
 an unrelated 8B/1B pair accept almost nothing, so its tokens/s is the one-token-per-step case.
 
     python benchmarks/bench_step.py --json bench_step.json            # on the H200 (~3-4 minutes)
-    python benchmarks/bench_step.py --preset tiny --device cpu        # smoke test of this script
+    python benchmarks/bench_step.py --preset tiny-llama --device cpu  # smoke test of this script
 
 The table is printed last; --json writes every number, the kernel profile and the parity result.
 """
@@ -42,7 +43,10 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import graphspec
+from benchmarks import common
 from graphspec.compiler import Compiled
 from graphspec.models.decoder import checkpoint_shapes
 from graphspec.models.loading import build_model
@@ -50,62 +54,9 @@ from graphspec.runtime.graphs import StepGraph
 from graphspec.runtime.region_timing import time_regions
 from graphspec.runtime.runtime import Runtime, RuntimeStats
 
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 500000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-COMMON = dict(max_position_embeddings=131072, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001)
-SHAPES: dict[str, dict[str, Any]] = {
-    "llama-3.1-8b": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-        rope_parameters=LLAMA3_ROPE,
-    ),
-    "llama-3.2-1b": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=True,
-        rope_parameters={**LLAMA3_ROPE, "factor": 32.0},
-    ),
-    "tiny-target": dict(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-        tie_word_embeddings=False,
-        rope_parameters=LLAMA3_ROPE,
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-    "tiny-draft": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-        tie_word_embeddings=True,
-        rope_parameters=LLAMA3_ROPE,
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-}
-PRESETS = {"h200": ("llama-3.1-8b", "llama-3.2-1b"), "tiny": ("tiny-target", "tiny-draft")}
+# Presets are benchmarks/common.py pairs: "llama" (8B/1B, the default), "qwen3" (8B/0.6B), and the tiny
+# stand-in of each for CPU smoke runs.
+PRESETS = {**common.PAIRS, **{f"tiny-{name}": pair for name, pair in common.SMALL_PAIRS.items()}}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -117,12 +68,12 @@ def write_checkpoint(directory: Path, shape: str, device: str, seed: int) -> Pat
     """config.json + model.safetensors with N(0, 0.02) weights (norm weights 1 + N(0, 0.02)) drawn
     on `device` in bf16; names and shapes come from graphspec's own (meta) model for the config."""
     directory.mkdir(parents=True, exist_ok=True)
-    config = transformers.LlamaConfig(**{**COMMON, **SHAPES[shape]})
+    config = common.make_config(shape)
     config.save_pretrained(directory)
     generator = torch.Generator(device=device).manual_seed(seed)
     state = {}
-    for name, shape in checkpoint_shapes(build_model(config)).items():  # tied weights appear once
-        weight = torch.randn(shape, generator=generator, device=device, dtype=torch.bfloat16).mul_(0.02)
+    for name, size in checkpoint_shapes(build_model(config)).items():  # tied weights appear once
+        weight = torch.randn(size, generator=generator, device=device, dtype=torch.bfloat16).mul_(0.02)
         state[name] = (weight.add_(1.0) if name.endswith("norm.weight") else weight).cpu()
     save_file(state, str(directory / "model.safetensors"))
     return directory
@@ -439,7 +390,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="h200")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="llama")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("-k", "--k", type=int, default=4)
     parser.add_argument("--batch-sizes", default="1,4,8")
@@ -605,7 +556,7 @@ def self_draft_dir(args: argparse.Namespace, target: Path, draft: Path, target_s
     if not cuda:
         return target
     free, _ = torch.cuda.mem_get_info()
-    config = transformers.LlamaConfig(**{**COMMON, **SHAPES[target_shape]})
+    config = common.make_config(target_shape)
     need = 2 * sum(p.numel() * 2 for p in build_model(config).parameters())
     return target if need < 0.7 * free else draft
 
