@@ -14,8 +14,10 @@ at --hard-deadline-s (570) a watchdog writes and prints what exists and exits 3.
 What runs (same random weights, same prompts, greedy, no EOS stopping):
 - graphspec speculative decoding (graphspec.compile + Runtime, CUDA graphs) over a (K, batch) grid, and a
   self-draft case (draft = target: every draft accepted, the ceiling of the step machinery);
-- graphspec's plain target-only reference decoder (graphspec.reference.reference_generate), whose output at
-  the largest batch is the oracle every other system's tokens are checked against;
+- graphspec's plain target-only reference decoder, eager (graphspec.reference.reference_generate), whose
+  output at the largest batch is the oracle every other system's tokens are checked against;
+- graphspec target-only compiled like the step (benchmarks/target_only.py: traced, lowered to the same
+  kernels, one CUDA graph per decode forward), the no-speculation baseline on the same machinery;
 - transformers generate, greedy, target only; with a static cache + torch.compile (reduce-overhead);
   and assisted generation with the draft (num_assistant_tokens=K, constant schedule, no confidence cutoff);
 - the floor: bytes a step must read over the copy bandwidth measured here (and FLOPs over the measured
@@ -61,7 +63,7 @@ from benchmarks import common  # noqa: E402
 
 common.setup_path()
 
-SYSTEMS = ("reference", "graphspec", "selfdraft", "regions", "hf-greedy", "hf-compile", "hf-assisted")
+SYSTEMS = ("reference", "target-graph", "graphspec", "selfdraft", "regions", "hf-greedy", "hf-compile", "hf-assisted")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 # Seconds a system is expected to need on an H200 (8B pair); an optional system starts only when it is
@@ -515,6 +517,7 @@ class Bench:
             prompts = torch.randint(low, vocab, (biggest, args.prompt_len), generator=generator).tolist()
 
             oracle = self.run_reference_rows(pair, gs_target, prompts, biggest)
+            self.run_target_graph_rows(pair, gs_target, prompts, oracle)
             self.run_graphspec_rows(pair, target_dir, draft_dir, prompts, grid, oracle, target_cost, draft_cost)
             self.run_hf_rows(pair, hf_target, hf_draft, prompts, oracle)
             self.add_floor_rows(pair, target_cost, draft_cost, grid)
@@ -592,7 +595,7 @@ class Bench:
             holder["outputs"] = result["outputs"]
             return result
 
-        row = self.run_system(pair, "graphspec-target-only", 0, biggest, oracle_run)
+        row = self.run_system(pair, "graphspec-reference-eager", 0, biggest, oracle_run)
         if row["status"] == "ok":
             try:
                 began = time.perf_counter()
@@ -610,8 +613,35 @@ class Bench:
                 with self.lock:
                     self.pair_results(pair)["notes"].append(f"oracle margins failed: {short_error(error)}")
         for batch in sorted(set(parse_ints(args.ref_batches)) - {biggest}):
-            self.run_system(pair, "graphspec-target-only", 0, batch, lambda b=batch: measure(b), oracle)
+            self.run_system(pair, "graphspec-reference-eager", 0, batch, lambda b=batch: measure(b), oracle)
         return oracle
+
+    def run_target_graph_rows(self, pair: str, gs_target, prompts, oracle: Oracle | None) -> None:
+        """graphspec without speculation, compiled like the step (traced, lowered, one CUDA graph per
+        decode forward that feeds its own token back): benchmarks/target_only.py."""
+        if not self.want("target-graph"):
+            return
+        from benchmarks import target_only
+
+        args = self.args
+        limit = args.prompt_len + args.new_tokens
+
+        def measure(batch: int) -> dict:
+            rows = prompts[:batch]
+            target_only.generate(gs_target.model, rows, 2, limit)  # warm-up: Triton JIT, cuBLAS handles
+            result = target_only.generate(gs_target.model, rows, args.new_tokens, limit)
+            return {
+                "tokens_per_s": batch * args.new_tokens / result.wall_s,
+                "ms_per_step": result.decode_ms_per_token,
+                "tokens_per_step": 1.0,
+                "steps": args.new_tokens,
+                "gen_wall_s": result.wall_s,
+                "captured": result.captured,
+                "outputs": result.tokens,
+            }
+
+        for batch in sorted(set(parse_ints(args.ref_batches))):
+            self.run_system(pair, "graphspec-target-only", 0, batch, lambda b=batch: measure(b), oracle)
 
     # ---------------------------------------------------------------------------------------------
     # graphspec speculative decoding
@@ -1094,6 +1124,7 @@ TABLE_ORDER = (
     "graphspec",
     "graphspec-selfdraft",
     "graphspec-target-only",
+    "graphspec-reference-eager",
     "hf-greedy",
     "hf-static-compile",
     "hf-assisted",

@@ -51,6 +51,8 @@ def test_small_preset_runs_every_system_and_fails_soft(tmp_path, capsys):
         ("graphspec-selfdraft", 2, 1),
         ("graphspec-target-only", 0, 1),
         ("graphspec-target-only", 0, 2),
+        ("graphspec-reference-eager", 0, 1),
+        ("graphspec-reference-eager", 0, 2),
         ("hf-greedy", 0, 1),
         ("hf-greedy", 0, 2),
         ("hf-assisted", 4, 1),

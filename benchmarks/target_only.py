@@ -1,0 +1,125 @@
+"""graphspec's target-only decoder compiled the way the speculation step is: one decode forward traced
+with make_fx, cache writes made in place (defunctionalize_kv), hot ops lowered to the same Triton
+kernels (lower_kernels), and on CUDA captured as one CUDA graph that also feeds its token back, so
+generating N tokens is N replays with no host sync. It is the fair "no speculation" baseline for
+benchmarks/bench_systems.py: same weights, same kernels, same capture, no draft.
+
+Greedy only. Prefill runs the model eagerly (as the runtime's prefill does); only decode is timed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from graphspec.config import PassContext
+from graphspec.lowering import lower_kernels
+from graphspec.models.decoder import DecoderLM
+from graphspec.passes import defunctionalize_kv
+from graphspec.trace import model_inputs
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[list[int]]  # generated tokens per row (the first comes from prefill)
+    wall_s: float  # prefill + decode
+    decode_ms_per_token: float  # per decode forward (one token per row), measured over the decode loop
+    captured: bool
+
+
+def trace_decode(model: DecoderLM, batch: int, max_seq_len: int, sm: int | None) -> torch.fx.GraphModule:
+    """(params..., tokens [B, 1], start [B], slots [B], cache) -> next token [B], lowered and in place."""
+    params = model_inputs(model)
+    names = list(params)
+    parameter = next(model.parameters())
+    device, dtype = parameter.device, parameter.dtype
+
+    def program(*flat: torch.Tensor) -> torch.Tensor:
+        bound = dict(zip(names, flat[: len(names)], strict=True))
+        tokens, start, slots, cache = flat[len(names) :]
+        logits, cache = torch.func.functional_call(model, bound, (tokens, start, slots, cache, "last_logits"))
+        return logits.argmax(dim=-1), cache
+
+    example = [
+        torch.zeros((batch, 1), dtype=torch.int64, device=device),
+        torch.zeros(batch, dtype=torch.int64, device=device),
+        torch.arange(batch, device=device),
+        model.new_cache(batch, max_seq_len, dtype, device, zeroed=False),
+    ]
+    gm = make_fx(program, tracing_mode="fake")(*params.values(), *example)
+    ctx = PassContext(k=0, batch=batch, mode="greedy", sm=sm, device=str(device), dtype=str(dtype))
+    for step in (defunctionalize_kv, lower_kernels):
+        gm = step.run(gm, ctx).gm
+    return gm
+
+
+@torch.inference_mode()
+def generate(model: DecoderLM, prompts: list[list[int]], new_tokens: int, max_seq_len: int) -> DecodeResult:
+    """Greedy decode of equal-length prompts: eager prefill, then new_tokens - 1 traced decode forwards
+    (replays of one CUDA graph on a GPU)."""
+    if len({len(p) for p in prompts}) != 1 or new_tokens < 2:
+        raise ValueError("target_only.generate needs equal-length prompts and new_tokens >= 2")
+    parameter = next(model.parameters())
+    device, dtype = parameter.device, parameter.dtype
+    cuda = device.type == "cuda"
+    sm = None
+    if cuda:
+        major, minor = torch.cuda.get_device_capability(device)
+        sm = major * 10 + minor
+    batch, length = len(prompts), len(prompts[0])
+    gm = trace_decode(model, batch, max_seq_len, sm)
+    weights = list(model_inputs(model).values())
+    cache = model.new_cache(batch, max_seq_len, dtype, device)
+    slots = torch.arange(batch, device=device)
+    history = torch.zeros((batch, new_tokens), dtype=torch.int64, device=device)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    began = time.perf_counter()
+    prompt = torch.tensor(prompts, dtype=torch.int64, device=device)
+    logits, _ = model(prompt, torch.zeros(batch, dtype=torch.int64, device=device), slots, cache, "last_logits", True)
+    history[:, 0] = logits.argmax(dim=-1)
+    tokens = history[:, :1].clone()  # static input buffers, fed back in place
+    start = torch.full((batch,), length, dtype=torch.int64, device=device)
+    column = torch.ones((batch, 1), dtype=torch.int64, device=device)  # where the next token lands
+
+    def step() -> None:
+        next_token, _ = gm(*weights, tokens, start, slots, cache)
+        tokens.copy_(next_token[:, None])
+        history.scatter_(1, column, tokens)
+        start.add_(1)
+        column.add_(1)
+
+    graph = None
+    if cuda:  # warm up on a side stream (Triton compiles, cuBLAS handles), then capture one step
+        saved = (tokens.clone(), start.clone(), column.clone(), history.clone())
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            step()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        for buffer, value in zip((tokens, start, column, history), saved, strict=True):
+            buffer.copy_(value)  # the warm-up and capture each ran one step; start over
+    sync()
+    decode_began = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        if graph is not None:
+            graph.replay()
+        else:
+            step()
+    sync()
+    end = time.perf_counter()
+    return DecodeResult(
+        tokens=history.tolist(),
+        wall_s=end - began,
+        decode_ms_per_token=(end - decode_began) / (new_tokens - 1) * 1e3,
+        captured=graph is not None,
+    )
