@@ -40,6 +40,20 @@ def op_counts(gm: fx.GraphModule) -> collections.Counter:
     )
 
 
+def region_spans(gm: fx.GraphModule) -> dict[str, tuple[int, str, str]]:
+    """region -> (op count, first node, last node) in graph order (pieces of a split graph included), so
+    a reader of a dump can find where the draft, verify and accept parts of the step begin and end."""
+    spans: dict[str, list] = {}
+    for node in all_nodes(gm):
+        region = node.meta.get("gs_region") if node.op == "call_function" else None
+        if region is None:
+            continue
+        span = spans.setdefault(region, [0, node.name, node.name])
+        span[0] += 1
+        span[2] = node.name
+    return {region: (count, first, last) for region, (count, first, last) in spans.items()}
+
+
 def readable(gm: fx.GraphModule) -> str:
     text = gm.print_readable(print_output=False, include_stride=True, include_device=True)
     # make_fx names its module class "<lambda>"; give every class a valid name so the file parses.
@@ -50,7 +64,7 @@ def readable(gm: fx.GraphModule) -> str:
     )
 
 
-def _header(record: PassRecord) -> str:
+def _header(record: PassRecord, gm: fx.GraphModule) -> str:
     lines = [
         f"# [{record.index:02d}] {record.name}: {record.doc}",
         f"# time: {record.ms:.1f} ms  nodes: {record.nodes_before} -> {record.nodes_after}  changed: {record.changed}",
@@ -68,6 +82,10 @@ def _header(record: PassRecord) -> str:
         if names:
             shown = ", ".join(names[:40]) + (f", ... ({len(names)} in all)" if len(names) > 40 else "")
             lines.append(f"# {label}: {shown}")
+    spans = region_spans(gm)
+    if spans:
+        shown = "; ".join(f"{region} {count} ops {first} .. {last}" for region, (count, first, last) in spans.items())
+        lines.append(f"# regions: {shown}")
     return "\n".join(lines) + "\n\n"
 
 
@@ -83,7 +101,7 @@ class DumpWriter:
         stem = f"{record.index:02d}_{record.name}"
         text = readable(gm)
         path = self.directory / f"{stem}.py"
-        path.write_text(_header(record) + text)
+        path.write_text(_header(record, gm) + text)
         if self.previous is not None:
             diff = difflib.unified_diff(
                 self.previous.splitlines(keepends=True),

@@ -93,3 +93,14 @@ def test_checks_catch_a_broken_invariant(step_case, monkeypatch):
     monkeypatch.setattr(defunctionalize_kv, "run", no_op)
     with pytest.raises(PassError, match="whole-cache copies"):
         pipeline.run_pipeline(step_case.traced("greedy"), step_case.context("greedy"), check=True)
+
+
+def test_dump_headers_say_where_each_region_of_the_step_runs(step_case, tmp_path):
+    result = pipeline.run_pipeline(step_case.traced("greedy"), step_case.context("greedy"), dump_dir=tmp_path)
+    last = tmp_path / f"{len(pipeline.PASS_NAMES):02d}_{pipeline.PASS_NAMES[-1]}.py"
+    line = next(line for line in last.read_text().splitlines() if line.startswith("# regions: "))
+    spans = [part.split() for part in line.removeprefix("# regions: ").split("; ")]
+    assert [span[0] for span in spans] == ["draft", "verify", "accept"]  # in the order the step runs them
+    names = {node.name for node in result.gm.graph.nodes}
+    for region, count, _, first, _, last_node in spans:
+        assert int(count) > 0 and first in names and last_node in names, (region, first, last_node)
