@@ -11,14 +11,13 @@ stream row_seeds(seed, n)[i], and the token generated after c earlier tokens use
 
 from __future__ import annotations
 
-import math
-import operator
 from collections.abc import Sequence
 
 import torch
 
 from graphspec import ops
 from graphspec.errors import InputError
+from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, token_id
 from graphspec.models.decoder import DecoderLM
 
 # Seeds become int64 tensors holding the seed's high 32 bits in the top word, so they must fit in 63 bits.
@@ -53,11 +52,10 @@ def reference_generate(
     by default it is just long enough for the longest prompt plus max_new_tokens.
     """
     spec = model.spec
-    prompts = _check_prompts(prompts, spec.vocab_size)
-    _check_sampling(temperature, top_k, top_p)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    stops = {_token_id(t, "stop_token_ids") for t in stop_token_ids or ()}
+    prompts = check_prompts(prompts, spec.vocab_size)
+    check_sampling(temperature, top_k, top_p)
+    check_max_new_tokens(max_new_tokens)
+    stops = {token_id(t, "stop_token_ids") for t in stop_token_ids or ()}
     longest = max(len(p) for p in prompts)
     needed = longest + max_new_tokens
     if max_seq_len is None:
@@ -135,43 +133,3 @@ def reference_generate(
         positions = lengths[index] + torch.tensor([len(outputs[row]) - 1 for row in active], device=device)
         hidden, cache = model(step_tokens, positions, slot_ids[index], cache, in_place=True)  # [A, 1, hidden]
         logits = model.logits(hidden[:, -1])  # [A, V]
-
-
-def _token_id(value: object, what: str) -> int:
-    if isinstance(value, bool):
-        raise InputError(f"{what} must hold int token ids, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise InputError(f"{what} must hold int token ids, got {value!r}") from None
-
-
-def _check_prompts(prompts: list[list[int]], vocab_size: int) -> list[list[int]]:
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
-        raise InputError("prompts must be a non-empty list of token-id lists")
-    checked = []
-    for index, prompt in enumerate(prompts):
-        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
-            raise InputError(f"prompt {index} must be a list of token ids, got {type(prompt).__name__}")
-        if len(prompt) == 0:
-            raise InputError(f"prompt {index} is empty; every prompt needs at least one token")
-        ids = [_token_id(t, f"prompt {index}") for t in prompt]
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise InputError(f"prompt {index} has token ids outside [0, {vocab_size}): {bad[:5]}")
-        checked.append(ids)
-    return checked
-
-
-def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature < 0
-    ):
-        raise InputError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
-        raise InputError(f"top_k must be None or an int >= 0, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise InputError(f"top_p must be None or in (0, 1], got {top_p!r}")

@@ -18,6 +18,7 @@ from graphspec import ops
 from graphspec.compiler import Compiled, compile
 from graphspec.counters import COUNTERS
 from graphspec.errors import InputError
+from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, token_id
 from graphspec.runtime.buffers import StepBuffers, pick_bucket, split_batch
 from graphspec.runtime.graphs import StepGraph
 from graphspec.trace import FEEDBACK, model_inputs
@@ -127,27 +128,8 @@ class Runtime:
     # Input validation: everything is checked before any work starts.
     # ---------------------------------------------------------------------------------------------
 
-    def _encode(self, prompts: Sequence[str | Sequence[int]]) -> list[list[int]]:
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
-            raise InputError("prompts must be a non-empty list of strings or of token-id lists")
-        encoded = []
-        for index, prompt in enumerate(prompts):
-            if isinstance(prompt, str):
-                if self.tokenizer is None:
-                    raise InputError(f"prompt {index} is a string but the target checkpoint has no tokenizer")
-                prompt = self.tokenizer(prompt)["input_ids"]
-            prompt = list(prompt)
-            if not prompt:
-                raise InputError(f"prompt {index} is empty")
-            bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
-            if bad:
-                raise InputError(f"prompt {index} has token ids outside [0, {self.vocab_size}): {bad[:5]}")
-            encoded.append(prompt)
-        return encoded
-
     def _check_limits(self, prompts: list[list[int]], max_new_tokens: int) -> None:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        check_max_new_tokens(max_new_tokens)
         # A step writes KV up to position committed_len - 1 + K, so the cache needs K + 1 spare positions.
         for index, prompt in enumerate(prompts):
             need = len(prompt) + max_new_tokens + self.k + 1
@@ -157,15 +139,6 @@ class Runtime:
                     f"= {need} exceeds max_seq_len {self.max_seq_len}; shorten it or compile with a larger "
                     f"max_seq_len"
                 )
-
-    @staticmethod
-    def _check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-        if not isinstance(temperature, (int, float)) or temperature < 0 or temperature != temperature:
-            raise InputError(f"temperature must be a number >= 0, got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
-            raise InputError(f"top_k must be None or an int >= 0, got {top_k!r}")
-        if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-            raise InputError(f"top_p must be None or in (0, 1], got {top_p!r}")
 
     # ---------------------------------------------------------------------------------------------
 
@@ -184,11 +157,11 @@ class Runtime:
         Output includes the stop token (default: the checkpoint's EOS ids) and nothing after it,
         even when it falls inside an accepted block. Sampling is reproducible for a given seed,
         whatever batch the request lands in."""
-        results: list[GenerationResult | None] = [None] * len(prompts if isinstance(prompts, Sequence) else [])
+        results: dict[int, GenerationResult] = {}
         for index, token in self.stream(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids):
             if isinstance(token, GenerationResult):
                 results[index] = token
-        return results  # type: ignore[return-value]
+        return [results[index] for index in range(len(results))]
 
     def stream(
         self,
@@ -202,13 +175,14 @@ class Runtime:
     ) -> Iterator[tuple[int, int | GenerationResult]]:
         """Like generate(), but yields (prompt index, token id) as tokens are committed, and
         (prompt index, GenerationResult) when a prompt finishes."""
-        encoded = self._encode(prompts)
+        encoded = check_prompts(prompts, self.vocab_size, self.tokenizer)
         self._check_limits(encoded, max_new_tokens)
-        self._check_sampling(temperature, top_k, top_p)
+        check_sampling(temperature, top_k, top_p)
         mode = "greedy" if temperature == 0 else "sample"
         if not any(m == mode for m, _ in self.graphs):
             raise InputError(f"this runtime was compiled without the {mode!r} step; recompile with modes including it")
-        stops = set(self.eos_token_ids if stop_token_ids is None else stop_token_ids)
+        stop_ids = self.eos_token_ids if stop_token_ids is None else stop_token_ids
+        stops = {token_id(t, "stop_token_ids") for t in stop_ids}
         seeds = ops.row_seeds(seed, len(encoded))
         largest = max(self.config.batch_sizes)
         for chunk in split_batch(len(encoded), largest):

@@ -1,6 +1,7 @@
 """Runtime.generate end to end on tiny real checkpoints (CPU, fp32): lossless, stats, rollback,
 stop tokens, sampling reproducibility, and bad input refused before any work."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -122,6 +123,18 @@ def test_streaming_yields_every_token_then_the_result(runtime_for):
         assert tokens == result.token_ids and len(finals) == 1
 
 
+def test_token_ids_from_tensors_and_numpy_generate_the_same(runtime_for):
+    runtime = runtime_for("unrelated", 4)
+    rows = prompts(seed=11, lengths=[9, 9])
+
+    def tokens(batch) -> list[list[int]]:
+        return [r.token_ids for r in runtime.generate(batch, max_new_tokens=6, stop_token_ids=[])]
+
+    expected = tokens(rows)
+    assert tokens([np.array(rows[0]), torch.tensor(rows[1])]) == expected
+    assert tokens(torch.tensor(rows)) == expected  # a 2-D tensor is one prompt per row
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -135,6 +148,8 @@ def test_streaming_yields_every_token_then_the_result(runtime_for):
         (lambda rt: rt.generate([[1]], temperature=-1), "temperature"),
         (lambda rt: rt.generate([[1]], temperature=0.5), "without the 'sample' step"),
         (lambda rt: rt.generate([[1]], top_p=0.0), "top_p"),
+        (lambda rt: rt.generate([[1]], stop_token_ids=["x"]), "stop_token_ids"),
+        (lambda rt: rt.generate([[1.5]]), "int token ids"),
     ],
 )
 def test_bad_generate_input_is_refused_before_any_work(runtime_for, call, message):
