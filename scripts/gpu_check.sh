@@ -61,7 +61,7 @@ if [ "${BENCH:-1}" = 1 ]; then
         "$PYTHON" benchmarks/bench_step.py --json "$OUT/bench_step.json" ${BENCH_ARGS:-}
 fi
 if [ "${EXTRAS:-1}" = 1 ] && [ -f scripts/gpu_parity.py ]; then
-    stage "gpu_parity" "${PARITY_S:-120}" "$OUT/gpu_parity.log" "$PYTHON" scripts/gpu_parity.py
+    stage "gpu_parity" "${PARITY_S:-300}" "$OUT/gpu_parity.log" "$PYTHON" scripts/gpu_parity.py
 fi
 if [ "${EXTRAS:-1}" = 1 ] && [ -f benchmarks/bench_kernels.py ]; then
     stage "bench_kernels" "${KERNELS_S:-90}" "$OUT/bench_kernels.log" "$PYTHON" benchmarks/bench_kernels.py
