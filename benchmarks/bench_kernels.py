@@ -179,6 +179,35 @@ def bench_kv_write(batch: int, t: int, sm: int, copy_gb_s: float) -> dict:
     )  # fmt: skip
 
 
+def bench_rotary_kv_write(batch: int, t: int, sm: int, copy_gb_s: float) -> dict:
+    """rotary + kv_write of one layer as the fused kernel, against the reference op; pair_us is the two
+    unfused kernels it replaces (rotary_triton then kv_write_triton) in one captured graph."""
+    qkv = torch.randn(batch, t, (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM, dtype=DTYPE, device="cuda")
+    q, k, v = qkv.split([Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
+    q, k, v = (x.view(batch, t, -1, HEAD_DIM).transpose(1, 2) for x in (q, k, v))
+    cos, sin = torch.rand(batch, t, HEAD_DIM, device="cuda"), torch.rand(batch, t, HEAD_DIM, device="cuda")
+    cache = torch.zeros(1, 2, batch, KV_HEADS, 4096, HEAD_DIM, dtype=DTYPE, device="cuda")
+    slots = torch.randperm(batch, device="cuda")
+    start = torch.randint(0, 4096 - t + 1, (batch,), device="cuda")
+    values = tuple(config("rotary_kv_write", sm).values())
+    rotary_values, kv_values = tuple(config("rotary", sm).values()), tuple(config("kv_write", sm).values())
+
+    def pair() -> None:
+        _, k_rot = torch.ops.graphspec.rotary_triton(q, k, cos, sin, *rotary_values)
+        torch.ops.graphspec.kv_write_triton(cache, 0, slots, start, k_rot, v, *kv_values)
+
+    # q, k, v read once; q_out, K and V written once; cos/sin read once.
+    nbytes = 2 * (q.numel() + 2 * k.numel()) * q.element_size() + 2 * cos.numel() * cos.element_size()
+    pair_us = timed(pair) * 1e3
+    print(f"rotary_kv_write B={batch} T={t}: the unfused rotary + kv_write kernels take {pair_us:.1f} us")
+    return row(
+        "rotary_kv_write", f"B={batch} T={t}",
+        timed(lambda: torch.ops.graphspec.rotary_kv_write_triton(q, k, v, cos, sin, cache, 0, slots, start, *values)),
+        nbytes, copy_gb_s, timed(lambda: ops.rotary_kv_write(q, k, v, cos, sin, cache, 0, slots, start)),
+        pair_us=pair_us,
+    )  # fmt: skip
+
+
 def bench_silu_mul(rows: int, sm: int, copy_gb_s: float) -> dict:
     gate_up = torch.randn(rows, 2 * INTERMEDIATE, dtype=DTYPE, device="cuda")
     values = tuple(config("silu_mul", sm).values())
@@ -289,6 +318,7 @@ def main() -> int:
     sections += [(bench_rms_norm, (5,)), (bench_rms_norm, (576,))]  # B * (K+1) rows: B 1 K 4, B 64 K 8
     sections += [(bench_rotary, (1, 5)), (bench_rotary, (64, 9)), (bench_verify, (1, 4)), (bench_verify, (64, 4))]
     sections += [(bench_kv_write, (1, 5)), (bench_kv_write, (64, 9)), (bench_silu_mul, (5,)), (bench_silu_mul, (576,))]
+    sections += [(bench_rotary_kv_write, (1, 5)), (bench_rotary_kv_write, (64, 9))]
     for bench, shape in sections:
         try:  # one failing kernel must not hide the others' numbers
             result = bench(*shape, sm, copy_gb_s)

@@ -220,6 +220,7 @@ def parity(captured: Runtime, eager: Runtime, args: argparse.Namespace) -> dict[
 # Kernel name substrings -> category, first match wins (cuBLAS on sm90 names its GEMMs nvjet_*).
 KERNEL_CATEGORIES = (
     ("gemm", ("nvjet", "gemm", "gemv", "splitKreduce", "cutlass", "xmma")),
+    ("rotary_kv", ("rotary_kv_write",)),  # before kv_write and rotary: its name contains both
     ("kv_write", ("index_elementwise", "index_put", "kv_write")),
     ("attention", ("attention",)),
     ("norm", ("rms_norm",)),

@@ -1,8 +1,9 @@
 """graphspec's target-only decoder compiled the way the speculation step is: one decode forward traced
-with make_fx, cache writes made in place (defunctionalize_kv), hot ops lowered to the same Triton
-kernels (lower_kernels), and on CUDA captured as one CUDA graph that also feeds its token back, so
-generating N tokens is N replays with no host sync. It is the fair "no speculation" baseline for
-benchmarks/bench_systems.py: same weights, same kernels, same capture, no draft.
+with make_fx, cache writes made in place (defunctionalize_kv), rotary fused with the cache write
+(fuse_rotary_kv), hot ops lowered to the same Triton kernels (lower_kernels), and on CUDA captured as
+one CUDA graph that also feeds its token back, so generating N tokens is N replays with no host sync.
+It is the fair "no speculation" baseline for benchmarks/bench_systems.py: same weights, same kernels,
+same capture, no draft.
 
 Greedy only. Prefill runs the model eagerly (as the runtime's prefill does); only decode is timed.
 """
@@ -18,7 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from graphspec.config import PassContext
 from graphspec.lowering import lower_kernels
 from graphspec.models.decoder import DecoderLM
-from graphspec.passes import defunctionalize_kv
+from graphspec.passes import defunctionalize_kv, fuse_rotary_kv
 from graphspec.trace import model_inputs
 
 
@@ -51,7 +52,7 @@ def trace_decode(model: DecoderLM, batch: int, max_seq_len: int, sm: int | None)
     ]
     gm = make_fx(program, tracing_mode="fake")(*params.values(), *example)
     ctx = PassContext(k=0, batch=batch, mode="greedy", sm=sm, device=str(device), dtype=str(dtype))
-    for step in (defunctionalize_kv, lower_kernels):
+    for step in (defunctionalize_kv, fuse_rotary_kv, lower_kernels):
         gm = step.run(gm, ctx).gm
     return gm
 

@@ -72,23 +72,15 @@ def regions_run_in_order(gm: fx.GraphModule) -> None:
     assert tuple(runs) == trace.REGIONS, f"regions run as {runs}, expected one run each of {list(trace.REGIONS)}"
 
 
+# What holds from defunctionalize_kv until split_attention cuts the graph into pieces.
+_IN_PLACE = (graph_lints, outputs_are_verified, no_functional_cache_updates, caches_are_inputs, regions_run_in_order)
+
 # Checks that hold after each phase of pipeline.PIPELINE, keyed by the pass that ends the phase.
 PHASE_CHECKS = {
     "insert_verify": (graph_lints, outputs_are_named, outputs_are_verified, no_host_sync_ops, regions_run_in_order),
     "mask_padding": (graph_lints, outputs_are_named, outputs_are_verified, no_host_sync_ops, regions_run_in_order),
-    "defunctionalize_kv": (
-        graph_lints,
-        outputs_are_verified,
-        no_functional_cache_updates,
-        caches_are_inputs,
-        regions_run_in_order,
-    ),
-    "lower_kernels": (
-        graph_lints,
-        outputs_are_verified,
-        no_functional_cache_updates,
-        caches_are_inputs,
-        regions_run_in_order,
-    ),
+    "defunctionalize_kv": _IN_PLACE,
+    "fuse_rotary_kv": _IN_PLACE,
+    "lower_kernels": _IN_PLACE,
     "split_attention": (graph_lints, regions_run_in_order),
 }

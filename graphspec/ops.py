@@ -154,6 +154,46 @@ def _(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor,
     return None
 
 
+def rotary_kv_write_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cache: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor,
+) -> Tensor:
+    # Exactly rotary then kv_write: the same roundings in the same order, so bit-identical to the pair.
+    q_out, k_out = rotary_reference(q, k, cos, sin)
+    _write_rows(cache, layer, slot_ids, start_pos, k_out, v)
+    return q_out.contiguous()
+
+
+@torch.library.custom_op("graphspec::rotary_kv_write", mutates_args=("cache",))
+def rotary_kv_write(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cache: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor,
+) -> Tensor:
+    """rotary(q, k, cos, sin) followed by the in-place kv_write of the rotated k and v, as one op:
+    returns q rotated (contiguous [B, Hq, T, D]); the rotated k exists only in the cache. Shapes as in
+    rotary and kv_write. The fuse_rotary_kv pass makes it from the pair."""
+    return rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos)
+
+
+@rotary_kv_write.register_fake
+def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos):
+    return q.new_empty(q.shape)
+
+
 # --------------------------------------------------------------------------------------------------
 # Attention over the cache
 # --------------------------------------------------------------------------------------------------
@@ -403,6 +443,7 @@ OPS = {
     "silu_mul": torch.ops.graphspec.silu_mul.default,
     "kv_update": torch.ops.graphspec.kv_update.default,
     "kv_write": torch.ops.graphspec.kv_write.default,
+    "rotary_kv_write": torch.ops.graphspec.rotary_kv_write.default,
     "attention": torch.ops.graphspec.attention.default,
     "sample": torch.ops.graphspec.sample.default,
     "verify_greedy": torch.ops.graphspec.verify_greedy.default,

@@ -38,6 +38,33 @@ MAX_DIM = 4096  # widest head dim held in registers by one tile
 
 
 @triton.jit
+def cache_offsets(slot, h, pos, col, slots, seq, stride_cs, stride_ch, stride_cp, stride_cd):
+    """Offsets [rows, cols] of head h, position pos, elements col of slot `slot` in one (layer, kind)
+    plane [SLOTS, Hkv, S, D] of the cache, and whether (slot, pos) lies inside it: out-of-range
+    targets are dropped (module docstring), so no write leaves the row's own slot plane."""
+    slot = slot.to(tl.int64)
+    pos = pos.to(tl.int64)
+    inside = (slot >= 0) & (slot < slots) & (pos >= 0) & (pos < seq)
+    # int64 all the way: one layer's K plane of an H200-sized cache passes 2**31 elements.
+    offsets = (slot * stride_cs + h.to(tl.int64) * stride_ch + pos * stride_cp)[:, None] + col[None, :] * stride_cd
+    return offsets, inside
+
+
+@triton.jit
+def store_kv(k_cache_ptr, v_cache_ptr, offsets, k, v, mask):
+    """Store k and v at `offsets` of the K and V planes. A cache-dtype input is stored as loaded (a bit
+    copy); another dtype is rounded like torch's .to(), through round_to because the interpreter
+    truncates fp32->bf16 casts."""
+    dtype = k_cache_ptr.dtype.element_ty
+    if k.dtype != dtype:
+        k = round_to(k.to(tl.float32), dtype).to(dtype)
+    if v.dtype != dtype:
+        v = round_to(v.to(tl.float32), dtype).to(dtype)
+    tl.store(k_cache_ptr + offsets, k, mask=mask)
+    tl.store(v_cache_ptr + offsets, v, mask=mask)
+
+
+@triton.jit
 def kv_write_kernel(
     k_cache_ptr,  # cache[layer, 0]: [SLOTS, Hkv, S, D]
     v_cache_ptr,  # cache[layer, 1], same strides
@@ -72,35 +99,32 @@ def kv_write_kernel(
     t = row % t_len
     h = (row // t_len) % kv_heads
     b = row // (t_len * kv_heads)
-    slot = tl.load(slot_ptr + b, mask=row_ok, other=0).to(tl.int64)
+    slot = tl.load(slot_ptr + b, mask=row_ok, other=0)
     pos = tl.load(start_ptr + b, mask=row_ok, other=0).to(tl.int64) + t
-    # Out-of-range targets are dropped (module docstring): no write outside the row's own slot plane.
-    row_ok = row_ok & (slot >= 0) & (slot < slots) & (pos >= 0) & (pos < seq)
     col = tl.arange(0, BLOCK_D)
-    mask = row_ok[:, None] & (col < dim)[None, :]
+    dst, inside = cache_offsets(slot, h, pos, col, slots, seq, stride_cs, stride_ch, stride_cp, stride_cd)
+    mask = (row_ok & inside)[:, None] & (col < dim)[None, :]
 
     b = b.to(tl.int64)
     h = h.to(tl.int64)
     t = t.to(tl.int64)
     k = tl.load(k_ptr + (b * stride_kb + h * stride_kh + t * stride_kt)[:, None] + col[None, :] * stride_kd, mask=mask)
     v = tl.load(v_ptr + (b * stride_vb + h * stride_vh + t * stride_vt)[:, None] + col[None, :] * stride_vd, mask=mask)
-    dtype = k_cache_ptr.dtype.element_ty
-    # A cache-dtype input is stored as loaded (a bit copy); another dtype is rounded like torch's
-    # .to(), through round_to because the interpreter truncates fp32->bf16 casts.
-    if k.dtype != dtype:
-        k = round_to(k.to(tl.float32), dtype).to(dtype)
-    if v.dtype != dtype:
-        v = round_to(v.to(tl.float32), dtype).to(dtype)
-    # The slot part of the offset is int64: one layer's K plane of an H200-sized cache passes 2**31.
-    dst = (slot * stride_cs + h * stride_ch + pos * stride_cp)[:, None] + col[None, :] * stride_cd
-    tl.store(k_cache_ptr + dst, k, mask=mask)
-    tl.store(v_cache_ptr + dst, v, mask=mask)
+    store_kv(k_cache_ptr, v_cache_ptr, dst, k, v, mask)
 
 
 def tile_rows(dim: int, tile_elems: int) -> tuple[int, int]:
     """(BLOCK_R, BLOCK_D) for head dim `dim`: D padded to a power of 2, as many rows as fit."""
     block_d = next_power_of_2(dim)
     return max(1, next_power_of_2(tile_elems) // block_d), block_d  # tl.arange needs powers of 2
+
+
+def check_kv(cache: Tensor, k: Tensor, v: Tensor, kernel: str) -> None:
+    """k and v [B, Hkv, T, D] of one shape that fits a cache [L, 2, SLOTS, Hkv, S, D]."""
+    _, kv_heads, _, dim = k.shape
+    if cache.dim() != 6 or tuple(v.shape) != tuple(k.shape) or cache.shape[3] != kv_heads or cache.shape[5] != dim:
+        shapes = f"k {tuple(k.shape)}, v {tuple(v.shape)}, cache {tuple(cache.shape)}"
+        raise ValueError(f"{kernel} kernel: {shapes} do not fit [B, Hkv, T, D] into [L, 2, SLOTS, Hkv, S, D]")
 
 
 def kv_write(
@@ -116,10 +140,8 @@ def kv_write(
     """Write k, v [B, Hkv, T, D] (any strides) into cache [L, 2, SLOTS, Hkv, S, D] at positions
     start_pos[b] + t of slot slot_ids[b], layer `layer`; out-of-range targets are skipped."""
     check_device(cache, slot_ids, start_pos, k, v)
+    check_kv(cache, k, v, "kv_write")
     batch, kv_heads, t, dim = k.shape
-    if cache.dim() != 6 or tuple(v.shape) != tuple(k.shape) or cache.shape[3] != kv_heads or cache.shape[5] != dim:
-        shapes = f"k {tuple(k.shape)}, v {tuple(v.shape)}, cache {tuple(cache.shape)}"
-        raise ValueError(f"kv_write kernel: {shapes} do not fit [B, Hkv, T, D] into [L, 2, SLOTS, Hkv, S, D]")
     rows = batch * kv_heads * t
     if rows == 0 or dim == 0:
         return

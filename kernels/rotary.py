@@ -28,6 +28,94 @@ CONFIG_FIELDS = check_config_table(CONFIGS)
 
 
 @triton.jit
+def head_block(q_heads, kv_heads, half, T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """The work of program (b * T + t, head block): token t of batch row b, BLOCK_H heads of one index
+    space where [0, q_heads) are q heads and [q_heads, q_heads + kv_heads) k heads. Returns
+    (b as int64, t, heads, k_heads (k head index, 0 where not a k head), is_q, is_k, col, col_ok),
+    col indexing one half of the head dim."""
+    bt = tl.program_id(0)  # b * T + t
+    b = (bt // T).to(tl.int64)
+    t = bt % T
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    is_q = heads < q_heads
+    is_k = (heads >= q_heads) & (heads < q_heads + kv_heads)
+    k_heads = tl.where(is_k, heads - q_heads, 0)
+    col = tl.arange(0, BLOCK_HALF)  # index within one half of the head dim
+    return b, t, heads, k_heads, is_q, is_k, col, col < half
+
+
+@triton.jit
+def rotate_heads(
+    q_ptr,
+    k_ptr,
+    cos_ptr,
+    sin_ptr,
+    b,
+    t,
+    heads,
+    k_heads,
+    is_q,
+    is_k,
+    col,
+    col_ok,
+    half,
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_kd,
+    stride_cb,
+    stride_ct,
+    stride_cd,
+    stride_sb,
+    stride_st,
+    stride_sd,
+    DTYPE: tl.constexpr,
+):
+    """The rotated halves (out1, out2) [BLOCK_H, BLOCK_HALF] in DTYPE (the model dtype) of token
+    (b, t) of each head of a head_block: q rows for q heads, k rows for k heads, garbage elsewhere."""
+    # cos/sin [B, T, D] rows for (b, t), cast to the model dtype like the reference, then held in fp32.
+    cos_row = cos_ptr + b * stride_cb + t * stride_ct
+    sin_row = sin_ptr + b * stride_sb + t * stride_st
+    cos1 = round_to(tl.load(cos_row + col * stride_cd, mask=col_ok, other=0.0).to(tl.float32), DTYPE)
+    cos2 = round_to(tl.load(cos_row + (col + half) * stride_cd, mask=col_ok, other=0.0).to(tl.float32), DTYPE)
+    sin1 = round_to(tl.load(sin_row + col * stride_sd, mask=col_ok, other=0.0).to(tl.float32), DTYPE)
+    sin2 = round_to(tl.load(sin_row + (col + half) * stride_sd, mask=col_ok, other=0.0).to(tl.float32), DTYPE)
+
+    # Input element (head, col) of each half: q rows for q heads, k rows for k heads (masked loads).
+    q_off = b * stride_qb + heads.to(tl.int64)[:, None] * stride_qh + t * stride_qt + col[None, :] * stride_qd
+    k_off = b * stride_kb + k_heads.to(tl.int64)[:, None] * stride_kh + t * stride_kt + col[None, :] * stride_kd
+    q_mask = is_q[:, None] & col_ok[None, :]
+    k_mask = is_k[:, None] & col_ok[None, :]
+    x1 = tl.where(
+        q_mask, tl.load(q_ptr + q_off, mask=q_mask, other=0.0), tl.load(k_ptr + k_off, mask=k_mask, other=0.0)
+    )
+    x2 = tl.where(
+        q_mask,
+        tl.load(q_ptr + q_off + half * stride_qd, mask=q_mask, other=0.0),
+        tl.load(k_ptr + k_off + half * stride_kd, mask=k_mask, other=0.0),
+    )
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    # Each product rounded to the dtype, then the sum (a no-op chain for fp32).
+    out1 = round_to(round_to(x1 * cos1[None, :], DTYPE) - round_to(x2 * sin1[None, :], DTYPE), DTYPE).to(DTYPE)
+    out2 = round_to(round_to(x2 * cos2[None, :], DTYPE) + round_to(x1 * sin2[None, :], DTYPE), DTYPE).to(DTYPE)
+    return out1, out2
+
+
+@triton.jit
+def store_heads(out_ptr, out1, out2, b, heads, t, num_heads, half, col, mask, T: tl.constexpr):
+    """Store rotated halves as rows (b, heads, t) of a contiguous [B, H, T, D] output: element
+    (b, h, t, d) at ((b * H + h) * T + t) * D + d."""
+    dst = ((b * num_heads + heads.to(tl.int64)) * T + t)[:, None] * (2 * half) + col[None, :]
+    tl.store(out_ptr + dst, out1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + dst + half, out2.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def rotary_kernel(
     q_ptr,
     k_ptr,
@@ -56,53 +144,21 @@ def rotary_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
 ):
-    bt = tl.program_id(0)  # b * T + t
-    b = (bt // T).to(tl.int64)
-    t = bt % T
-    # Heads of this program in one index space: [0, q_heads) are q heads, [q_heads, q_heads + kv_heads) k heads.
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    is_q = heads < q_heads
-    is_k = (heads >= q_heads) & (heads < q_heads + kv_heads)
-    k_heads = tl.where(is_k, heads - q_heads, 0)
-    col = tl.arange(0, BLOCK_HALF)  # index within one half of the head dim
-    col_ok = col < half
+    b, t, heads, k_heads, is_q, is_k, col, col_ok = head_block(q_heads, kv_heads, half, T, BLOCK_H, BLOCK_HALF)
+    out1, out2 = rotate_heads(
+        q_ptr, k_ptr, cos_ptr, sin_ptr, b, t, heads, k_heads, is_q, is_k, col, col_ok, half,
+        stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
+        stride_cb, stride_ct, stride_cd, stride_sb, stride_st, stride_sd, q_out_ptr.dtype.element_ty,
+    )  # fmt: skip
+    store_heads(q_out_ptr, out1, out2, b, heads, t, q_heads, half, col, is_q[:, None] & col_ok[None, :], T)
+    store_heads(k_out_ptr, out1, out2, b, k_heads, t, kv_heads, half, col, is_k[:, None] & col_ok[None, :], T)
 
-    # cos/sin [B, T, D] rows for (b, t), cast to the model dtype like the reference, then held in fp32.
-    dtype = q_out_ptr.dtype.element_ty
-    cos_row = cos_ptr + b * stride_cb + t * stride_ct
-    sin_row = sin_ptr + b * stride_sb + t * stride_st
-    cos1 = round_to(tl.load(cos_row + col * stride_cd, mask=col_ok, other=0.0).to(tl.float32), dtype)
-    cos2 = round_to(tl.load(cos_row + (col + half) * stride_cd, mask=col_ok, other=0.0).to(tl.float32), dtype)
-    sin1 = round_to(tl.load(sin_row + col * stride_sd, mask=col_ok, other=0.0).to(tl.float32), dtype)
-    sin2 = round_to(tl.load(sin_row + (col + half) * stride_sd, mask=col_ok, other=0.0).to(tl.float32), dtype)
 
-    # Input element (head, col) of each half: q rows for q heads, k rows for k heads (masked loads).
-    q_off = b * stride_qb + heads.to(tl.int64)[:, None] * stride_qh + t * stride_qt + col[None, :] * stride_qd
-    k_off = b * stride_kb + k_heads.to(tl.int64)[:, None] * stride_kh + t * stride_kt + col[None, :] * stride_kd
-    q_mask = is_q[:, None] & col_ok[None, :]
-    k_mask = is_k[:, None] & col_ok[None, :]
-    x1 = tl.where(
-        q_mask, tl.load(q_ptr + q_off, mask=q_mask, other=0.0), tl.load(k_ptr + k_off, mask=k_mask, other=0.0)
-    )
-    x2 = tl.where(
-        q_mask,
-        tl.load(q_ptr + q_off + half * stride_qd, mask=q_mask, other=0.0),
-        tl.load(k_ptr + k_off + half * stride_kd, mask=k_mask, other=0.0),
-    )
-    x1 = x1.to(tl.float32)
-    x2 = x2.to(tl.float32)
-    # Each product rounded to the dtype, then the sum (a no-op chain for fp32).
-    out1 = round_to(round_to(x1 * cos1[None, :], dtype) - round_to(x2 * sin1[None, :], dtype), dtype).to(dtype)
-    out2 = round_to(round_to(x2 * cos2[None, :], dtype) + round_to(x1 * sin2[None, :], dtype), dtype).to(dtype)
-
-    # Outputs are contiguous [B, H, T, D]: element (b, h, t, d) at ((b * H + h) * T + t) * D + d.
-    dim = 2 * half
-    q_dst = ((b * q_heads + heads.to(tl.int64)) * T + t)[:, None] * dim + col[None, :]
-    k_dst = ((b * kv_heads + k_heads.to(tl.int64)) * T + t)[:, None] * dim + col[None, :]
-    tl.store(q_out_ptr + q_dst, out1, mask=q_mask)
-    tl.store(q_out_ptr + q_dst + half, out2, mask=q_mask)
-    tl.store(k_out_ptr + k_dst, out1.to(k_out_ptr.dtype.element_ty), mask=k_mask)
-    tl.store(k_out_ptr + k_dst + half, out2.to(k_out_ptr.dtype.element_ty), mask=k_mask)
+def check_qk(q: Tensor, k: Tensor, kernel: str) -> None:
+    """q and k as the kernels take them: same dtype and an even head dim shared by both."""
+    dim = q.shape[3]
+    if dim % 2 or k.dtype != q.dtype or k.shape[3] != dim:
+        raise ValueError(f"{kernel} kernel: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} do not match")
 
 
 def rotary(
@@ -116,10 +172,9 @@ def rotary(
     """Rotary of q [B, Hq, T, D] and k [B, Hkv, T, D] (any strides) with cos/sin [B, T, D]; returns
     contiguous (q_out, k_out)."""
     check_device(q, k, cos, sin)
+    check_qk(q, k, "rotary")
     batch, q_heads, t, dim = q.shape
     kv_heads = k.shape[1]
-    if dim % 2 or k.dtype != q.dtype or k.shape[3] != dim:
-        raise ValueError(f"rotary kernel: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} do not match")
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if batch * t == 0:

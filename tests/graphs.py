@@ -13,6 +13,8 @@ from graphspec import trace
 KV_UPDATE = torch.ops.graphspec.kv_update.default
 KV_WRITE = torch.ops.graphspec.kv_write.default
 ATTENTION = torch.ops.graphspec.attention.default
+ROTARY = torch.ops.graphspec.rotary.default
+ROTARY_KV_WRITE = torch.ops.graphspec.rotary_kv_write.default
 
 
 _FAKE_MODE = FakeTensorMode(allow_non_fake_inputs=True)
@@ -105,6 +107,53 @@ def kv_chain_inputs(layers: int = 2) -> list[torch.Tensor]:
         torch.tensor([4, 7]),
         torch.randn(2, 1, 3, 4, generator=generator),
         torch.randn(2, 1, 3, 4, generator=generator),
+    ]
+
+
+def rotary_kv_chain(regions: tuple[str, ...] = ("draft", "verify"), fused: bool = False) -> fx.GraphModule:
+    """One layer per entry of `regions`: rotary -> kv_write of the rotated k -> attention of the rotated q
+    on one in-place cache, the per-layer pattern of a step after defunctionalize_kv, each layer's ops
+    tagged with its region. With fused=True, the form fuse_rotary_kv must produce.
+    Outputs: every layer's attention, then the cache."""
+    graph = fx.Graph()
+    names = ("q", "k", "v", "cos", "sin", "cache", "slot_ids", "start_pos")
+    q, k, v, cos, sin, cache, slots, start = (graph.placeholder(name) for name in names)
+    outs = []
+    for layer, region in enumerate(regions):
+        if fused:
+            nodes = [graph.call_function(ROTARY_KV_WRITE, (q, k, v, cos, sin, cache, layer, slots, start))]
+            q_rot = nodes[0]
+        else:
+            rotated = graph.call_function(ROTARY, (q, k, cos, sin))
+            q_rot = graph.call_function(operator.getitem, (rotated, 0))
+            k_rot = graph.call_function(operator.getitem, (rotated, 1))
+            nodes = [rotated, q_rot, k_rot, graph.call_function(KV_WRITE, (cache, layer, slots, start, k_rot, v))]
+        nodes.append(graph.call_function(ATTENTION, (q_rot, cache, layer, slots, start, 0.5)))
+        for node in nodes:
+            node.meta["gs_region"] = region
+        outs.append(nodes[-1])
+    graph.output((*outs, cache))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def rotary_kv_chain_inputs(dtype: torch.dtype = torch.float32, layers: int = 2) -> list[torch.Tensor]:
+    """Inputs of rotary_kv_chain: GQA (4 q heads, 2 kv heads), q/k/v as the decoder passes them
+    (transposed views into one fused qkv projection), rows in scattered cache slots."""
+    generator = torch.Generator().manual_seed(2)
+    batch, t, q_heads, kv_heads, head_dim = 2, 3, 4, 2, 8
+    qkv = torch.randn(batch, t, (q_heads + 2 * kv_heads) * head_dim, generator=generator).to(dtype)
+    q, k, v = qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    angles = torch.rand(batch, t, head_dim // 2, generator=generator) * 50
+    angles = torch.cat((angles, angles), dim=-1)
+    return [
+        q.view(batch, t, q_heads, head_dim).transpose(1, 2),
+        k.view(batch, t, kv_heads, head_dim).transpose(1, 2),
+        v.view(batch, t, kv_heads, head_dim).transpose(1, 2),
+        angles.cos(),
+        angles.sin(),
+        torch.randn(layers, 2, 3, kv_heads, 16, head_dim, generator=generator).to(dtype),
+        torch.tensor([2, 0]),
+        torch.tensor([4, 13]),
     ]
 
 

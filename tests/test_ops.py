@@ -37,6 +37,10 @@ def test_opcheck_every_op():
         (torch.ops.graphspec.rotary.default, (q, k, rand(2, 3, 8), rand(2, 3, 8))),
         (torch.ops.graphspec.kv_update.default, (cache, 1, slots, start, k, v)),
         (torch.ops.graphspec.kv_write.default, (cache.clone(), 1, slots, start, k, v)),
+        (
+            torch.ops.graphspec.rotary_kv_write.default,
+            (q, k, v, rand(2, 3, 8), rand(2, 3, 8), cache.clone(), 1, slots, start),
+        ),
         (torch.ops.graphspec.attention.default, (q, cache, 1, slots, start, 0.3)),
         (torch.ops.graphspec.sample.default, (logits[:, 0], *params[:3], params[3], counter, 3)),
         (torch.ops.graphspec.verify_greedy.default, (logits, torch.randint(0, 10, (2, 2), generator=G))),

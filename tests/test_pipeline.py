@@ -14,6 +14,7 @@ def test_pipeline_order_is_the_documented_one():
         "insert_verify",
         "mask_padding",
         "defunctionalize_kv",
+        "fuse_rotary_kv",
         "lower_kernels",
         "split_attention",
     )

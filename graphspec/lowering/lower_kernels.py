@@ -1,7 +1,7 @@
 """Swap hot reference ops (attention, norms, rotary, SwiGLU, KV writes, verify) for ctx.sm's Triton kernels.
 
-Input:  a flat, in-place step graph (after defunctionalize_kv) whose hot ops are graphspec reference
-        ops, each carrying fake tensors in its arguments' meta["val"].
+Input:  a flat, in-place step graph (after defunctionalize_kv and fuse_rotary_kv) whose hot ops are
+        graphspec reference ops, each carrying fake tensors in its arguments' meta["val"].
 Output: each such node whose kernel fits (lowering/registry.py) calls graphspec::<op>_triton with the
         same arguments plus the chosen config as trailing ints, so the printed graph shows the config
         and re-loads as source. The node keeps its name, users and meta["val"] (same outputs), and is

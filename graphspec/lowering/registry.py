@@ -102,9 +102,10 @@ def fits_add_rms_norm(node: fx.Node) -> bool:
 
 def fits_rotary(node: fx.Node) -> bool:
     values = _vals(node, 4)
-    if values is None:
-        return False
-    q, k, cos, sin = values
+    return values is not None and _rotary_fits(*values)
+
+
+def _rotary_fits(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.dim() != 3:
         return False
     batch, _, t, head_dim = q.shape
@@ -138,6 +139,12 @@ def fits_kv_write(node: fx.Node) -> bool:
     if values is None or len(node.args) < 6 or type(node.args[1]) is not int:
         return False
     cache, slot_ids, start_pos, k, v = values
+    return _kv_write_fits(cache, node.args[1], slot_ids, start_pos, k, v)
+
+
+def _kv_write_fits(
+    cache: torch.Tensor, layer: int, slot_ids: torch.Tensor, start_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> bool:
     if cache.dim() != 6 or k.dim() != 4:
         return False
     batch, kv_heads, t, head_dim = k.shape
@@ -148,13 +155,24 @@ def fits_kv_write(node: fx.Node) -> bool:
         and tuple(v.shape) == tuple(k.shape)
         and cache.shape[3] == kv_heads
         and cache.shape[5] == head_dim
-        and -cache.shape[0] <= node.args[1] < cache.shape[0]
+        and -cache.shape[0] <= layer < cache.shape[0]
         and _is_index(slot_ids, batch)
         and _is_index(start_pos, batch)
         and head_dim <= _module("kv_write").MAX_DIM
         # int32 (b, h, t) row index; every memory offset above the head dim is int64
         and batch * kv_heads * t < INT32_LIMIT
     )
+
+
+def fits_rotary_kv_write(node: fx.Node) -> bool:
+    # rotary_kv_write(q, k, v, cos, sin, cache, layer, slot_ids, start_pos): the rotary and the kv_write
+    # it fuses must both fit. k stands in for the rotated k: same shape, and the same dtype as q
+    # (rotary's half checks that), which is what rotary would have passed kv_write.
+    values = _vals_at(node, (0, 1, 2, 3, 4, 5, 7, 8))
+    if values is None or len(node.args) < 9 or type(node.args[6]) is not int:
+        return False
+    q, k, v, cos, sin, cache, slot_ids, start_pos = values
+    return _rotary_fits(q, k, cos, sin) and _kv_write_fits(cache, node.args[6], slot_ids, start_pos, k, v)
 
 
 def fits_verify_greedy(node: fx.Node) -> bool:
@@ -200,6 +218,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "rotary": fits_rotary,
     "silu_mul": fits_silu_mul,
     "kv_write": fits_kv_write,
+    "rotary_kv_write": fits_rotary_kv_write,
     "verify_greedy": fits_verify_greedy,
     "verify_rejection": fits_verify_rejection,
 }

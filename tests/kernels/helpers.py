@@ -26,6 +26,11 @@ def poison_allocator(device: torch.device = DEVICE, megabytes: int = 64) -> None
         del large, small
 
 
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """The raw bits, so NaN payloads and -0.0 compare too."""
+    return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])
+
+
 def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

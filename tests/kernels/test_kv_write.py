@@ -7,14 +7,9 @@ import torch
 from graphspec.kernels import kv_write as kernel
 from torch.library import opcheck
 
-from tests.kernels.helpers import DEVICE, generator
+from tests.kernels.helpers import DEVICE, bits, generator
 
 LAYERS, SLOTS, SEQ = 2, 5, 16
-
-
-def bits(x: torch.Tensor) -> torch.Tensor:
-    """The raw bits, so NaN payloads and -0.0 compare too."""
-    return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])
 
 
 def make_inputs(

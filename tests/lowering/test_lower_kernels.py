@@ -7,10 +7,12 @@ import operator
 import pytest
 import torch
 import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
 from graphspec.config import PassContext
 from graphspec.lowering import lower_kernels, registry
+from tests import graphs
 from tests.graphs import assert_graph_equal
 from tests.kernels.helpers import DEVICE
 from tests.lowering.hot_ops import EPS, LAYER, hot_inputs, traced
@@ -147,6 +149,30 @@ def test_in_place_kv_write_is_lowered_where_it_was_and_still_writes() -> None:
     assert not torch.equal(expected, inputs[CACHE])  # the write changes something
     torch.testing.assert_close(cache, expected, rtol=0, atol=0)
     torch.testing.assert_close(cache, reference_inputs[CACHE], rtol=1e-5, atol=1e-5)  # rotary's fp32 ulps
+
+
+def test_fused_rotary_kv_write_is_lowered_and_writes_the_same_bits() -> None:
+    """The op fuse_rotary_kv makes lowers like any other (config args, in place, no users needed), and
+    its kernel returns the reference's q and writes the reference's cache, bit for bit in bf16."""
+
+    def fused(q, k, v, cos, sin, cache, slot_ids, start_pos):
+        return ops.rotary_kv_write(q, k, v, cos, sin, cache, LAYER, slot_ids, start_pos)
+
+    inputs = [x.to(DEVICE) for x in graphs.rotary_kv_chain_inputs(torch.bfloat16)]
+    gm = make_fx(fused, tracing_mode="fake")(*inputs)
+    reference_inputs = [x.clone() for x in inputs]
+    expected = gm(*reference_inputs)
+    result = lower_kernels.run(gm, ctx(sm=None, options={"force_sm": 90}))
+    assert result.stats == {"lowered": 1, "fallback": 0}
+    node = next(n for n in result.gm.graph.nodes if "gs_kernel" in n.meta)
+    assert node.target is torch.ops.graphspec.rotary_kv_write_triton.default
+    assert node.args[-2:] == tuple(registry._module("rotary_kv_write").CONFIGS[90].values())
+    lowered_inputs = [x.clone() for x in inputs]
+    got = result.gm(*lowered_inputs)
+    cache = 5  # index of the cache in rotary_kv_chain_inputs()
+    assert torch.equal(got, expected)
+    assert not torch.equal(lowered_inputs[cache], inputs[cache])
+    assert torch.equal(lowered_inputs[cache], reference_inputs[cache])
 
 
 def test_lowered_code_reloads_as_source() -> None:

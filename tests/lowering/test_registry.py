@@ -86,6 +86,31 @@ def test_kv_write_fits_integer_indices_and_matching_shapes() -> None:
         assert registry.resolve("kv_write", 90, bad) is None, bad.args
 
 
+def rotary_kv_write_node(q, k, v, cache, layer: int = 1) -> torch.fx.Node:
+    def fused(q, k, v, cos, sin, cache, slot_ids, start_pos):
+        return ops.rotary_kv_write(q, k, v, cos, sin, cache, layer, slot_ids, start_pos)
+
+    cos = torch.zeros(q.shape[0], q.shape[2], q.shape[3])
+    slots, start = torch.tensor([2, 0]), torch.tensor([0, 5])
+    gm = make_fx(fused, tracing_mode="fake")(q, k, v, cos, cos, cache, slots, start)
+    return next(n for n in gm.graph.nodes if n.target == ops.OPS["rotary_kv_write"])
+
+
+def test_rotary_kv_write_fits_where_rotary_and_kv_write_both_fit() -> None:
+    cache = torch.zeros(2, 2, 3, 2, 16, 8, dtype=torch.bfloat16)
+    q, k = torch.zeros(2, 4, 3, 8, dtype=torch.bfloat16), torch.zeros(2, 2, 3, 8, dtype=torch.bfloat16)
+    assert registry.resolve("rotary_kv_write", 90, rotary_kv_write_node(q, k, k, cache)) is not None
+    assert registry.resolve("rotary_kv_write", 90, rotary_kv_write_node(q.float(), k.float(), k, cache)) is not None
+    for bad in (
+        rotary_kv_write_node(q, k.float(), k, cache),  # rotary: q and k dtypes differ
+        rotary_kv_write_node(q[..., :7], k[..., :7], k[..., :7], cache[..., :7]),  # rotary: odd head dim
+        rotary_kv_write_node(q, k, k[..., :4], cache),  # kv_write: v narrower than k
+        rotary_kv_write_node(q, k[:, :1], k[:, :1], cache),  # kv_write: fewer heads than the cache
+        rotary_kv_write_node(q, k, k, cache, layer=2),  # kv_write: no such layer
+    ):
+        assert registry.resolve("rotary_kv_write", 90, bad) is None, bad.args
+
+
 def test_silu_mul_needs_an_even_float_last_dim() -> None:
     def act(x):
         return ops.silu_mul(x)

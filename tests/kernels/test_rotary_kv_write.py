@@ -1,0 +1,166 @@
+"""rotary_kv_write kernel vs graphspec.ops.rotary_kv_write_reference (rotary, then kv_write of the rotated k):
+the rotary's rounding and a copy into the cache, so q and the cache match bit for bit in bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from graphspec.kernels import rotary_kv_write as kernel
+from torch.library import opcheck
+
+from graphspec.ops import rotary_reference
+from tests.kernels.helpers import DEVICE, bits, generator, poison_allocator
+
+LAYERS, SLOTS, SEQ = 2, 5, 16
+
+
+def make_inputs(
+    batch: int,
+    q_heads: int,
+    kv_heads: int,
+    t: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int,
+    cache_dtype: torch.dtype | None = None,
+) -> list[torch.Tensor]:
+    """q, k, v, cos, sin and a random cache: q/k/v as the decoder passes them, [B, T, H, D] slices of
+    one fused qkv projection transposed to [B, H, T, D] (no two of their strides contiguous)."""
+    g = generator(seed)
+    widths = [q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    qkv = torch.randn(batch, t, sum(widths), generator=g).to(DEVICE, dtype)
+    q, k, v = (
+        part.view(batch, t, heads, head_dim).transpose(1, 2)
+        for part, heads in zip(qkv.split(widths, dim=-1), (q_heads, kv_heads, kv_heads), strict=True)
+    )
+    angles = torch.rand(batch, t, head_dim // 2, generator=g) * 100
+    angles = torch.cat((angles, angles), dim=-1)
+    cache = torch.randn(LAYERS, 2, SLOTS, kv_heads, SEQ, head_dim, generator=g).to(DEVICE, cache_dtype or dtype)
+    return [q, k, v, angles.cos().to(DEVICE), angles.sin().to(DEVICE), cache]
+
+
+def index(*values: int) -> torch.Tensor:
+    return torch.tensor(values, device=DEVICE)
+
+
+def run_both(inputs: list[torch.Tensor], layer: int, slots: torch.Tensor, start: torch.Tensor, **config: int):
+    """(kernel q_out, kernel cache, reference q_out, reference cache), each side on its own cache copy."""
+    q, k, v, cos, sin, cache = inputs
+    expected_cache, cache = cache.clone(), cache.clone()
+    expected = kernel.rotary_kv_write_reference(q, k, v, cos, sin, expected_cache, layer, slots, start)
+    poison_allocator()
+    q_out = kernel.rotary_kv_write(q, k, v, cos, sin, cache, layer, slots, start, **config)
+    return q_out, cache, expected, expected_cache
+
+
+def assert_rotary_equal(out: torch.Tensor, expected: torch.Tensor) -> None:
+    # fp32 on the GPU may fuse a product into an FMA (as in test_rotary): an ulp there; else bit-exact.
+    tolerance = 2e-6 if out.dtype == torch.float32 and out.device.type == "cuda" else 0.0
+    torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(4, 4, 64), (8, 2, 128), (6, 3, 96)])
+def test_rotary_kv_write_matches_reference(dtype: torch.dtype, q_heads: int, kv_heads: int, head_dim: int) -> None:
+    """GQA and a head dim that is not a power of 2; three rows in scattered slots, one at position 0 and
+    one ending exactly at S; head blocks of 4 straddle the q/k boundary."""
+    inputs = make_inputs(3, q_heads, kv_heads, 4, head_dim, dtype, seed=q_heads)
+    q_out, cache, expected, expected_cache = run_both(inputs, 1, index(4, 0, 2), index(5, 0, SEQ - 4), block_h=4)
+    assert q_out.is_contiguous() and q_out.shape == inputs[0].shape
+    assert_rotary_equal(q_out, expected)
+    assert_rotary_equal(cache, expected_cache)
+    if dtype == torch.bfloat16 or DEVICE.type != "cuda":
+        assert torch.equal(bits(cache), bits(expected_cache))
+
+
+@pytest.mark.parametrize(("dtype", "cache_dtype"), [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_rotated_k_is_cast_to_the_cache_dtype_like_kv_write(dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
+    """The rotated k is rounded to the model dtype first, then converted like .to(cache.dtype)."""
+    inputs = make_inputs(2, 4, 2, 3, 64, dtype, seed=1, cache_dtype=cache_dtype)
+    q_out, cache, expected, expected_cache = run_both(inputs, 0, index(1, 3), index(2, 9))
+    assert_rotary_equal(q_out, expected)
+    assert_rotary_equal(cache, expected_cache)
+
+
+def test_single_token_int32_indices_default_config() -> None:
+    """T = 1 (a decode step without drafts) and int32 slot/position tensors, through the op."""
+    q, k, v, cos, sin, cache = make_inputs(4, 4, 2, 1, 64, torch.bfloat16, seed=2)
+    slots, start = index(3, 1, 0, 4).to(torch.int32), index(0, 15, 7, 8).to(torch.int32)
+    expected_cache = cache.clone()
+    expected = kernel.rotary_kv_write_reference(q, k, v, cos, sin, expected_cache, 1, slots, start)
+    config = kernel.CONFIGS["default"].values()
+    q_out = torch.ops.graphspec.rotary_kv_write_triton(q, k, v, cos, sin, cache, 1, slots, start, *config)
+    assert torch.equal(q_out, expected)
+    assert torch.equal(bits(cache), bits(expected_cache))
+
+
+def test_targets_outside_the_cache_are_dropped_and_q_still_rotated() -> None:
+    """Where the reference would raise (position >= S, slot >= SLOTS) or wrap a negative index, the
+    kernel writes no K/V for that (row, token), as kernels/kv_write.py does; q is rotated regardless."""
+    q, k, v, cos, sin, cache = make_inputs(4, 4, 2, 4, 64, torch.bfloat16, seed=3)
+    slots = index(1, 3, SLOTS, 2)
+    start = index(SEQ - 2, -2, 0, 4)  # row 0: t 2, 3 past S; row 1: t 0, 1 before 0; row 2: no such slot
+    q_rot, k_rot = rotary_reference(q, k, cos, sin)
+    expected = cache.clone()
+    landed = [  # (row, slot, cache positions, its tokens) of every in-range write
+        (0, 1, slice(SEQ - 2, None), slice(0, 2)),
+        (1, 3, slice(0, 2), slice(2, 4)),
+        (3, 2, slice(4, 8), slice(0, 4)),
+    ]
+    for row, slot, positions, tokens in landed:
+        expected[1, 0, slot, :, positions] = k_rot[row, :, tokens]
+        expected[1, 1, slot, :, positions] = v[row, :, tokens]
+    q_out = kernel.rotary_kv_write(q, k, v, cos, sin, cache, 1, slots, start, block_h=4)
+    assert torch.equal(q_out, q_rot)
+    assert torch.equal(bits(cache), bits(expected))
+
+
+def test_empty_batch_writes_nothing() -> None:
+    q, k, v, cos, sin, cache = make_inputs(0, 4, 2, 3, 64, torch.float32, seed=4)
+    before = cache.clone()
+    q_out = kernel.rotary_kv_write(q, k, v, cos, sin, cache, 0, index(), index())
+    assert q_out.shape == q.shape and torch.equal(cache, before)
+
+
+def test_shape_mismatch_raises() -> None:
+    q, k, v, cos, sin, cache = make_inputs(2, 4, 2, 3, 64, torch.float32, seed=5)
+    with pytest.raises(ValueError, match="do not fit"):
+        kernel.rotary_kv_write(q, k, v[..., :32], cos, sin, cache, 0, index(0, 1), index(0, 0))
+    with pytest.raises(ValueError, match="do not match"):
+        kernel.rotary_kv_write(q, k.to(torch.bfloat16), v, cos, sin, cache, 0, index(0, 1), index(0, 0))
+
+
+def test_rotary_kv_write_triton_opcheck() -> None:
+    """The op's schema says it mutates `cache` and only that, and its fake matches."""
+    q, k, v, cos, sin, cache = make_inputs(2, 4, 2, 3, 64, torch.bfloat16, seed=6)
+    opcheck(torch.ops.graphspec.rotary_kv_write_triton, (q, k, v, cos, sin, cache, 1, index(4, 0), index(3, 0), 4, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "t"), [(1, 5), (64, 9)])
+def test_rotary_kv_write_real_shapes_gpu(batch: int, t: int) -> None:
+    """8B-class attention: 32 q heads, 8 kv heads of 128, bf16, rows in a shuffled subset of 65 slots."""
+    q, k, v, cos, sin, _ = make_inputs(batch, 32, 8, t, 128, torch.bfloat16, seed=batch)
+    g = generator(batch)
+    cache = torch.randn(2, 2, 65, 8, 256, 128, generator=g).to(DEVICE, torch.bfloat16)
+    slots = torch.randperm(65, generator=g)[:batch].to(DEVICE)
+    start = torch.randint(0, 256 - t + 1, (batch,), generator=g).to(DEVICE)
+    q_out, got, expected, expected_cache = run_both([q, k, v, cos, sin, cache], 1, slots, start, **kernel.CONFIGS[90])
+    assert torch.equal(q_out, expected)
+    assert torch.equal(bits(got), bits(expected_cache))
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_rotary_kv_write_offsets_past_int32_gpu() -> None:
+    """A 9 GB bf16 cache: layer 1, V, slot 32 starts past element 2**32, where int32 offsets would wrap."""
+    cache = torch.zeros(2, 2, 33, 8, 32768, 128, dtype=torch.bfloat16, device=DEVICE)
+    q, k, v, cos, sin, _ = make_inputs(2, 32, 8, 5, 128, torch.bfloat16, seed=7)
+    slots, start = index(32, 31), index(32768 - 5, 100)
+    q_out = kernel.rotary_kv_write(q, k, v, cos, sin, cache, 1, slots, start, **kernel.CONFIGS[90])
+    q_rot, k_rot = rotary_reference(q, k, cos, sin)
+    assert torch.equal(q_out, q_rot)
+    assert torch.equal(cache[1, 0, 32, :, -5:], k_rot[0]) and torch.equal(cache[1, 1, 32, :, -5:], v[0])
+    assert torch.equal(cache[1, 0, 31, :, 100:105], k_rot[1]) and torch.equal(cache[1, 1, 31, :, 100:105], v[1])
+    written = cache.count_nonzero().item()
+    assert written == k_rot.count_nonzero().item() + v.count_nonzero().item()  # nothing landed anywhere else
