@@ -16,11 +16,17 @@ from dataclasses import dataclass
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from benchmarks import common
+from graphspec import pipeline
+from graphspec.compiler import device_sm
 from graphspec.config import PassContext
-from graphspec.lowering import lower_kernels
 from graphspec.models.decoder import DecoderLM
-from graphspec.passes import defunctionalize_kv, fuse_rotary_kv
 from graphspec.trace import model_inputs
+
+# The step pipeline minus what only a speculation step has (verify/accept, padded rows, piecewise
+# capture): the decode forward gets every cache, fusion and lowering pass the step gets.
+STEP_ONLY = ("insert_verify", "mask_padding", "split_attention")
+DECODE_PASSES = tuple(p for p in pipeline.PIPELINE if p.NAME not in STEP_ONLY)
 
 
 @dataclass
@@ -52,7 +58,7 @@ def trace_decode(model: DecoderLM, batch: int, max_seq_len: int, sm: int | None)
     ]
     gm = make_fx(program, tracing_mode="fake")(*params.values(), *example)
     ctx = PassContext(k=0, batch=batch, mode="greedy", sm=sm, device=str(device), dtype=str(dtype))
-    for step in (defunctionalize_kv, fuse_rotary_kv, lower_kernels):
+    for step in DECODE_PASSES:
         gm = step.run(gm, ctx).gm
     return gm
 
@@ -66,20 +72,12 @@ def generate(model: DecoderLM, prompts: list[list[int]], new_tokens: int, max_se
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
     cuda = device.type == "cuda"
-    sm = None
-    if cuda:
-        major, minor = torch.cuda.get_device_capability(device)
-        sm = major * 10 + minor
     batch, length = len(prompts), len(prompts[0])
-    gm = trace_decode(model, batch, max_seq_len, sm)
+    gm = trace_decode(model, batch, max_seq_len, device_sm(str(device)))
     weights = list(model_inputs(model).values())
     cache = model.new_cache(batch, max_seq_len, dtype, device)
     slots = torch.arange(batch, device=device)
     history = torch.zeros((batch, new_tokens), dtype=torch.int64, device=device)
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
 
     began = time.perf_counter()
     prompt = torch.tensor(prompts, dtype=torch.int64, device=device)
@@ -109,14 +107,14 @@ def generate(model: DecoderLM, prompts: list[list[int]], new_tokens: int, max_se
             step()
         for buffer, value in zip((tokens, start, column, history), saved, strict=True):
             buffer.copy_(value)  # the warm-up and capture each ran one step; start over
-    sync()
+    common.sync(device)
     decode_began = time.perf_counter()
     for _ in range(new_tokens - 1):
         if graph is not None:
             graph.replay()
         else:
             step()
-    sync()
+    common.sync(device)
     end = time.perf_counter()
     return DecodeResult(
         tokens=history.tolist(),
