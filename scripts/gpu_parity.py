@@ -38,31 +38,11 @@ import transformers
 # Make `graphspec` importable when the script runs from a source checkout without installing it.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import common
 from graphspec.models import load_model
 
-LLAMA_31_8B = dict(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=131072,
-    rope_theta=500000.0,
-    rope_scaling={
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    },
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-    bos_token_id=128000,
-    eos_token_id=128001,
-)
-SMALL = dict(
-    LLAMA_31_8B,
+# The Llama-3.1-8B shape is benchmarks/common.py's "llama-8b"; --small shrinks it to a CPU self-test.
+SMALL_OVERRIDES = dict(
     vocab_size=512,
     hidden_size=64,
     intermediate_size=128,
@@ -70,13 +50,10 @@ SMALL = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=1024,
-    rope_scaling=dict(LLAMA_31_8B["rope_scaling"], original_max_position_embeddings=64),
-    bos_token_id=1,
-    eos_token_id=2,
-    # 0.02 * sqrt(4096 / 64): gives the tiny model the 8B's activation scales, so attention is as
-    # sharp and position-sensitive as there (at 0.02 a 64-wide model attends almost uniformly).
-    initializer_range=0.16,
 )
+# 0.02 * sqrt(4096 / 64): gives the tiny model the 8B's activation scales, so attention is as sharp
+# and position-sensitive as there (at 0.02 a 64-wide model attends almost uniformly).
+SMALL_INIT_RANGE = 0.16
 FULL_PROMPT_LENGTHS = (512, 37, 300, 129, 1, 256, 200, 64)
 SMALL_PROMPT_LENGTHS = (40, 7, 25, 1)
 
@@ -88,9 +65,20 @@ class Logits:
     argmax: list[torch.Tensor]  # per prompt [T] int64
 
 
-def build_checkpoint(directory: Path, fields: dict, device: str, seed: int) -> None:
+def parity_config(small: bool, layers: int | None) -> transformers.PretrainedConfig:
+    fields = dict(common.SHAPES["llama-8b"])
+    if small:
+        fields.update(SMALL_OVERRIDES, rope=dict(fields["rope"], original_max_position_embeddings=64))
+    if layers:
+        fields["num_hidden_layers"] = layers
+    config = common.make_config(fields)
+    if small:
+        config.initializer_range = SMALL_INIT_RANGE
+    return config
+
+
+def build_checkpoint(directory: Path, config: transformers.PretrainedConfig, device: str, seed: int) -> None:
     """Random Llama weights created on `device` in bf16 (no fp32 copy), saved with save_pretrained."""
-    config = transformers.LlamaConfig(**fields)
     torch.manual_seed(seed)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # parameters are born bf16: 16 GB, not 32 GB then a cast
@@ -201,14 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cpu" if args.small else "cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("no CUDA device; use --small (or --device cpu) to run on CPU")
-    fields = dict(SMALL if args.small else LLAMA_31_8B)
-    if args.layers:
-        fields["num_hidden_layers"] = args.layers
+    config = parity_config(args.small, args.layers)
     lengths = SMALL_PROMPT_LENGTHS if args.small else FULL_PROMPT_LENGTHS
     if args.lengths:
         lengths = tuple(int(n) for n in args.lengths.split(","))
     generator = torch.Generator().manual_seed(args.seed + 1)
-    prompts = [torch.randint(0, fields["vocab_size"], (n,), generator=generator) for n in lengths]
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=generator) for n in lengths]
 
     temporary = None if args.out else tempfile.TemporaryDirectory(prefix="gpu_parity_")
     directory = args.out or Path(temporary.name)
@@ -219,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.reuse and (directory / "config.json").is_file():
             print(f"reusing checkpoint in {directory}")
         else:
-            build_checkpoint(directory, fields, device, args.seed)
+            build_checkpoint(directory, config, device, args.seed)
         timings["build+save"] = time.perf_counter() - start
 
         start = time.perf_counter()
