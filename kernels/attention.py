@@ -54,6 +54,7 @@ HEAD_DIMS = (64, 128)  # head dims the kernel is tested for (any power of 2 from
 MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
 MAX_SPLITS = 128  # split-K cap
 MIN_SPLIT_KEYS = 256  # a row uses another split only for this many more visible keys (splitting less costs more)
+COMBINE_UNROLL = tl.constexpr(4)  # partials the combining program loads per step (a constexpr: read in the kernel)
 LOG2E = 1.4426950408889634
 
 
@@ -89,6 +90,7 @@ def attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,  # num_splits padded to a power of 2 (the combine's tile of log-sum-exps)
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -165,7 +167,7 @@ def attention_kernel(
     if SPLIT:
         _store_or_combine(
             out_ptrs, part_out_ptr, part_lse_ptr, counter_ptr, acc, m_i, l_i, out_rows, row_ok, used, split,
-            num_splits, row_head * tl.num_programs(2) + m_block, HEAD_DIM, BLOCK_M,
+            num_splits, row_head * tl.num_programs(2) + m_block, HEAD_DIM, BLOCK_M, BLOCK_SPLITS,
         )  # fmt: skip
     else:
         _store_output(out_ptrs, acc, l_i, row_ok)
@@ -182,7 +184,7 @@ def _store_output(out_ptrs, acc, l_i, row_ok):
 @triton.jit
 def _store_or_combine(
     out_ptrs, part_out_ptr, part_lse_ptr, counter_ptr, acc, m_i, l_i, out_rows, row_ok, used, split, num_splits,
-    ticket, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    ticket, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
 ):  # fmt: skip
     """A split program's ending: the output itself when the row uses one split, else its partial and a
     ticket; the program that draws the last ticket combines every used split's partial."""
@@ -205,26 +207,35 @@ def _store_or_combine(
         counter = counter_ptr + ticket
         if tl.atomic_add(counter, 1, sem="acq_rel") == used - 1:
             tl.store(counter, 0)  # ready for the next launch (the same stream runs launches in order)
-            # out = sum_s 2^(lse_s - top) out_s / sum_s 2^(lse_s - top), as an online maximum so one pass
-            # reads each partial once; .cg loads skip L1, which may hold an earlier launch's partials.
-            top = tl.full([BLOCK_M], -1.0e30, tl.float32)
-            total = tl.zeros([BLOCK_M], tl.float32)
+            # out = sum_s 2^(lse_s - top) out_s / sum_s 2^(lse_s - top). The log-sum-exps of every used
+            # split come in one tile load, then COMBINE_UNROLL partials per step are loaded together, so
+            # the combine waits on a few round trips to L2, not one per split. .cg loads skip L1, which
+            # may still hold an earlier launch's partials.
+            splits_tile = tl.arange(0, BLOCK_SPLITS)
+            all_lse = tl.load(
+                part_lse_ptr + out_rows[:, None] * num_splits + splits_tile[None, :],
+                mask=row_ok[:, None] & (splits_tile < used)[None, :],
+                other=float("-inf"),
+                cache_modifier=".cg",
+            )
+            top = tl.max(all_lse, 1)
+            top = tl.where(top == float("-inf"), 0.0, top)  # padding rows (row_ok false) stay finite
+            total = tl.sum(tl.exp2(all_lse - top[:, None]), 1)  # unused and empty splits weigh 0
             acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-            for other in range(0, used):
-                rows_s = out_rows * num_splits + other
-                lse_s = tl.load(part_lse_ptr + rows_s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-                part = tl.load(
-                    part_out_ptr + rows_s[:, None] * HEAD_DIM + dims[None, :],
-                    mask=row_ok[:, None],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                top_new = tl.maximum(top, lse_s)
-                rescale = tl.exp2(top - top_new)
-                weight = tl.exp2(lse_s - top_new)  # 0 for an empty split (lse -inf)
-                total = total * rescale + weight
-                acc = acc * rescale[:, None] + part * weight[:, None]
-                top = top_new
+            for first in range(0, used, COMBINE_UNROLL):
+                for offset in tl.static_range(COMBINE_UNROLL):
+                    rows_s = out_rows * num_splits + first + offset
+                    ok = row_ok & (tl.full([BLOCK_M], first + offset, tl.int32) < used)
+                    weight = tl.exp2(
+                        tl.load(part_lse_ptr + rows_s, mask=ok, other=float("-inf"), cache_modifier=".cg") - top
+                    )
+                    part = tl.load(
+                        part_out_ptr + rows_s[:, None] * HEAD_DIM + dims[None, :],
+                        mask=ok[:, None],
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
+                    acc += part * weight[:, None]
             _store_output(out_ptrs, acc, total, row_ok)
 
 
@@ -324,6 +335,7 @@ def attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         SPLIT=splits > 1,
+        BLOCK_SPLITS=next_power_of_2(splits),
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
         UPCAST_DOT=upcast,
         num_warps=num_warps,
