@@ -9,13 +9,9 @@ One program handles one (row b, kv head, split, query block): the GROUP = Hq/Hkv
 the kv head times the T query tokens are packed as the M dimension of one tile, so every key/value
 block is read from HBM once per kv head, whatever the group size. The visible keys of row b
 (0 .. start_pos[b] + T - 1) are cut into `splits` equal chunks computed on the device from start_pos,
-so the work is balanced for any actual length with a static grid (CUDA-graph safe). The grid has
-room for `num_splits` splits (a function of shapes only); on the device a row uses only as many as its
-length fills with at least `min_split_keys` keys each, and the programs of unused splits exit at once.
-A row that uses one split writes its output directly. With several, each program writes a normalized
-partial output and its log-sum-exp, then takes a ticket from a per-(row, kv head, query block) counter;
-the program that draws the last ticket combines the partials and resets the counter to zero. One launch
-per attention either way: at decode lengths a second (reduce) launch cost as much as the attention.
+so the work is balanced for any actual length with a static grid (CUDA-graph safe). With splits > 1
+each program writes a normalized partial output and its log-sum-exp and attention_reduce_kernel
+combines them; with one split the main kernel writes the output directly.
 """
 
 from __future__ import annotations
@@ -52,9 +48,8 @@ CONFIG_FIELDS = check_config_table(CONFIGS)
 
 HEAD_DIMS = (64, 128)  # head dims the kernel is tested for (any power of 2 from 16 to 256 compiles)
 MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
-MAX_SPLITS = 128  # split-K cap
-MIN_SPLIT_KEYS = 256  # a row uses another split only for this many more visible keys (splitting less costs more)
-COMBINE_UNROLL = tl.constexpr(4)  # partials the combining program loads per step (a constexpr: read in the kernel)
+MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
+REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step
 LOG2E = 1.4426950408889634
 
 
@@ -67,13 +62,11 @@ def attention_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
-    counter_ptr,  # int32 [B * Hkv * query blocks], zero between launches (the last program resets its own)
     layer,
     qk_scale,  # scale * log2(e): scores in base-2 units so the softmax can use exp2
     seq_capacity,  # S, cache positions per slot
     num_kv_heads,
     num_splits,
-    min_split_keys,
     stride_qb,
     stride_qh,
     stride_qt,
@@ -90,7 +83,6 @@ def attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
-    BLOCK_SPLITS: tl.constexpr,  # num_splits padded to a power of 2 (the combine's tile of log-sum-exps)
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -116,13 +108,9 @@ def attention_kernel(
         q = q.to(tl.float32)
 
     # Keys this row can see at all (the last query's window), clamped to the cache capacity, cut into
-    # `used` chunks of whole BLOCK_N blocks, at least min_split_keys keys each: split `split` covers
-    # positions [lo, hi). Splits past `used` have nothing to do (their partials are never read).
+    # num_splits chunks of whole BLOCK_N blocks: split `split` covers positions [lo, hi).
     kv_len = tl.minimum(start + T, seq_capacity)
-    used = tl.maximum(tl.minimum(num_splits, tl.cdiv(kv_len, min_split_keys)), 1)
-    if split >= used:
-        return
-    chunk = tl.cdiv(tl.cdiv(kv_len, used), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
 
@@ -162,38 +150,10 @@ def attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         m_i = m_new
 
+    has_keys = l_i > 0  # false for rows whose window misses this split entirely
+    norm = tl.where(has_keys, l_i, 1.0)
     out_rows = (b.to(tl.int64) * T + token) * (num_kv_heads * GROUP) + head  # row of contiguous [B, T, Hq]
-    out_ptrs = out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :]
     if SPLIT:
-        _store_or_combine(
-            out_ptrs, part_out_ptr, part_lse_ptr, counter_ptr, acc, m_i, l_i, out_rows, row_ok, used, split,
-            num_splits, row_head * tl.num_programs(2) + m_block, HEAD_DIM, BLOCK_M, BLOCK_SPLITS,
-        )  # fmt: skip
-    else:
-        _store_output(out_ptrs, acc, l_i, row_ok)
-
-
-@triton.jit
-def _store_output(out_ptrs, acc, l_i, row_ok):
-    """out = acc / l (rows without a visible key, l = 0, only occur as masked padding), rounded once."""
-    dtype = out_ptrs.dtype.element_ty
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptrs, round_to(out, dtype).to(dtype), mask=row_ok[:, None])
-
-
-@triton.jit
-def _store_or_combine(
-    out_ptrs, part_out_ptr, part_lse_ptr, counter_ptr, acc, m_i, l_i, out_rows, row_ok, used, split, num_splits,
-    ticket, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
-):  # fmt: skip
-    """A split program's ending: the output itself when the row uses one split, else its partial and a
-    ticket; the program that draws the last ticket combines every used split's partial."""
-    if used == 1:  # the row's keys fit one split: no partials, no ticket
-        _store_output(out_ptrs, acc, l_i, row_ok)
-    else:
-        dims = tl.arange(0, HEAD_DIM)
-        has_keys = l_i > 0  # false for rows whose window misses this split entirely
-        norm = tl.where(has_keys, l_i, 1.0)
         # Partials [B, T, Hq, splits, (D)]: normalized output and base-2 log-sum-exp (-inf when empty).
         part_rows = out_rows * num_splits + split
         lse = tl.where(has_keys, m_i + tl.log2(norm), float("-inf"))
@@ -201,65 +161,45 @@ def _store_or_combine(
         tl.store(
             part_out_ptr + part_rows[:, None] * HEAD_DIM + dims[None, :], acc / norm[:, None], mask=row_ok[:, None]
         )
-        # Every thread's partials are written before the ticket (barrier), and the ticket releases them
-        # to the GPU / acquires the other programs' (acq_rel at gpu scope).
-        tl.debug_barrier()
-        counter = counter_ptr + ticket
-        if tl.atomic_add(counter, 1, sem="acq_rel") == used - 1:
-            tl.store(counter, 0)  # ready for the next launch (the same stream runs launches in order)
-            # out = sum_s 2^(lse_s - top) out_s / sum_s 2^(lse_s - top). The log-sum-exps of every used
-            # split come in one tile load, then COMBINE_UNROLL partials per step are loaded together, so
-            # the combine waits on a few round trips to L2, not one per split. .cg loads skip L1, which
-            # may still hold an earlier launch's partials.
-            splits_tile = tl.arange(0, BLOCK_SPLITS)
-            all_lse = tl.load(
-                part_lse_ptr + out_rows[:, None] * num_splits + splits_tile[None, :],
-                mask=row_ok[:, None] & (splits_tile < used)[None, :],
-                other=float("-inf"),
-                cache_modifier=".cg",
-            )
-            top = tl.max(all_lse, 1)
-            top = tl.where(top == float("-inf"), 0.0, top)  # padding rows (row_ok false) stay finite
-            total = tl.sum(tl.exp2(all_lse - top[:, None]), 1)  # unused and empty splits weigh 0
-            acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-            for first in range(0, used, COMBINE_UNROLL):
-                for offset in tl.static_range(COMBINE_UNROLL):
-                    rows_s = out_rows * num_splits + first + offset
-                    ok = row_ok & (tl.full([BLOCK_M], first + offset, tl.int32) < used)
-                    weight = tl.exp2(
-                        tl.load(part_lse_ptr + rows_s, mask=ok, other=float("-inf"), cache_modifier=".cg") - top
-                    )
-                    part = tl.load(
-                        part_out_ptr + rows_s[:, None] * HEAD_DIM + dims[None, :],
-                        mask=ok[:, None],
-                        other=0.0,
-                        cache_modifier=".cg",
-                    )
-                    acc += part * weight[:, None]
-            _store_output(out_ptrs, acc, total, row_ok)
+    else:
+        out = round_to(acc / norm[:, None], out_ptr.dtype.element_ty)
+        tl.store(
+            out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
 
 
-# Ticket counters per device, every one zero between launches. Buffers are never freed: a captured CUDA
-# graph keeps the address of the buffer it was captured with, even after a larger one replaces it.
-_SPLIT_COUNTERS: dict[tuple[str, int | None], list[Tensor]] = {}
-
-
-def split_counters(device: torch.device, size: int) -> Tensor:
-    """At least `size` zeroed int32 tickets on `device`. Zeroed once, when allocated: the kernel resets
-    every ticket it takes, and launches on one stream run in order (graphspec runs a step on one stream).
-    Allocating inside CUDA-graph capture would put the buffer in the graph's pool, so a first use there is
-    refused; the runtime runs every bucket once before capturing it, which allocates the buffer."""
-    index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
-    key = (device.type, index)
-    buffers = _SPLIT_COUNTERS.setdefault(key, [])
-    if not buffers or buffers[-1].numel() < size:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"attention kernel: split counters for {size} tickets must be allocated before CUDA-graph "
-                "capture; run the graph once (warm-up) before capturing it"
-            )
-        buffers.append(torch.zeros(max(4096, next_power_of_2(size)), dtype=torch.int32, device=device))
-    return buffers[-1]
+@triton.jit
+def attention_reduce_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    # One program per output row (b, t, h), the row index of contiguous [B, T, Hq]; combines that
+    # row's num_splits partials: out = sum_s 2^(lse_s - top) * out_s / sum_s 2^(lse_s - top).
+    row = tl.program_id(0).to(tl.int64)
+    splits = tl.arange(0, BLOCK_SPLITS)
+    lse = tl.load(part_lse_ptr + row * num_splits + splits, mask=splits < num_splits, other=float("-inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == float("-inf"), 0.0, top)  # guard: a row with no keys at all stays finite
+    total = tl.sum(tl.exp2(lse - top), 0)  # empty and padding splits weigh 0
+    dims = tl.arange(0, HEAD_DIM)
+    acc = tl.full([HEAD_DIM], 0.0, tl.float32)
+    for first in range(0, num_splits, CHUNK):  # CHUNK partial rows at a time keep registers bounded
+        chunk = first + tl.arange(0, CHUNK)
+        ok = chunk < num_splits
+        weight = tl.exp2(tl.load(part_lse_ptr + row * num_splits + chunk, mask=ok, other=float("-inf")) - top)
+        parts = tl.load(
+            part_out_ptr + (row * num_splits + chunk)[:, None] * HEAD_DIM + dims[None, :], mask=ok[:, None], other=0.0
+        )
+        acc += tl.sum(parts * weight[:, None], 0)
+    out = round_to(acc / total, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
 
 
 def num_splits(
@@ -282,10 +222,9 @@ def attention(
     num_warps: int = CONFIGS["default"]["num_warps"],
     num_stages: int = CONFIGS["default"]["num_stages"],
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
-    min_split_keys: int = MIN_SPLIT_KEYS,
 ) -> Tensor:
-    """Launch attention_kernel (one launch, split or not). Same result as graphspec.ops.attention_reference;
-    returns a new contiguous [B, T, Hq, D] tensor of q's dtype."""
+    """Launch attention_kernel (+ attention_reduce_kernel when split). Same result as
+    graphspec.ops.attention_reference; returns a new contiguous [B, T, Hq, D] tensor of q's dtype."""
     check_device(q, cache)
     batch, q_heads, t, head_dim = q.shape
     kv_heads, seq_capacity = cache.shape[3], cache.shape[4]
@@ -309,9 +248,8 @@ def attention(
     if splits > 1:
         part_out = torch.empty((batch, t, q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, t, q_heads, splits), dtype=torch.float32, device=q.device)
-        counters = split_counters(q.device, batch * kv_heads * m_blocks)
     else:
-        part_out = part_lse = counters = out  # unused: the single split writes `out` directly
+        part_out = part_lse = out  # unused: the single split writes `out` directly
     attention_kernel[(splits, batch * kv_heads, m_blocks)](
         q,
         cache,
@@ -320,13 +258,11 @@ def attention(
         out,
         part_out,
         part_lse,
-        counters,
         layer,
         scale * LOG2E,
         seq_capacity,
         kv_heads,
         splits,
-        max(1, min_split_keys),
         *q.stride(),
         *cache.stride(),
         T=t,
@@ -335,12 +271,16 @@ def attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         SPLIT=splits > 1,
-        BLOCK_SPLITS=next_power_of_2(splits),
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
         UPCAST_DOT=upcast,
         num_warps=num_warps,
         num_stages=num_stages,
     )
+    if splits > 1:
+        attention_reduce_kernel[(batch * q_heads * t,)](
+            part_out, part_lse, out, splits,
+            HEAD_DIM=head_dim, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=REDUCE_CHUNK, num_warps=4,
+        )  # fmt: skip
     return out
 
 
