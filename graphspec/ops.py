@@ -305,6 +305,19 @@ def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Te
     return torch.where(greedy, one_hot, probs)
 
 
+@torch.library.custom_op("graphspec::argmax", mutates_args=())
+def argmax(logits: Tensor) -> Tensor:
+    """Greedy token per row: the first index of the maximum over the last dim, like torch.argmax (NaN
+    counts as the maximum). logits [..., V] -> [...] int64. An op of its own so it lowers to a kernel
+    that spreads one row's vocab over the GPU (torch reduces a single long row on few SMs)."""
+    return logits.argmax(dim=-1)
+
+
+@argmax.register_fake
+def _(logits: Tensor) -> Tensor:
+    return logits.new_empty(logits.shape[:-1], dtype=torch.int64)
+
+
 def sample_from(probs: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF draw: probs [..., V] (unnormalized is fine), u [...] in [0, 1) -> token ids [...]."""
     cdf = torch.cumsum(probs.to(torch.float64), dim=-1)
@@ -445,6 +458,7 @@ OPS = {
     "kv_write": torch.ops.graphspec.kv_write.default,
     "rotary_kv_write": torch.ops.graphspec.rotary_kv_write.default,
     "attention": torch.ops.graphspec.attention.default,
+    "argmax": torch.ops.graphspec.argmax.default,
     "sample": torch.ops.graphspec.sample.default,
     "verify_greedy": torch.ops.graphspec.verify_greedy.default,
     "verify_rejection": torch.ops.graphspec.verify_rejection.default,

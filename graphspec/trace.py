@@ -115,7 +115,7 @@ def speculate(
 
     def propose(logits: torch.Tensor, index: int) -> torch.Tensor:
         if greedy_draft:
-            return logits.argmax(dim=-1)
+            return ops.argmax(logits)
         return ops.sample(logits, temperature, top_k, top_p, seed, step_counter, ops.DRAFT_LANE + index)
 
     with region("draft"):

@@ -20,7 +20,14 @@ from torch import Tensor
 
 from graphspec.ops import verify_greedy as verify_greedy_reference
 
-__all__ = ["CONFIGS", "verify_greedy", "verify_greedy_reference", "verify_greedy_triton"]
+__all__ = [
+    "CONFIGS",
+    "merge_partials",
+    "verify_greedy",
+    "verify_greedy_reference",
+    "verify_greedy_triton",
+    "vocab_partials",
+]
 
 # block_v: vocab entries per loop step; max_splits: cap on vocab chunks per (b, j) row.
 CONFIGS: dict[int | str, dict[str, int]] = {
@@ -70,6 +77,17 @@ def verify_greedy_kernel(
 
 
 @triton.jit
+def merge_partials(part_max_ptr, part_index_ptr, part, mask):
+    """Token per row of a [rows, splits] tile of partials (masked entries ignored): the overall max,
+    then the smallest index holding it. Splits are in vocab order, and an all -inf row keeps its
+    first index because every split then holds -inf."""
+    maxima = tl.load(part_max_ptr + part, mask=mask, other=float("-inf"))
+    indices = tl.load(part_index_ptr + part, mask=mask, other=2147483647)
+    row_max = tl.max(maxima, 1)
+    return tl.min(tl.where(maxima == row_max[:, None], indices, 2147483647), 1)
+
+
+@triton.jit
 def verify_greedy_accept_kernel(
     part_max_ptr,
     part_index_ptr,
@@ -89,12 +107,7 @@ def verify_greedy_accept_kernel(
     j_ok = j < positions
     mask = j_ok[:, None] & (s < num_splits)[None, :]
     part = (b * positions + j)[:, None] * num_splits + s[None, :]  # [BLOCK_P, BLOCK_S] partial index
-    maxima = tl.load(part_max_ptr + part, mask=mask, other=float("-inf"))
-    indices = tl.load(part_index_ptr + part, mask=mask, other=2147483647)
-    # Merge splits: the overall max, then the smallest index holding it (splits are in vocab order,
-    # and an all -inf row keeps index 0 because every split then holds -inf).
-    row_max = tl.max(maxima, 1)
-    token = tl.min(tl.where(maxima == row_max[:, None], indices, 2147483647), 1)  # [BLOCK_P]
+    token = merge_partials(part_max_ptr, part_index_ptr, part, mask)  # [BLOCK_P]
     tl.store(tokens_ptr + b * positions + j, token.to(tl.int64), mask=j_ok)
     # Accepted = index of the first draft that differs from the target's token, K if none does.
     k = positions - 1
@@ -102,6 +115,20 @@ def verify_greedy_accept_kernel(
     mismatch = (j < k) & (draft != token.to(tl.int64))
     accepted = tl.min(tl.where(mismatch, j, k), 0)
     tl.store(accepted_ptr + b, accepted.to(tl.int64))
+
+
+def vocab_partials(logits: Tensor, block_v: int, num_warps: int, max_splits: int) -> tuple[Tensor, Tensor, int]:
+    """Launch verify_greedy_kernel over logits [B, P, V] (any strides): per (b, p) row, `splits` partial
+    (max, first argmax) pairs [B * P, splits], splits chosen so even one row spreads over the GPU."""
+    batch, positions, vocab = logits.shape
+    rows = batch * positions
+    splits = max(1, min(max_splits, cdiv(vocab, block_v), cdiv(PROGRAMS_PER_SM * sm_count(logits.device), rows)))
+    part_max = torch.empty((rows, splits), dtype=torch.float32, device=logits.device)
+    part_index = torch.empty((rows, splits), dtype=torch.int32, device=logits.device)
+    verify_greedy_kernel[(rows, splits)](
+        logits, part_max, part_index, positions, vocab, splits, *logits.stride(), BLOCK_V=block_v, num_warps=num_warps
+    )
+    return part_max, part_index, splits
 
 
 def verify_greedy(
@@ -114,20 +141,13 @@ def verify_greedy(
     """Greedy verify of target_logits [B, K+1, V] (any strides) against draft_tokens [B, K].
     Returns (tokens [B, K+1], num_accepted [B]), both int64."""
     check_device(target_logits, draft_tokens)
-    batch, positions, vocab = target_logits.shape
+    batch, positions, _ = target_logits.shape
     device = target_logits.device
     tokens = torch.empty((batch, positions), dtype=torch.int64, device=device)
     accepted = torch.empty((batch,), dtype=torch.int64, device=device)
     if batch == 0:
         return tokens, accepted
-    rows = batch * positions
-    splits = max(1, min(max_splits, cdiv(vocab, block_v), cdiv(PROGRAMS_PER_SM * sm_count(device), rows)))
-    part_max = torch.empty((rows, splits), dtype=torch.float32, device=device)
-    part_index = torch.empty((rows, splits), dtype=torch.int32, device=device)
-    verify_greedy_kernel[(rows, splits)](
-        target_logits, part_max, part_index, positions, vocab, splits, *target_logits.stride(),
-        BLOCK_V=block_v, num_warps=num_warps,
-    )  # fmt: skip
+    part_max, part_index, splits = vocab_partials(target_logits, block_v, num_warps, max_splits)
     verify_greedy_accept_kernel[(batch,)](
         part_max, part_index, draft_tokens, tokens, accepted, positions, splits, *draft_tokens.stride(),
         BLOCK_P=next_power_of_2(positions), BLOCK_S=next_power_of_2(splits), num_warps=1,

@@ -43,6 +43,7 @@ def test_opcheck_every_op():
         ),
         (torch.ops.graphspec.attention.default, (q, cache, 1, slots, start, 0.3)),
         (torch.ops.graphspec.sample.default, (logits[:, 0], *params[:3], params[3], counter, 3)),
+        (torch.ops.graphspec.argmax.default, (logits,)),
         (torch.ops.graphspec.verify_greedy.default, (logits, torch.randint(0, 10, (2, 2), generator=G))),
         (
             torch.ops.graphspec.verify_rejection.default,

@@ -190,6 +190,14 @@ def fits_verify_greedy(node: fx.Node) -> bool:
     )
 
 
+def fits_argmax(node: fx.Node) -> bool:
+    values = _vals(node, 1)
+    if values is None:
+        return False
+    (logits,) = values
+    return logits.dim() >= 1 and logits.dtype in FLOAT_DTYPES and 0 < logits.shape[-1] < INT32_LIMIT
+
+
 def fits_verify_rejection(node: fx.Node) -> bool:
     values = _vals(node, 8)
     if values is None:
@@ -219,6 +227,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "silu_mul": fits_silu_mul,
     "kv_write": fits_kv_write,
     "rotary_kv_write": fits_rotary_kv_write,
+    "argmax": fits_argmax,
     "verify_greedy": fits_verify_greedy,
     "verify_rejection": fits_verify_rejection,
 }

@@ -21,10 +21,11 @@ def hot_step(x, residual, weight, q, k, cos, sin, cache, slot_ids, start_pos, ta
     ops.kv_write(cache, LAYER, slot_ids, start_pos, k_rot, k)
     attn = ops.attention(q_rot, cache, LAYER, slot_ids, start_pos, SCALE)
     greedy_tokens, greedy_accepted = ops.verify_greedy(target_logits, draft_tokens)
+    proposals = ops.argmax(draft_logits[:, -1])  # a slice of a wider tensor, as the draft's last logits
     tokens, accepted = ops.verify_rejection(
         target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, seed, counter
     )
-    return normed, total, act, k_rot, attn, greedy_tokens, greedy_accepted, tokens, accepted
+    return normed, total, act, k_rot, attn, greedy_tokens, greedy_accepted, proposals, tokens, accepted
 
 
 def hot_inputs(head_dim: int = 64, batch: int = 2, t: int = 3, vocab: int = 40, seed: int = 0) -> list[torch.Tensor]:

@@ -19,7 +19,8 @@ from tests.lowering.hot_ops import EPS, LAYER, hot_inputs, traced
 from tests.step_case import StepCase
 
 HOT_OPS = (
-    "rms_norm", "add_rms_norm", "silu_mul", "rotary", "kv_write", "attention", "verify_greedy", "verify_rejection"
+    "rms_norm", "add_rms_norm", "silu_mul", "rotary", "kv_write", "attention", "argmax", "verify_greedy",
+    "verify_rejection",
 )  # fmt: skip
 
 
