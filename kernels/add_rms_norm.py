@@ -50,6 +50,9 @@ def add_rms_norm_kernel(
     col = tl.arange(0, BLOCK_D)
     col_ok = col < dim
     mask = (row < rows)[:, None] & col_ok[None, :]
+    # The weight is loaded first: nothing it needs comes from the row, and issued after the reduction
+    # (whose barrier the compiler does not move loads across) its memory latency would add to the row's.
+    weight = tl.load(weight_ptr + col * stride_w, mask=col_ok, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row[:, None] * stride_xr + col[None, :] * stride_xd, mask=mask, other=0.0)
     residual = tl.load(residual_ptr + row[:, None] * stride_rr + col[None, :] * stride_rd, mask=mask, other=0.0)
     # residual + x rounded once to the output dtype (exact fp32 sum of two 16-bit floats, then round).
@@ -59,7 +62,6 @@ def add_rms_norm_kernel(
     tl.store(total_ptr + out_offsets, total.to(dtype), mask=mask)
     variance = tl.sum(total * total, 1) / dim  # padding columns are 0
     hidden = round_to(total * (1.0 / tl.sqrt_rn(variance + eps))[:, None], dtype)
-    weight = tl.load(weight_ptr + col * stride_w, mask=col_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + out_offsets, round_to(weight[None, :] * hidden, dtype).to(dtype), mask=mask)
 
 

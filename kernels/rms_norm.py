@@ -46,13 +46,15 @@ def rms_norm_kernel(
     col = tl.arange(0, BLOCK_D)
     col_ok = col < dim
     mask = (row < rows)[:, None] & col_ok[None, :]
+    # The weight is loaded first: nothing it needs comes from the row, and issued after the reduction
+    # (whose barrier the compiler does not move loads across) its memory latency would add to the row's.
+    weight = tl.load(weight_ptr + col * stride_w, mask=col_ok, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row[:, None] * stride_xr + col[None, :] * stride_xd, mask=mask, other=0.0)
     hidden = x.to(tl.float32)
     variance = tl.sum(hidden * hidden, 1) / dim  # padding columns load as 0 and add nothing
     hidden = hidden * (1.0 / tl.sqrt_rn(variance + eps))[:, None]  # IEEE sqrt and divide, like torch on CPU
     dtype = out_ptr.dtype.element_ty
     hidden = round_to(hidden, dtype)  # the reference casts to the model dtype before scaling
-    weight = tl.load(weight_ptr + col * stride_w, mask=col_ok, other=0.0).to(tl.float32)
     out = round_to(weight[None, :] * hidden, dtype)  # exact fp32 product, rounded once
     tl.store(out_ptr + row[:, None] * dim + col[None, :], out.to(dtype), mask=mask)
 
