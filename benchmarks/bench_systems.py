@@ -8,8 +8,8 @@
 
 Defaults (full size): Llama-3.1-8B-shaped target, Llama-3.2-1B-shaped draft, bf16, 128-token prompts,
 256 new tokens, graphspec grid K:B = every K in 2/4/6 at every batch in 1/4/16/64, reference at batch
-1/16/64, transformers greedy at 1/16. Optional work (static+compile, a second pair) starts only if it fits in --budget-s (480);
-at --hard-deadline-s (570) a watchdog writes and prints what exists and exits 3.
+1/16/64, transformers greedy at 1/16. Optional work (static+compile, a second pair) starts only if it
+fits in --budget-s (480); at --hard-deadline-s (570) a watchdog writes and prints what exists and exits 3.
 
 What runs (same random weights, same prompts, greedy, no EOS stopping):
 - graphspec speculative decoding (graphspec.compile + Runtime, CUDA graphs) over a (K, batch) grid, and a
