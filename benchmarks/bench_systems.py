@@ -2,9 +2,9 @@
 
     python benchmarks/bench_systems.py [--small] [--out-dir D] [--pairs llama,qwen3] [--grid 2:1,4:1,...]
 
-    PYTHONUNBUFFERED=1 python benchmarks/bench_systems.py --out-dir $OUT     # H200: ~8-9 min, 8B/1B llama
+    PYTHONUNBUFFERED=1 python benchmarks/bench_systems.py --out-dir $OUT     # H200: 7 min (423 s), 8B/1B llama
     python benchmarks/bench_systems.py --small                                 # CPU smoke run (tiny models)
-    python benchmarks/bench_systems.py --pairs qwen3                           # the Qwen3-8B/0.6B pair alone
+    python benchmarks/bench_systems.py --pairs qwen3                           # Qwen3-8B/0.6B alone: 9 min
 
 Defaults (full size): Llama-3.1-8B-shaped target, Llama-3.2-1B-shaped draft, bf16, 128-token prompts,
 256 new tokens, graphspec grid K:B = every K in 2/4/6 at every batch in 1/4/16/64, graphspec target-only
@@ -69,7 +69,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 # Seconds a system is expected to need on an H200 (8B pair); an optional system starts only when it is
 # expected to finish inside --budget-s.
-ESTIMATED_S = {"hf-compile": 90.0, "pair": 300.0}  # hf-compile took 30 s (8B, c573228); margin for compile time
+ESTIMATED_S = {"hf-compile": 90.0, "pair": 300.0}  # hf-compile took 30-38 s on the H200 (8B models)
 
 FULL_DEFAULTS = dict(
     device="cuda",
