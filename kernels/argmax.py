@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from graphspec.kernels import verify_greedy
 from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2
 from graphspec.kernels.verify_greedy import merge_partials, vocab_partials
 from torch import Tensor
@@ -21,12 +22,10 @@ from graphspec.ops import argmax as argmax_reference
 
 __all__ = ["CONFIGS", "argmax", "argmax_reference", "argmax_triton"]
 
-# block_v: vocab entries per loop step; max_splits: cap on vocab chunks per row (verify_greedy's knobs,
-# whose kernel does the scan); rows_per_program: rows each merge program finishes.
+# verify_greedy's tuned scan config (its kernel does the scan: block_v, num_warps, max_splits), plus
+# rows_per_program: rows each merge program finishes.
 CONFIGS: dict[int | str, dict[str, int]] = {
-    80: {"block_v": 2048, "num_warps": 8, "max_splits": 32, "rows_per_program": 16},
-    90: {"block_v": 4096, "num_warps": 8, "max_splits": 32, "rows_per_program": 16},
-    "default": {"block_v": 1024, "num_warps": 4, "max_splits": 16, "rows_per_program": 16},
+    sm: {**config, "rows_per_program": 16} for sm, config in verify_greedy.CONFIGS.items()
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
