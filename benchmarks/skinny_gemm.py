@@ -13,25 +13,19 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphspec.kernels.common import cdiv, check_config_table, check_device, round_to, sm_count
+from graphspec.kernels.common import cdiv, check_device, round_to, sm_count
 from torch import Tensor
 
-__all__ = ["CONFIGS", "MAX_ROWS", "block_n_for", "linear", "linear_reference", "linear_triton"]
+__all__ = ["DEFAULT_CONFIG", "MAX_ROWS", "block_n_for", "linear"]
 
 MAX_ROWS = 64  # the most rows of x any config may take (BLOCK_M = rows padded to a power of 2 >= 16)
 MIN_BLOCK_N = 16
 SHARED_MEMORY_BYTES = 192 * 1024  # pipeline stages are capped to fit this (sm_80: 163 KB, sm_90: 227 KB per block)
 
-# max_rows: the most rows of x (B * T) a call takes (above 16 cuBLAS's tiled GEMMs win by far);
+# (max_block_n, block_k, programs_per_sm, num_warps, num_stages), the order linear() takes them:
 # max_block_n: the widest slab of W one program streams; block_k: K per pipelined tile; programs_per_sm:
 # the grid aims for at least this many programs per SM before it narrows BLOCK_N (down to MIN_BLOCK_N).
-_CONFIG = {"max_rows": 16, "max_block_n": 64, "block_k": 256, "programs_per_sm": 1, "num_warps": 4, "num_stages": 4}
-CONFIGS: dict[int | str, dict[str, int]] = {80: dict(_CONFIG), 90: dict(_CONFIG), "default": dict(_CONFIG)}
-CONFIG_FIELDS = check_config_table(CONFIGS)
-
-
-def linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    return torch.nn.functional.linear(x, weight, bias)
+DEFAULT_CONFIG = (64, 256, 1, 4, 4)
 
 
 @triton.jit
@@ -100,14 +94,13 @@ def linear(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None = None,
-    max_rows: int = CONFIGS["default"]["max_rows"],
-    max_block_n: int = CONFIGS["default"]["max_block_n"],
-    block_k: int = CONFIGS["default"]["block_k"],
-    programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
-    num_warps: int = CONFIGS["default"]["num_warps"],
-    num_stages: int = CONFIGS["default"]["num_stages"],
+    max_block_n: int = DEFAULT_CONFIG[0],
+    block_k: int = DEFAULT_CONFIG[1],
+    programs_per_sm: int = DEFAULT_CONFIG[2],
+    num_warps: int = DEFAULT_CONFIG[3],
+    num_stages: int = DEFAULT_CONFIG[4],
 ) -> Tensor:
-    """x [..., K] @ weight[N, K]^T (+ bias [N]) for at most max_rows rows of x; a new contiguous [..., N]."""
+    """x [..., K] @ weight[N, K]^T (+ bias [N]) for at most MAX_ROWS rows of x; a new contiguous [..., N]."""
     check_device(x, weight)
     *lead, k = x.shape
     n = weight.shape[0]
@@ -117,8 +110,8 @@ def linear(
         raise ValueError(f"linear kernel: bias {tuple(bias.shape)} is not [{n}]")
     x2 = x.reshape(-1, k)  # a view when the leading dims collapse, else a (tiny) copy
     m = x2.shape[0]
-    if m > min(max_rows, MAX_ROWS):
-        raise ValueError(f"linear kernel: {m} rows of x, at most {min(max_rows, MAX_ROWS)} (more rows use cuBLAS)")
+    if m > MAX_ROWS:
+        raise ValueError(f"linear kernel: {m} rows of x, at most {MAX_ROWS}")
     out = torch.empty((*lead, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
@@ -140,24 +133,3 @@ def linear(
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
-
-
-@torch.library.custom_op("graphspec_bench::linear_triton", mutates_args=())
-def linear_triton(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    max_rows: int,
-    max_block_n: int,
-    block_k: int,
-    programs_per_sm: int,
-    num_warps: int,
-    num_stages: int,
-) -> Tensor:
-    """linear() as a custom op (so it captures and traces like graphspec's kernel ops)."""
-    return linear(x, weight, bias, max_rows, max_block_n, block_k, programs_per_sm, num_warps, num_stages)
-
-
-@linear_triton.register_fake
-def _(x, weight, bias, max_rows, max_block_n, block_k, programs_per_sm, num_warps, num_stages):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
