@@ -1,9 +1,9 @@
 """graphspec's target-only decoder compiled the way the speculation step is: one decode forward traced
-with make_fx, cache writes made in place (defunctionalize_kv), rotary fused with the cache write
-(fuse_rotary_kv), hot ops lowered to the same Triton kernels (lower_kernels), and on CUDA captured as
-one CUDA graph that also feeds its token back, so generating N tokens is N replays with no host sync.
-It is the fair "no speculation" baseline for benchmarks/bench_systems.py: same weights, same kernels,
-same capture, no draft.
+with make_fx, cache writes made in place (defunctionalize_kv), rotary fused with the cache write and the
+attention (fuse_rotary_kv, fuse_kv_attention), hot ops lowered to the same Triton kernels (lower_kernels),
+and on CUDA captured as one CUDA graph that also feeds its token back, so generating N tokens is N
+replays with no host sync. It is the fair "no speculation" baseline for benchmarks/bench_systems.py:
+same weights, same kernels, same capture, no draft.
 
 Greedy only. Prefill runs the model eagerly (as the runtime's prefill does); only decode is timed.
 """

@@ -81,6 +81,7 @@ PHASE_CHECKS = {
     "mask_padding": (graph_lints, outputs_are_named, outputs_are_verified, no_host_sync_ops, regions_run_in_order),
     "defunctionalize_kv": _IN_PLACE,
     "fuse_rotary_kv": _IN_PLACE,
+    "fuse_kv_attention": _IN_PLACE,
     "lower_kernels": _IN_PLACE,
     "split_attention": (graph_lints, regions_run_in_order),
 }

@@ -237,6 +237,49 @@ def _(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor,
     return q.new_empty((batch, t, heads, head_dim))
 
 
+def rotary_kv_attention_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cache: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor,
+    scale: float,
+) -> Tensor:
+    # Exactly rotary_kv_write then attention, so bit-identical to the pair.
+    q_rot = rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos)
+    return attention_reference(q_rot, cache, layer, slot_ids, start_pos, scale).contiguous()
+
+
+@torch.library.custom_op("graphspec::rotary_kv_attention", mutates_args=("cache",))
+def rotary_kv_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cache: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor,
+    scale: float,
+) -> Tensor:
+    """rotary_kv_write (rotary of q and k, the rotated k and v written into the cache) followed by
+    attention of the rotated q, as one op: returns attention's [B, T, Hq, D]; neither rotated tensor
+    exists outside the op. Shapes as in rotary_kv_write and attention. The fuse_kv_attention pass makes
+    it from the pair, so a kernel can take the step's keys from registers instead of a launch earlier."""
+    return rotary_kv_attention_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale)
+
+
+@rotary_kv_attention.register_fake
+def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale):
+    batch, heads, t, head_dim = q.shape
+    return q.new_empty((batch, t, heads, head_dim))
+
+
 # --------------------------------------------------------------------------------------------------
 # Counter-based randomness and logits processing
 # --------------------------------------------------------------------------------------------------
@@ -458,6 +501,7 @@ OPS = {
     "kv_write": torch.ops.graphspec.kv_write.default,
     "rotary_kv_write": torch.ops.graphspec.rotary_kv_write.default,
     "attention": torch.ops.graphspec.attention.default,
+    "rotary_kv_attention": torch.ops.graphspec.rotary_kv_attention.default,
     "argmax": torch.ops.graphspec.argmax.default,
     "sample": torch.ops.graphspec.sample.default,
     "verify_greedy": torch.ops.graphspec.verify_greedy.default,

@@ -19,7 +19,14 @@ from graphspec.config import PassContext
 from graphspec.dump import DumpWriter, PassRecord, all_nodes, op_counts
 from graphspec.errors import InputError, PassError
 from graphspec.lowering import lower_kernels
-from graphspec.passes import defunctionalize_kv, fuse_rotary_kv, insert_verify, mask_padding, split_attention
+from graphspec.passes import (
+    defunctionalize_kv,
+    fuse_kv_attention,
+    fuse_rotary_kv,
+    insert_verify,
+    mask_padding,
+    split_attention,
+)
 
 log = logging.getLogger("graphspec")
 
@@ -32,6 +39,7 @@ PIPELINE = (
     # Phase 3: fusions across the in-place KV writes (they need those writes), into reference ops
     # that compute the same bits; before lowering, so fused ops get their kernels like any other op.
     fuse_rotary_kv,
+    fuse_kv_attention,
     # Phase 4: kernels chosen for ctx.sm (reference ops stay where no kernel fits).
     lower_kernels,
     # Phase 5: capture regions. Last, so every rewrite above works on one flat graph.

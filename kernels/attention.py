@@ -53,6 +53,53 @@ REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop 
 LOG2E = 1.4426950408889634
 
 
+@triton.jit
+def rope(x, partner, cos, sin, first_half, DTYPE: tl.constexpr):
+    """x rotated by rotate-half rotary with kernels/rotary.py's rounding (each product rounded to DTYPE,
+    then the sum), as fp32 holding DTYPE values. partner: x at the other half's column; cos/sin already
+    rounded to DTYPE; first_half: whether a column lies in the first half (where rotate_half negates)."""
+    rotated = tl.where(first_half, -partner.to(tl.float32), partner.to(tl.float32))
+    return round_to(round_to(x.to(tl.float32) * cos, DTYPE) + round_to(rotated * sin, DTYPE), DTYPE)
+
+
+@triton.jit
+def rope_rows(cos_ptr, sin_ptr, b, token, dims, stride_cb, stride_ct, stride_cd, stride_sb, stride_st, stride_sd, mask,
+              DTYPE: tl.constexpr):  # fmt: skip
+    """cos and sin [rows, HEAD_DIM] at (b, token) of each row, cast to DTYPE like the reference, held in fp32."""
+    cos_off = (b * stride_cb + token.to(tl.int64) * stride_ct)[:, None] + dims[None, :] * stride_cd
+    sin_off = (b * stride_sb + token.to(tl.int64) * stride_st)[:, None] + dims[None, :] * stride_sd
+    cos = round_to(tl.load(cos_ptr + cos_off, mask=mask, other=0.0).to(tl.float32), DTYPE)
+    sin = round_to(tl.load(sin_ptr + sin_off, mask=mask, other=0.0).to(tl.float32), DTYPE)
+    return cos, sin
+
+
+@triton.jit
+def block_scores(q, k, pos, in_range, query_pos, m_i, l_i, qk_scale, PRECISION: tl.constexpr,
+                 UPCAST_DOT: tl.constexpr):  # fmt: skip
+    """Online-softmax step over one key block: (p, alpha, m_new, l_new) with p the block's unnormalized
+    probabilities (base 2) and alpha the rescale of what was accumulated before."""
+    if UPCAST_DOT:
+        k = k.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    # Causal within the block: query at query_pos sees key positions <= query_pos.
+    visible = (pos[None, :] <= query_pos[:, None]) & in_range[None, :]
+    scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def accumulate(acc, p, alpha, v, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    # P is rounded to the value dtype (bf16 on GPU) for the tensor-core dot, as flash attention does.
+    if UPCAST_DOT:
+        p, v = round_to(p, v.dtype), v.to(tl.float32)
+    else:
+        p = p.to(v.dtype)
+    return acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+
+
 @triton.jit(do_not_specialize=["layer"])
 def attention_kernel(
     q_ptr,
@@ -62,9 +109,14 @@ def attention_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
+    k_ptr,  # ROTARY only: this step's k and v [B, Hkv, T, D] (unrotated k) and cos/sin [B, T, D]
+    v_ptr,
+    cos_ptr,
+    sin_ptr,
     layer,
     qk_scale,  # scale * log2(e): scores in base-2 units so the softmax can use exp2
     seq_capacity,  # S, cache positions per slot
+    slots,
     num_kv_heads,
     num_splits,
     stride_qb,
@@ -77,12 +129,27 @@ def attention_kernel(
     stride_ch,
     stride_cs,
     stride_cd,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    stride_vd,
+    stride_cosb,
+    stride_cost,
+    stride_cosd,
+    stride_sinb,
+    stride_sint,
+    stride_sind,
     T: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    ROTARY: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -93,6 +160,7 @@ def attention_kernel(
     kv_head = row_head % num_kv_heads
     slot = tl.load(slot_ids_ptr + b).to(tl.int64)
     start = tl.load(start_pos_ptr + b).to(tl.int32)
+    dtype = cache_ptr.dtype.element_ty
 
     # Tile rows: the GROUP q heads of this kv head times T tokens, row = g * T + t; rows past
     # GROUP * T are padding (BLOCK_M is a power of 2 >= 16 for tl.dot) and are never stored.
@@ -104,6 +172,17 @@ def attention_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q_rows = b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + token.to(tl.int64) * stride_qt
     q = tl.load(q_ptr + q_rows[:, None] + dims[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    # ROTARY: q arrives unrotated and is rotated here, in registers (rotate_half pairs column d with
+    # d +- D/2). Same rounding as the rotary kernel, so the rotated q is bit for bit what it stores.
+    first_half = dims < HEAD_DIM // 2
+    partner = tl.where(first_half, dims + HEAD_DIM // 2, dims - HEAD_DIM // 2)
+    if ROTARY:
+        q_partner = tl.load(q_ptr + q_rows[:, None] + partner[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        q_cos, q_sin = rope_rows(
+            cos_ptr, sin_ptr, b.to(tl.int64), token, dims, stride_cosb, stride_cost, stride_cosd,
+            stride_sinb, stride_sint, stride_sind, row_ok[:, None], dtype,
+        )  # fmt: skip
+        q = rope(q, q_partner, q_cos, q_sin, first_half[None, :], dtype).to(dtype)
     if UPCAST_DOT:
         q = q.to(tl.float32)
 
@@ -125,30 +204,51 @@ def attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    for block_start in range(lo, hi, BLOCK_N):
+    # ROTARY: this step's keys (positions start .. start+T-1) are not in the cache yet; the blocks that
+    # hold any of them run in the second loop below, which reads them from k/v instead. Blocks start at
+    # multiples of BLOCK_N (so does every chunk), so the blocks and their order are those of the
+    # unfused kernel: the same softmax steps, bit for bit.
+    cached_end = tl.minimum(hi, start // BLOCK_N * BLOCK_N) if ROTARY else hi
+    for block_start in range(lo, cached_end, BLOCK_N):
         pos = block_start + offs_n  # [BLOCK_N] key positions
         in_range = pos < hi  # the last block of a chunk may run past it; masked keys/values load as 0
         kv_offsets = pos[:, None] * stride_cs + dims[None, :] * stride_cd
         k = tl.load(key_base + kv_offsets, mask=in_range[:, None], other=0.0)
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        # Causal within the block: query at query_pos sees key positions <= query_pos.
-        visible = (pos[None, :] <= query_pos[:, None]) & in_range[None, :]
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = block_scores(q, k, pos, in_range, query_pos, m_i, l_i, qk_scale, PRECISION, UPCAST_DOT)
         # Values past `hi` load as 0 (the cache beyond a row's length may hold garbage, even NaN).
         v = tl.load(value_base + kv_offsets, mask=in_range[:, None], other=0.0)
-        # P is rounded to the value dtype (bf16 on GPU) for the tensor-core dot, as flash attention does.
-        if UPCAST_DOT:
-            p, v = round_to(p, v.dtype), v.to(tl.float32)
-        else:
-            p = p.to(v.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        m_i = m_new
+        acc = accumulate(acc, p, alpha, v, PRECISION, UPCAST_DOT)
+    if ROTARY:
+        # Only programs of m_block 0 write the new K/V (the others compute the same values), and only
+        # into a slot inside the cache, as kv_write drops out-of-range targets.
+        writes = (m_block == 0) & (slot >= 0) & (slot < slots)
+        # At most two blocks: not software-pipelined (its buffers would cost the whole kernel occupancy).
+        for block_start in tl.range(tl.maximum(lo, cached_end), hi, BLOCK_N, num_stages=1):
+            pos = block_start + offs_n
+            in_range = pos < hi
+            new = in_range & (pos >= start)
+            old = in_range & (pos < start)
+            kv_offsets = pos[:, None] * stride_cs + dims[None, :] * stride_cd
+            step_token = tl.where(new, pos - start, 0)  # token index of a new key
+            k_rows = b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh + step_token.to(tl.int64) * stride_kt
+            k_new = tl.load(k_ptr + k_rows[:, None] + dims[None, :] * stride_kd, mask=new[:, None], other=0.0)
+            k_partner = tl.load(k_ptr + k_rows[:, None] + partner[None, :] * stride_kd, mask=new[:, None], other=0.0)
+            k_cos, k_sin = rope_rows(
+                cos_ptr, sin_ptr, b.to(tl.int64), step_token, dims, stride_cosb, stride_cost, stride_cosd,
+                stride_sinb, stride_sint, stride_sind, new[:, None], dtype,
+            )  # fmt: skip
+            k_rot = rope(k_new, k_partner, k_cos, k_sin, first_half[None, :], dtype).to(dtype)
+            k = tl.where(new[:, None], k_rot, tl.load(key_base + kv_offsets, mask=old[:, None], other=0.0))
+            v_rows = b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh + step_token.to(tl.int64) * stride_vt
+            v_new = tl.load(v_ptr + v_rows[:, None] + dims[None, :] * stride_vd, mask=new[:, None], other=0.0)
+            v = tl.where(new[:, None], v_new, tl.load(value_base + kv_offsets, mask=old[:, None], other=0.0))
+            # HACK(triton<=3.9 interpreter): `block & scalar` of bools comes out as an int32 mask that
+            # tl.store refuses; tl.where keeps it bool (as in kernels/rotary_kv_write.py).
+            write = tl.where(writes, new, False)
+            tl.store(key_base + kv_offsets, k, mask=write[:, None])
+            tl.store(value_base + kv_offsets, v, mask=write[:, None])
+            p, alpha, m_i, l_i = block_scores(q, k, pos, in_range, query_pos, m_i, l_i, qk_scale, PRECISION, UPCAST_DOT)
+            acc = accumulate(acc, p, alpha, v, PRECISION, UPCAST_DOT)
 
     has_keys = l_i > 0  # false for rows whose window misses this split entirely
     norm = tl.where(has_keys, l_i, 1.0)
@@ -222,16 +322,35 @@ def attention(
     num_warps: int = CONFIGS["default"]["num_warps"],
     num_stages: int = CONFIGS["default"]["num_stages"],
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
+    rotary: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Launch attention_kernel (+ attention_reduce_kernel when split). Same result as
-    graphspec.ops.attention_reference; returns a new contiguous [B, T, Hq, D] tensor of q's dtype."""
-    check_device(q, cache)
+    graphspec.ops.attention_reference; returns a new contiguous [B, T, Hq, D] tensor of q's dtype.
+
+    rotary=(k, v, cos, sin) fuses this step's rotary and KV write in (graphspec::rotary_kv_attention):
+    q and k [B, Hkv, T, D] arrive unrotated, the rotated k and v are written into the cache at
+    positions start_pos[b] + t of slot slot_ids[b] and attended to, as rotary_kv_write then attention
+    would (the same bits). k, v and the cache share q's dtype; cos/sin are [B, T, D]."""
+    check_device(q, cache, *(rotary or ()))
     batch, q_heads, t, head_dim = q.shape
     kv_heads, seq_capacity = cache.shape[3], cache.shape[4]
     if q.dtype != cache.dtype or q_heads % kv_heads or head_dim != cache.shape[5]:
         raise ValueError(
             f"attention kernel: q {tuple(q.shape)} {q.dtype} does not match cache {tuple(cache.shape)} {cache.dtype}"
         )
+    if rotary is not None:
+        k, v, cos, sin = rotary
+        kv_shape, table_shape = (batch, kv_heads, t, head_dim), (batch, t, head_dim)
+        if tuple(k.shape) != kv_shape or tuple(v.shape) != kv_shape or k.dtype != q.dtype or v.dtype != q.dtype:
+            raise ValueError(
+                f"attention kernel: k/v must be {kv_shape} {q.dtype}, got {k.shape} {k.dtype}, {v.shape} {v.dtype}"
+            )
+        if tuple(cos.shape) != table_shape or tuple(sin.shape) != table_shape:
+            raise ValueError(
+                f"attention kernel: cos/sin must be {table_shape}, got {tuple(cos.shape)}, {tuple(sin.shape)}"
+            )
+    else:
+        k = v = cos = sin = q  # unused: ROTARY is off; strides below are placeholders
     if (seq_capacity - 1) * cache.stride(4) + (head_dim - 1) * cache.stride(5) >= 2**31:
         raise ValueError("attention kernel: one cache plane (S * D) must stay below 2**31 elements")
     out = torch.empty((batch, t, q_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -258,19 +377,29 @@ def attention(
         out,
         part_out,
         part_lse,
+        k,
+        v,
+        cos,
+        sin,
         layer,
         scale * LOG2E,
         seq_capacity,
+        cache.shape[2],
         kv_heads,
         splits,
         *q.stride(),
         *cache.stride(),
+        *k.stride()[:4],
+        *v.stride()[:4],
+        *cos.stride()[:3],
+        *sin.stride()[:3],
         T=t,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         SPLIT=splits > 1,
+        ROTARY=rotary is not None,
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
         UPCAST_DOT=upcast,
         num_warps=num_warps,

@@ -15,6 +15,7 @@ KV_WRITE = torch.ops.graphspec.kv_write.default
 ATTENTION = torch.ops.graphspec.attention.default
 ROTARY = torch.ops.graphspec.rotary.default
 ROTARY_KV_WRITE = torch.ops.graphspec.rotary_kv_write.default
+ROTARY_KV_ATTENTION = torch.ops.graphspec.rotary_kv_attention.default
 
 
 _FAKE_MODE = FakeTensorMode(allow_non_fake_inputs=True)
@@ -110,16 +111,24 @@ def kv_chain_inputs(layers: int = 2) -> list[torch.Tensor]:
     ]
 
 
-def rotary_kv_chain(regions: tuple[str, ...] = ("draft", "verify"), fused: bool = False) -> fx.GraphModule:
+def rotary_kv_chain(
+    regions: tuple[str, ...] = ("draft", "verify"), fused: bool = False, fused_attention: bool = False
+) -> fx.GraphModule:
     """One layer per entry of `regions`: rotary -> kv_write of the rotated k -> attention of the rotated q
     on one in-place cache, the per-layer pattern of a step after defunctionalize_kv, each layer's ops
-    tagged with its region. With fused=True, the form fuse_rotary_kv must produce.
-    Outputs: every layer's attention, then the cache."""
+    tagged with its region. With fused=True, the form fuse_rotary_kv must produce; with fused_attention
+    also, the form fuse_kv_attention makes of that. Outputs: every layer's attention, then the cache."""
     graph = fx.Graph()
     names = ("q", "k", "v", "cos", "sin", "cache", "slot_ids", "start_pos")
     q, k, v, cos, sin, cache, slots, start = (graph.placeholder(name) for name in names)
     outs = []
     for layer, region in enumerate(regions):
+        if fused_attention:
+            args = (q, k, v, cos, sin, cache, layer, slots, start, 0.5)
+            node = graph.call_function(ROTARY_KV_ATTENTION, args)
+            node.meta["gs_region"] = region
+            outs.append(node)
+            continue
         if fused:
             nodes = [graph.call_function(ROTARY_KV_WRITE, (q, k, v, cos, sin, cache, layer, slots, start))]
             q_rot = nodes[0]

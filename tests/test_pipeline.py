@@ -15,6 +15,7 @@ def test_pipeline_order_is_the_documented_one():
         "mask_padding",
         "defunctionalize_kv",
         "fuse_rotary_kv",
+        "fuse_kv_attention",
         "lower_kernels",
         "split_attention",
     )

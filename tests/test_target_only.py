@@ -24,6 +24,7 @@ def test_decode_graph_writes_the_cache_in_place(tmp_path) -> None:
     model = load_model(make_checkpoint(tmp_path / "target", "qwen3")).model
     gm = target_only.trace_decode(model, batch=2, max_seq_len=16, sm=None)
     targets = [node.target for node in gm.graph.nodes if node.op == "call_function"]
-    assert targets.count(OPS["rotary_kv_write"]) == model.spec.num_layers  # fused with rotary, in place
-    assert OPS["kv_write"] not in targets and OPS["rotary"] not in targets
+    # fused with rotary and attention, in place
+    assert targets.count(OPS["rotary_kv_attention"]) == model.spec.num_layers
+    assert not {OPS["kv_write"], OPS["rotary"], OPS["rotary_kv_write"], OPS["attention"]} & set(targets)
     assert OPS["kv_update"] not in targets  # no whole-cache copies left

@@ -52,9 +52,10 @@ def _is_index(value: torch.Tensor, length: int) -> bool:
 
 def fits_attention(node: fx.Node) -> bool:
     values = _vals(node, 2)
-    if values is None:
-        return False
-    q, cache = values
+    return values is not None and _attention_fits(*values)
+
+
+def _attention_fits(q: torch.Tensor, cache: torch.Tensor) -> bool:
     head_dim = q.shape[-1] if q.dim() == 4 else None
     return (
         q.dim() == 4
@@ -175,6 +176,21 @@ def fits_rotary_kv_write(node: fx.Node) -> bool:
     return _rotary_fits(q, k, cos, sin) and _kv_write_fits(cache, node.args[6], slot_ids, start_pos, k, v)
 
 
+def fits_rotary_kv_attention(node: fx.Node) -> bool:
+    # rotary_kv_attention(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale): attention on the
+    # rotated q (same shape) must fit, and the step's k/v enter the cache as is, so they share its dtype.
+    values = _vals_at(node, (0, 1, 2, 3, 4, 5, 7, 8))
+    if values is None or len(node.args) < 10 or type(node.args[6]) is not int:
+        return False
+    q, k, v, cos, sin, cache, slot_ids, start_pos = values
+    return (
+        _attention_fits(q, cache)
+        and k.dtype == v.dtype == cache.dtype
+        and _rotary_fits(q, k, cos, sin)
+        and _kv_write_fits(cache, node.args[6], slot_ids, start_pos, k, v)
+    )
+
+
 def fits_verify_greedy(node: fx.Node) -> bool:
     values = _vals(node, 2)
     if values is None:
@@ -227,6 +243,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "silu_mul": fits_silu_mul,
     "kv_write": fits_kv_write,
     "rotary_kv_write": fits_rotary_kv_write,
+    "rotary_kv_attention": fits_rotary_kv_attention,
     "argmax": fits_argmax,
     "verify_greedy": fits_verify_greedy,
     "verify_rejection": fits_verify_rejection,

@@ -45,6 +45,15 @@ def tag(nodes: list[fx.Node], pass_name: str, region: str | None = None) -> None
             node.meta["gs_region"] = region
 
 
+def may_mutate(node: fx.Node) -> bool:
+    """Whether a node may write some tensor in place: a mutable-schema op, or a module/method call
+    whose effects a pass cannot see."""
+    if node.op in ("call_module", "call_method"):
+        return True
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and schema is not None and schema.is_mutable
+
+
 def region_for(position: fx.Node) -> str | None:
     """The region of nodes inserted right before `position`: its own, else that of the first later
     node with one, else (before the output) that of the last earlier one; None in untagged graphs."""

@@ -21,7 +21,7 @@ import torch.fx as fx
 
 from graphspec.config import PassContext, PassResult
 from graphspec.lowering.lower_kernels import positional_args
-from graphspec.passes.cleanup import region_for, tag, tidy
+from graphspec.passes.cleanup import may_mutate, region_for, tag, tidy
 
 NAME = "fuse_rotary_kv"
 
@@ -40,15 +40,6 @@ def rotary_outputs(rotary: fx.Node) -> dict[int, fx.Node] | None:
             return None
         outputs[user.args[1]] = user
     return outputs
-
-
-def may_mutate(node: fx.Node) -> bool:
-    """Whether a node may write some tensor in place: a mutable-schema op, or a module/method call
-    whose effects this pass cannot see."""
-    if node.op in ("call_module", "call_method"):
-        return True
-    schema = getattr(node.target, "_schema", None)
-    return node.op == "call_function" and schema is not None and schema.is_mutable
 
 
 def fusable(rotary: fx.Node, write: fx.Node, write_args: tuple, order: dict[fx.Node, int]) -> bool:

@@ -21,14 +21,19 @@ from graphspec.config import PassContext, PassResult
 NAME = "split_attention"
 
 
+# Ops that read the KV cache across a row's whole length (their kernels pick a split grid per launch);
+# each, reference or lowered (<op>_triton), is an eager-break point.
+ATTENTION_OPS = ("attention", "rotary_kv_attention")
+
+
 def is_attention(node: fx.Node) -> bool:
-    """Reference attention or any lowered variant (graphspec::attention*)."""
+    """An attention op of ATTENTION_OPS: the reference or its lowered kernel op."""
     target = node.target
     return (
         node.op == "call_function"
         and isinstance(target, torch._ops.OpOverload)
         and target.namespace == "graphspec"
-        and target._opname.startswith("attention")
+        and target._opname.removesuffix("_triton") in ATTENTION_OPS
     )
 
 

@@ -176,6 +176,42 @@ def test_fused_rotary_kv_write_is_lowered_and_writes_the_same_bits() -> None:
     assert torch.equal(lowered_inputs[cache], reference_inputs[cache])
 
 
+def test_fused_rotary_kv_attention_is_lowered_and_computes_the_same_bits() -> None:
+    """The op fuse_kv_attention makes lowers to the attention kernel's fused launch; output and cache
+    equal the lowered pair's (rotary_kv_write kernel, then attention kernel) bit for bit in bf16."""
+    g = torch.Generator().manual_seed(3)
+    batch, t, q_heads, kv_heads, head_dim = 2, 3, 4, 2, 64
+    qkv = torch.randn(batch, t, (q_heads + 2 * kv_heads) * head_dim, generator=g).to(DEVICE, torch.bfloat16)
+    q, k, v = (
+        part.view(batch, t, -1, head_dim).transpose(1, 2)
+        for part in qkv.split([q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    )
+    angles = (torch.rand(batch, t, head_dim // 2, generator=g) * 50).repeat(1, 1, 2).to(DEVICE)
+    cache = torch.randn(2, 2, 3, kv_heads, 40, head_dim, generator=g).to(DEVICE, torch.bfloat16)
+    inputs = [q, k, v, angles.cos(), angles.sin(), cache, torch.tensor([2, 0], device=DEVICE),
+              torch.tensor([4, 37], device=DEVICE)]  # fmt: skip
+
+    def pair(q, k, v, cos, sin, cache, slot_ids, start_pos):
+        q_rot = ops.rotary_kv_write(q, k, v, cos, sin, cache, LAYER, slot_ids, start_pos)
+        return ops.attention(q_rot, cache, LAYER, slot_ids, start_pos, 0.125)
+
+    def fused(q, k, v, cos, sin, cache, slot_ids, start_pos):
+        return ops.rotary_kv_attention(q, k, v, cos, sin, cache, LAYER, slot_ids, start_pos, 0.125)
+
+    force = ctx(sm=None, options={"force_sm": 90})
+    lowered_pair = lower_kernels.run(make_fx(pair, tracing_mode="fake")(*inputs), force).gm
+    result = lower_kernels.run(make_fx(fused, tracing_mode="fake")(*inputs), force)
+    assert result.stats == {"lowered": 1, "fallback": 0}
+    node = next(n for n in result.gm.graph.nodes if "gs_kernel" in n.meta)
+    assert node.target is torch.ops.graphspec.rotary_kv_attention_triton.default
+    assert node.args[-4:] == tuple(registry._module("rotary_kv_attention").CONFIGS[90].values())
+    pair_inputs, fused_inputs = [x.clone() for x in inputs], [x.clone() for x in inputs]
+    expected, got = lowered_pair(*pair_inputs), result.gm(*fused_inputs)
+    assert torch.equal(got, expected)
+    assert not torch.equal(fused_inputs[5], inputs[5])  # the cache was written
+    assert torch.equal(fused_inputs[5], pair_inputs[5])
+
+
 def test_lowered_code_reloads_as_source() -> None:
     """The generated code names the kernel op and its config; exec'd on its own it computes the same."""
 

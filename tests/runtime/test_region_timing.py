@@ -123,8 +123,8 @@ def test_every_compiled_op_has_a_region_and_regions_run_in_order(compiled_for, m
     ops = checks.step_ops(gm)
     verify_op = next(node for node in ops if "verify" in str(node.target))
     assert verify_op.meta["gs_region"] == "accept"
-    # Each layer's cache write, fused with its rotary by fuse_rotary_kv.
-    kv_writes = [node for node in ops if node.target == torch.ops.graphspec.rotary_kv_write.default]
+    # Each layer's cache write, fused with its rotary (fuse_rotary_kv) and then its attention (fuse_kv_attention).
+    kv_writes = [node for node in ops if node.target == torch.ops.graphspec.rotary_kv_attention.default]
     draft_layers = compiled_for("cpu").draft.model.spec.num_layers
     assert [node.meta["gs_region"] for node in kv_writes].count("draft") == K * draft_layers
 

@@ -1,0 +1,73 @@
+"""graphspec::rotary_kv_attention as one launch of kernels/attention.py's attention_kernel (ROTARY on).
+
+The fused op replaces rotary_kv_write + attention: each attention program rotates its q tile in
+registers, and the programs whose key chunk holds this step's positions read those keys from the
+projection output (rotating them) instead of the cache, then write the rotated k and v into the cache.
+At decode sizes rotary_kv_write was a whole launch per layer and forward (about 2 us plus the gap on an
+H200) for a few kilobytes of work; this removes it. The key blocks, their order and every rounding are
+those of rotary_kv_write then attention, so the result is the same bits (tests/kernels).
+"""
+
+from __future__ import annotations
+
+import torch
+from graphspec.kernels import attention as attention_kernel
+from graphspec.kernels.common import check_config_table
+from torch import Tensor
+
+from graphspec.ops import rotary_kv_attention_reference
+
+__all__ = ["CONFIGS", "rotary_kv_attention", "rotary_kv_attention_reference", "rotary_kv_attention_triton"]
+
+# The attention kernel's configs: the key loop is the same loop.
+CONFIGS: dict[int | str, dict[str, int]] = {sm: dict(config) for sm, config in attention_kernel.CONFIGS.items()}
+CONFIG_FIELDS = check_config_table(CONFIGS)
+
+
+def rotary_kv_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cache: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor,
+    scale: float,
+    **config: int,
+) -> Tensor:
+    """Same result as graphspec.ops.rotary_kv_attention_reference (cache written in place); config
+    fields as in CONFIGS (default: the "default" row)."""
+    config = {**CONFIGS["default"], **config}
+    return attention_kernel.attention(q, cache, layer, slot_ids, start_pos, scale, **config, rotary=(k, v, cos, sin))
+
+
+@torch.library.custom_op("graphspec::rotary_kv_attention_triton", mutates_args=("cache",))
+def rotary_kv_attention_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cache: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor,
+    scale: float,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    programs_per_sm: int,
+) -> Tensor:
+    """graphspec::rotary_kv_attention lowered to attention_kernel; the trailing ints are CONFIG_FIELDS."""
+    return rotary_kv_attention(
+        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale,
+        block_n=block_n, num_warps=num_warps, num_stages=num_stages, programs_per_sm=programs_per_sm,
+    )  # fmt: skip
+
+
+@rotary_kv_attention_triton.register_fake
+def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm):
+    batch, heads, t, head_dim = q.shape
+    return q.new_empty((batch, t, heads, head_dim))

@@ -1,0 +1,158 @@
+"""rotary_kv_attention (attention_kernel with ROTARY) vs the two launches it replaces, rotary_kv_write then
+attention: the same output and cache bit for bit; and vs graphspec.ops.rotary_kv_attention_reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from graphspec.kernels import attention, rotary_kv_write
+from graphspec.kernels import rotary_kv_attention as kernel
+from torch.library import opcheck
+
+from tests.kernels.helpers import DEVICE, TOLERANCE, bits, generator, poison_allocator, rel_error
+
+LAYERS = 2
+
+
+def make_case(batch: int, q_heads: int, kv_heads: int, t: int, seq: int, head_dim: int, dtype: torch.dtype, seed: int):
+    """q, k, v as the decoder passes them (transposed [B, T, H, D] slices of one qkv projection), cos/sin
+    [B, T, D], a random cache (stale values at this step's positions), distinct slots, and start
+    positions from 0 to the last that fits."""
+    g = generator(seed)
+    widths = [q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    qkv = torch.randn(batch, t, sum(widths), generator=g).to(DEVICE, dtype)
+    q, k, v = (
+        part.view(batch, t, heads, head_dim).transpose(1, 2)
+        for part, heads in zip(qkv.split(widths, dim=-1), (q_heads, kv_heads, kv_heads), strict=True)
+    )
+    angles = torch.rand(batch, t, head_dim // 2, generator=g) * 100
+    angles = torch.cat((angles, angles), dim=-1)
+    slots = batch + 2
+    cache = torch.randn(LAYERS, 2, slots, kv_heads, seq, head_dim, generator=g).to(DEVICE, dtype)
+    slot_ids = torch.randperm(slots, generator=g)[:batch].to(DEVICE)
+    start_pos = torch.randint(0, seq - t + 1, (batch,), generator=g).to(DEVICE)
+    start_pos[0] = 0
+    start_pos[-1] = seq - t
+    return (q, k, v, angles.cos().to(DEVICE), angles.sin().to(DEVICE)), cache, slot_ids, start_pos
+
+
+def unfused(inputs, cache, layer, slot_ids, start_pos, scale, config):
+    """rotary_kv_write's kernel, then attention's: what the fused launch must reproduce."""
+    q, k, v, cos, sin = inputs
+    write_config = rotary_kv_write.CONFIGS["default"]
+    q_rot = rotary_kv_write.rotary_kv_write(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, **write_config)
+    return attention.attention(q_rot, cache, layer, slot_ids, start_pos, scale, **config)
+
+
+def assert_same_as_unfused(inputs, cache, layer, slot_ids, start_pos, scale, **config: int) -> torch.Tensor:
+    config = {**kernel.CONFIGS["default"], **config}
+    expected_cache = cache.clone()
+    expected = unfused(inputs, expected_cache, layer, slot_ids, start_pos, scale, config)
+    poison_allocator()
+    out = kernel.rotary_kv_attention(*inputs, cache, layer, slot_ids, start_pos, scale, **config)
+    assert out.shape == expected.shape and out.is_contiguous()
+    assert torch.equal(bits(out), bits(expected))
+    assert torch.equal(bits(cache), bits(expected_cache))
+    return out
+
+
+CASES = [  # dtype, GQA group, head dim
+    (torch.float32, 1, 64),
+    (torch.float32, 4, 128),
+    (torch.bfloat16, 2, 64),
+    (torch.bfloat16, 4, 128),
+]
+
+
+@pytest.mark.parametrize(("dtype", "group", "head_dim"), CASES)
+def test_fused_launch_equals_rotary_kv_write_then_attention(dtype: torch.dtype, group: int, head_dim: int) -> None:
+    """Three rows: the step's keys at the very start of the cache, at its very end, and in between."""
+    inputs, cache, slot_ids, start_pos = make_case(3, 2 * group, 2, 3, 40, head_dim, dtype, seed=group)
+    assert_same_as_unfused(inputs, cache, 1, slot_ids, start_pos, head_dim**-0.5)
+
+
+@pytest.mark.parametrize("programs_per_sm", [0, 3, 64])
+def test_new_keys_straddling_blocks_and_splits(programs_per_sm: int) -> None:
+    """Blocks of 16 keys, 5 new keys per row starting at 14 (two blocks), 30 and 45: one split (direct
+    write), a few, and one per block, so the step's keys fall in one split or across two."""
+    inputs, cache, slot_ids, start_pos = make_case(3, 4, 2, 5, 70, 64, torch.bfloat16, seed=7)
+    start_pos.copy_(torch.tensor([14, 30, 45]))
+    assert_same_as_unfused(inputs, cache, 0, slot_ids, start_pos, 0.125, block_n=16, programs_per_sm=programs_per_sm)
+
+
+def test_many_query_rows_take_several_tiles() -> None:
+    """GROUP * T > 128: two programs per (split, row, kv head) see the new keys; one writes them."""
+    inputs, cache, slot_ids, start_pos = make_case(1, 16, 1, 9, 24, 64, torch.float32, seed=5)
+    assert_same_as_unfused(inputs, cache, 0, slot_ids, start_pos, 0.125)
+
+
+def test_positions_past_the_cache_are_neither_written_nor_attended() -> None:
+    """A window running past S: those keys are dropped, as rotary_kv_write drops the write and
+    attention clamps to the capacity."""
+    inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 4, 32, 64, torch.float32, seed=8)
+    start_pos.copy_(torch.tensor([30, 3]))
+    assert_same_as_unfused(inputs, cache, 1, slot_ids, start_pos, 0.125, block_n=16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference(dtype: torch.dtype) -> None:
+    """Against the torch reference: the cache bit for bit (a copy of rotary's rounding), the output
+    within attention's tolerance."""
+    inputs, cache, slot_ids, start_pos = make_case(3, 8, 2, 4, 48, 64, dtype, seed=9)
+    expected_cache = cache.clone()
+    expected = kernel.rotary_kv_attention_reference(*inputs, expected_cache, 1, slot_ids, start_pos, 0.125)
+    exact = kernel.rotary_kv_attention_reference(
+        *(x.float() for x in inputs), expected_cache.float().clone(), 1, slot_ids, start_pos, 0.125
+    )
+    out = kernel.rotary_kv_attention(*inputs, cache, 1, slot_ids, start_pos, 0.125)
+    assert torch.equal(bits(cache), bits(expected_cache))
+    assert rel_error(out, exact) < TOLERANCE[dtype]
+    assert rel_error(out, exact) <= 2 * rel_error(expected, exact) + 1e-6
+
+
+def test_mismatched_kv_raises() -> None:
+    inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 3, 32, 64, torch.float32, seed=10)
+    q, k, v, cos, sin = inputs
+    with pytest.raises(ValueError, match="k/v must be"):
+        kernel.rotary_kv_attention(q, k, v[:, :1], cos, sin, cache, 0, slot_ids, start_pos, 0.125)
+    with pytest.raises(ValueError, match="cos/sin must be"):
+        kernel.rotary_kv_attention(q, k, v, cos[:, :1], sin, cache, 0, slot_ids, start_pos, 0.125)
+
+
+def test_rotary_kv_attention_triton_opcheck() -> None:
+    """The op's schema says it mutates `cache` and only that, and its fake matches."""
+    inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 3, 32, 64, torch.bfloat16, seed=11)
+    config = tuple(kernel.CONFIGS["default"].values())
+    opcheck(torch.ops.graphspec.rotary_kv_attention_triton, (*inputs, cache, 1, slot_ids, start_pos, 0.125, *config))
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU: the benchmark pair's heads (8B: 32/8 x 128; 1B: 32/8 x 64) at decode shapes, and CUDA-graph replay.
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "t", "seq", "head_dim"), [(1, 5, 1024, 128), (1, 2, 1024, 64), (8, 5, 4096, 128)])
+def test_fused_launch_real_shapes_gpu(batch: int, t: int, seq: int, head_dim: int) -> None:
+    inputs, cache, slot_ids, start_pos = make_case(batch, 32, 8, t, seq, head_dim, torch.bfloat16, seed=batch + t)
+    start_pos[-1] = 511  # the benchmark's context
+    assert_same_as_unfused(inputs, cache, 1, slot_ids, start_pos, head_dim**-0.5, **kernel.CONFIGS[90])
+
+
+@pytest.mark.gpu
+def test_fused_launch_replays_in_cuda_graph_gpu() -> None:
+    inputs, cache, slot_ids, start_pos = make_case(2, 32, 8, 5, 2048, 128, torch.bfloat16, seed=1)
+    config = tuple(kernel.CONFIGS[90].values())
+    op = torch.ops.graphspec.rotary_kv_attention_triton
+    op(*inputs, cache.clone(), 1, slot_ids, start_pos, 0.088, *config)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    captured_cache = cache.clone()
+    with torch.cuda.graph(graph):
+        out = op(*inputs, captured_cache, 1, slot_ids, start_pos, 0.088, *config)
+    start_pos.copy_(torch.tensor([700, 64]))
+    slot_ids.copy_(slot_ids.flip(0))
+    captured_cache.copy_(cache)
+    graph.replay()
+    eager_cache = cache.clone()
+    expected = op(*inputs, eager_cache, 1, slot_ids, start_pos, 0.088, *config)
+    assert torch.equal(bits(out), bits(expected)) and torch.equal(bits(captured_cache), bits(eager_cache))
