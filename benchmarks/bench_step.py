@@ -409,6 +409,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-stock", action="store_true", help="skip the stock-torch (lowering=reference) rows")
     parser.add_argument("--copy-gib", type=float, default=4.0)
     parser.add_argument("--workdir", default=None, help="where checkpoints go (default /dev/shm, else /tmp)")
+    parser.add_argument("--skip-passes", default="", help="comma list of pipeline passes to skip (A/B runs)")
     parser.add_argument("--json", default=None)
     return parser.parse_args(argv)
 
@@ -441,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     target_shape, draft_shape = PRESETS[args.preset]
     options = dict(k=args.k, dtype="bfloat16", device=device, max_seq_len=args.max_seq_len, modes=("greedy",))
+    options["skip"] = tuple(name for name in args.skip_passes.split(",") if name)
     try:
         bandwidth = copy_bandwidth(device, args.copy_gib if cuda else 0.25)
         report["copy_bandwidth"] = bandwidth
