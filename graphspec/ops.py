@@ -270,7 +270,7 @@ def rotary_kv_attention(
     """rotary_kv_write (rotary of q and k, the rotated k and v written into the cache) followed by
     attention of the rotated q, as one op: returns attention's [B, T, Hq, D]; neither rotated tensor
     exists outside the op. Shapes as in rotary_kv_write and attention. The fuse_kv_attention pass makes
-    it from the pair, so a kernel can take the step's keys from registers instead of a launch earlier."""
+    it from the pair, so one kernel launch does both."""
     return rotary_kv_attention_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale)
 
 

@@ -73,33 +73,6 @@ def rope_rows(cos_ptr, sin_ptr, b, token, dims, stride_cb, stride_ct, stride_cd,
     return cos, sin
 
 
-@triton.jit
-def block_scores(q, k, pos, in_range, query_pos, m_i, l_i, qk_scale, PRECISION: tl.constexpr,
-                 UPCAST_DOT: tl.constexpr):  # fmt: skip
-    """Online-softmax step over one key block: (p, alpha, m_new, l_new) with p the block's unnormalized
-    probabilities (base 2) and alpha the rescale of what was accumulated before."""
-    if UPCAST_DOT:
-        k = k.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-    # Causal within the block: query at query_pos sees key positions <= query_pos.
-    visible = (pos[None, :] <= query_pos[:, None]) & in_range[None, :]
-    scores = tl.where(visible, scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(scores - m_new[:, None])
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
-
-
-@triton.jit
-def accumulate(acc, p, alpha, v, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    # P is rounded to the value dtype (bf16 on GPU) for the tensor-core dot, as flash attention does.
-    if UPCAST_DOT:
-        p, v = round_to(p, v.dtype), v.to(tl.float32)
-    else:
-        p = p.to(v.dtype)
-    return acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-
-
 @triton.jit(do_not_specialize=["layer"])
 def attention_kernel(
     q_ptr,
@@ -150,6 +123,7 @@ def attention_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     ROTARY: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # ROTARY: T rounded up to a power of 2
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -198,57 +172,64 @@ def attention_kernel(
     key_base = cache_ptr + layer.to(tl.int64) * stride_cl + slot * stride_cslot + kv_head.to(tl.int64) * stride_ch
     value_base = key_base + stride_ckind
 
+    if ROTARY:
+        # This step's keys (positions start .. start+T-1) enter the cache here, rotated, written by the
+        # programs whose chunk [lo, hi) holds them, before the loop below reads them like any other key.
+        # The loop is the plain kernel's, so the result is bit for bit that of rotary_kv_write then
+        # attention. Every query tile (m_block) of a chunk stores the same bytes, so each reads back
+        # what it stored; the barrier makes the program's global stores visible to all its threads.
+        steps = tl.arange(0, BLOCK_T)
+        new_pos = start + steps
+        own = (steps < T) & (new_pos >= lo) & (new_pos < hi)
+        k_rows = b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh + steps.to(tl.int64) * stride_kt
+        k_new = tl.load(k_ptr + k_rows[:, None] + dims[None, :] * stride_kd, mask=own[:, None], other=0.0)
+        k_partner = tl.load(k_ptr + k_rows[:, None] + partner[None, :] * stride_kd, mask=own[:, None], other=0.0)
+        k_cos, k_sin = rope_rows(
+            cos_ptr, sin_ptr, b.to(tl.int64), steps, dims, stride_cosb, stride_cost, stride_cosd,
+            stride_sinb, stride_sint, stride_sind, own[:, None], dtype,
+        )  # fmt: skip
+        k_rot = rope(k_new, k_partner, k_cos, k_sin, first_half[None, :], dtype).to(dtype)
+        v_rows = b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh + steps.to(tl.int64) * stride_vt
+        v_new = tl.load(v_ptr + v_rows[:, None] + dims[None, :] * stride_vd, mask=own[:, None], other=0.0)
+        # A slot outside the cache gets no write, as kv_write drops out-of-range targets.
+        # HACK(triton<=3.9 interpreter): `block & scalar` of bools comes out as an int32 mask that
+        # tl.store refuses; tl.where keeps it bool (as in kernels/rotary_kv_write.py).
+        write = tl.where((slot >= 0) & (slot < slots), own, False)
+        new_offsets = new_pos[:, None] * stride_cs + dims[None, :] * stride_cd
+        tl.store(key_base + new_offsets, k_rot, mask=write[:, None])
+        tl.store(value_base + new_offsets, v_new.to(dtype), mask=write[:, None])
+        tl.debug_barrier()
+
     # Online softmax state. m_i starts finite so a row with no visible key in a block gets
     # exp2(-inf - m_i) = 0 and alpha = 1, never NaN from (-inf) - (-inf).
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    # ROTARY: this step's keys (positions start .. start+T-1) are not in the cache yet; the blocks that
-    # hold any of them run in the second loop below, which reads them from k/v instead. Blocks start at
-    # multiples of BLOCK_N (so does every chunk), so the blocks and their order are those of the
-    # unfused kernel: the same softmax steps, bit for bit.
-    cached_end = tl.minimum(hi, start // BLOCK_N * BLOCK_N) if ROTARY else hi
-    for block_start in range(lo, cached_end, BLOCK_N):
+    for block_start in range(lo, hi, BLOCK_N):
         pos = block_start + offs_n  # [BLOCK_N] key positions
         in_range = pos < hi  # the last block of a chunk may run past it; masked keys/values load as 0
         kv_offsets = pos[:, None] * stride_cs + dims[None, :] * stride_cd
         k = tl.load(key_base + kv_offsets, mask=in_range[:, None], other=0.0)
-        p, alpha, m_i, l_i = block_scores(q, k, pos, in_range, query_pos, m_i, l_i, qk_scale, PRECISION, UPCAST_DOT)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        # Causal within the block: query at query_pos sees key positions <= query_pos.
+        visible = (pos[None, :] <= query_pos[:, None]) & in_range[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
         # Values past `hi` load as 0 (the cache beyond a row's length may hold garbage, even NaN).
         v = tl.load(value_base + kv_offsets, mask=in_range[:, None], other=0.0)
-        acc = accumulate(acc, p, alpha, v, PRECISION, UPCAST_DOT)
-    if ROTARY:
-        # Only programs of m_block 0 write the new K/V (the others compute the same values), and only
-        # into a slot inside the cache, as kv_write drops out-of-range targets.
-        writes = (m_block == 0) & (slot >= 0) & (slot < slots)
-        # At most two blocks: not software-pipelined (its buffers would cost the whole kernel occupancy).
-        for block_start in tl.range(tl.maximum(lo, cached_end), hi, BLOCK_N, num_stages=1):
-            pos = block_start + offs_n
-            in_range = pos < hi
-            new = in_range & (pos >= start)
-            old = in_range & (pos < start)
-            kv_offsets = pos[:, None] * stride_cs + dims[None, :] * stride_cd
-            step_token = tl.where(new, pos - start, 0)  # token index of a new key
-            k_rows = b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh + step_token.to(tl.int64) * stride_kt
-            k_new = tl.load(k_ptr + k_rows[:, None] + dims[None, :] * stride_kd, mask=new[:, None], other=0.0)
-            k_partner = tl.load(k_ptr + k_rows[:, None] + partner[None, :] * stride_kd, mask=new[:, None], other=0.0)
-            k_cos, k_sin = rope_rows(
-                cos_ptr, sin_ptr, b.to(tl.int64), step_token, dims, stride_cosb, stride_cost, stride_cosd,
-                stride_sinb, stride_sint, stride_sind, new[:, None], dtype,
-            )  # fmt: skip
-            k_rot = rope(k_new, k_partner, k_cos, k_sin, first_half[None, :], dtype).to(dtype)
-            k = tl.where(new[:, None], k_rot, tl.load(key_base + kv_offsets, mask=old[:, None], other=0.0))
-            v_rows = b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh + step_token.to(tl.int64) * stride_vt
-            v_new = tl.load(v_ptr + v_rows[:, None] + dims[None, :] * stride_vd, mask=new[:, None], other=0.0)
-            v = tl.where(new[:, None], v_new, tl.load(value_base + kv_offsets, mask=old[:, None], other=0.0))
-            # HACK(triton<=3.9 interpreter): `block & scalar` of bools comes out as an int32 mask that
-            # tl.store refuses; tl.where keeps it bool (as in kernels/rotary_kv_write.py).
-            write = tl.where(writes, new, False)
-            tl.store(key_base + kv_offsets, k, mask=write[:, None])
-            tl.store(value_base + kv_offsets, v, mask=write[:, None])
-            p, alpha, m_i, l_i = block_scores(q, k, pos, in_range, query_pos, m_i, l_i, qk_scale, PRECISION, UPCAST_DOT)
-            acc = accumulate(acc, p, alpha, v, PRECISION, UPCAST_DOT)
+        # P is rounded to the value dtype (bf16 on GPU) for the tensor-core dot, as flash attention does.
+        if UPCAST_DOT:
+            p, v = round_to(p, v.dtype), v.to(tl.float32)
+        else:
+            p = p.to(v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        m_i = m_new
 
     has_keys = l_i > 0  # false for rows whose window misses this split entirely
     norm = tl.where(has_keys, l_i, 1.0)
@@ -400,6 +381,7 @@ def attention(
         BLOCK_N=block_n,
         SPLIT=splits > 1,
         ROTARY=rotary is not None,
+        BLOCK_T=next_power_of_2(t),
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
         UPCAST_DOT=upcast,
         num_warps=num_warps,

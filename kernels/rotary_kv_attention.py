@@ -1,11 +1,11 @@
 """graphspec::rotary_kv_attention as one launch of kernels/attention.py's attention_kernel (ROTARY on).
 
 The fused op replaces rotary_kv_write + attention: each attention program rotates its q tile in
-registers, and the programs whose key chunk holds this step's positions read those keys from the
-projection output (rotating them) instead of the cache, then write the rotated k and v into the cache.
-At decode sizes rotary_kv_write was a whole launch per layer and forward (about 2 us plus the gap on an
-H200) for a few kilobytes of work; this removes it. The key blocks, their order and every rounding are
-those of rotary_kv_write then attention, so the result is the same bits (tests/kernels).
+registers, and the programs whose key chunk holds this step's positions rotate those keys and write
+them and their values into the cache themselves, then run the plain key loop. At decode sizes
+rotary_kv_write was a launch of its own per layer and forward (about 2 us plus the gap on an H200) for
+a few kilobytes of work; this removes it. The key loop and every rounding are those of rotary_kv_write
+then attention, so the result is the same bits (tests/kernels/test_rotary_kv_attention.py).
 """
 
 from __future__ import annotations
