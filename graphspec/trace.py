@@ -109,9 +109,13 @@ def speculate(
 ) -> tuple[torch.Tensor, ...]:
     """The speculation step up to the target logits (see DESIGN.md, "The speculation step").
     Everything it traces lands in the "draft" or "verify" region (see REGIONS)."""
-    call_draft = lambda tokens, start, cache: torch.func.functional_call(
-        draft, draft_params, (tokens, start, slot_ids, cache, "last_logits")
-    )
+
+    def call_draft(tokens: torch.Tensor, start: torch.Tensor, cache: torch.Tensor, first: int):
+        rows = slice(first, first + tokens.shape[1])  # position L-2+first onwards
+        rope = (draft_cos[:, rows], draft_sin[:, rows])
+        return torch.func.functional_call(
+            draft, draft_params, (tokens, start, slot_ids, cache, "last_logits"), {"rope": rope}
+        )
 
     def propose(logits: torch.Tensor, index: int) -> torch.Tensor:
         if greedy_draft:
@@ -119,14 +123,18 @@ def speculate(
         return ops.sample(logits, temperature, top_k, top_p, seed, step_counter, ops.DRAFT_LANE + index)
 
     with region("draft"):
+        # 0. The draft's rotary tables for every position it sees this step (L-2 .. L-2+K), computed
+        #    once; each forward takes its rows (the values it would compute for itself).
+        draft_positions = (committed_len - 2)[:, None] + torch.arange(k + 1, device=committed_len.device)
+        draft_cos, draft_sin = draft.rope(draft_positions, draft_params["inv_freq"])  # [B, K+1, D]
         # 1. Catch-up + first proposal: the last two committed tokens at positions L-2, L-1 cover the
         #    case where the previous step accepted every draft (the draft never saw d_K); otherwise the
         #    first of the two rewrites an identical KV entry.
-        logits, draft_cache = call_draft(last_tokens, committed_len - 2, draft_cache)  # [B, V]
+        logits, draft_cache = call_draft(last_tokens, committed_len - 2, draft_cache, 0)  # [B, V]
         proposals, proposal_logits = [propose(logits, 0)], [logits]
         # 2. Proposals 2..K, unrolled: d_i sits at position L - 1 + i.
         for index in range(1, k):
-            logits, draft_cache = call_draft(proposals[-1][:, None], committed_len - 1 + index, draft_cache)
+            logits, draft_cache = call_draft(proposals[-1][:, None], committed_len - 1 + index, draft_cache, index + 1)
             proposals.append(propose(logits, index))
             proposal_logits.append(logits)
         draft_tokens = torch.stack(proposals, dim=1)  # [B, K]

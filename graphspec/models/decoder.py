@@ -120,9 +120,12 @@ class DecoderLM(nn.Module):
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
         self.rope_scale = rope_scale
 
-    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        # Same arithmetic as transformers' rotary embedding: fp32 angles, cos/sin scaled, cast later.
-        freqs = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, D/2]
+    def rope(self, positions: Tensor, inv_freq: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """cos and sin [B, T, D] of positions [B, T], with the same arithmetic as transformers' rotary
+        embedding (fp32 angles, cos/sin scaled, cast to the model dtype by the rotary op). inv_freq:
+        this model's buffer as bound by the caller (torch.func.functional_call), else its own."""
+        inv_freq = self.inv_freq if inv_freq is None else inv_freq
+        freqs = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, D/2]
         angles = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]
         if self.rope_scale == 1.0:  # most rope types: skip two multiplies per forward in the step graph
             return angles.cos(), angles.sin()
@@ -136,9 +139,14 @@ class DecoderLM(nn.Module):
         cache: Tensor,
         output: str = "hidden",
         in_place: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
-        positions = start_pos[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [B, T]
-        cos, sin = self.rope(positions)
+        """rope: cos and sin [B, T, D] of this call's positions when the caller already has them (the
+        step computes the draft's once for all its forwards: about seven small launches per forward)."""
+        if rope is None:
+            positions = start_pos[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [B, T]
+            rope = self.rope(positions)
+        cos, sin = rope
         residual = self.model.embed_tokens(tokens)  # [B, T, hidden]
         layers = self.model.layers
         hidden = ops.rms_norm(residual, layers[0].input_layernorm.weight, self.spec.rms_norm_eps)
