@@ -19,9 +19,12 @@ from graphspec.ops import add_rms_norm_reference
 __all__ = ["CONFIGS", "add_rms_norm", "add_rms_norm_reference", "add_rms_norm_triton"]
 
 # tile_elems: elements per program (rows per tile = tile_elems // padded last dim, at least 1).
+# CONFIGS[90]: one row per program at the step's widths (2048, 4096), from benchmarks/bench_launch_configs.py
+# on an H200 (2026-11-22): 1.8 us (hidden 2048) and 2.2 us (4096) per launch at 1-5 rows; the former
+# 8192/8 packed 2-4 rows per program and took 2.9-3.1 us at 2 and 5 rows.
 CONFIGS: dict[int | str, dict[str, int]] = {
     80: {"tile_elems": 4096, "num_warps": 8},
-    90: {"tile_elems": 8192, "num_warps": 8},
+    90: {"tile_elems": 2048, "num_warps": 4},
     "default": {"tile_elems": 4096, "num_warps": 4},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)

@@ -18,9 +18,11 @@ from graphspec.ops import rms_norm_reference
 __all__ = ["CONFIGS", "rms_norm", "rms_norm_reference", "rms_norm_triton", "tile_rows"]
 
 # tile_elems: elements per program (rows per tile = tile_elems // padded last dim, at least 1).
+# CONFIGS[90] from benchmarks/bench_launch_configs.py on an H200 (2026-11-22): 1.6-1.9 us per launch at the
+# step's widths and 1-5 rows; the former 8192/8 took 2.4-2.6 us at 2 and 5 rows.
 CONFIGS: dict[int | str, dict[str, int]] = {
     80: {"tile_elems": 4096, "num_warps": 8},
-    90: {"tile_elems": 8192, "num_warps": 8},
+    90: {"tile_elems": 4096, "num_warps": 4},
     "default": {"tile_elems": 4096, "num_warps": 4},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)

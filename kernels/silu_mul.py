@@ -22,11 +22,11 @@ from graphspec.ops import silu_mul_reference
 __all__ = ["CONFIGS", "silu_mul", "silu_mul_reference", "silu_mul_triton", "tile_shape"]
 
 # tile_elems: outputs per program: BLOCK_C = min(tile_elems, padded I) columns x tile_elems // BLOCK_C rows.
-# Not tuned on hardware yet: 1024 bf16 outputs per program are 16-byte loads for 4 warps and, at
-# decode batch sizes (5 rows x I 14336), still give about 70 programs.
+# CONFIGS[90] from benchmarks/bench_launch_configs.py on an H200 (2026-11-22): 512 outputs per program
+# took 1.4-1.5 us per launch at I 8192 and 14336, 1-5 rows (1024: 1.6 us). 80 and default are untuned.
 CONFIGS: dict[int | str, dict[str, int]] = {
     80: {"tile_elems": 1024, "num_warps": 4},
-    90: {"tile_elems": 1024, "num_warps": 4},
+    90: {"tile_elems": 512, "num_warps": 4},
     "default": {"tile_elems": 1024, "num_warps": 4},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)

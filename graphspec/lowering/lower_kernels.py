@@ -12,7 +12,7 @@ Output: each such node whose kernel fits (lowering/registry.py) calls graphspec:
         ctx.options["force_sm"] (an int) lowers for that SM anyway, which is how the interpreter tests
         (TRITON_INTERPRET=1) run kernels on CPU.
 
-    rms_norm(x, w, 1e-05)   becomes   rms_norm_triton(x, w, 1e-05, 8192, 8)
+    rms_norm(x, w, 1e-05)   becomes   rms_norm_triton(x, w, 1e-05, 4096, 4)
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ def test_lowered_code_reloads_as_source() -> None:
     x, weight = torch.randn(3, 32, device=DEVICE), torch.randn(32, device=DEVICE)
     gm = torch.fx.experimental.proxy_tensor.make_fx(norm_only, tracing_mode="fake")(x, weight)
     lowered = lower_kernels.run(gm, ctx(sm=90)).gm
-    assert "torch.ops.graphspec.rms_norm_triton.default(x_1, weight_1, 1e-05, 8192, 8)" in lowered.code
+    assert "torch.ops.graphspec.rms_norm_triton.default(x_1, weight_1, 1e-05, 4096, 4)" in lowered.code
     namespace = {"torch": torch, "operator": operator}
     exec(lowered.code, namespace)
     torch.testing.assert_close(namespace["forward"](None, x, weight), ops.rms_norm(x, weight, EPS))
