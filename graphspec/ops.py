@@ -248,8 +248,15 @@ def rotary_kv_attention_reference(
     slot_ids: Tensor,
     start_pos: Tensor,
     scale: float,
+    q_norm: Tensor | None = None,
+    k_norm: Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> Tensor:
-    # Exactly rotary_kv_write then attention, so bit-identical to the pair.
+    # Exactly [rms_norm of q and k,] rotary_kv_write, then attention: bit-identical to those ops.
+    if q_norm is not None:
+        q = rms_norm_reference(q, q_norm, norm_eps)
+    if k_norm is not None:
+        k = rms_norm_reference(k, k_norm, norm_eps)
     q_rot = rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos)
     return attention_reference(q_rot, cache, layer, slot_ids, start_pos, scale).contiguous()
 
@@ -266,16 +273,22 @@ def rotary_kv_attention(
     slot_ids: Tensor,
     start_pos: Tensor,
     scale: float,
+    q_norm: Tensor | None = None,
+    k_norm: Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> Tensor:
     """rotary_kv_write (rotary of q and k, the rotated k and v written into the cache) followed by
     attention of the rotated q, as one op: returns attention's [B, T, Hq, D]; neither rotated tensor
     exists outside the op. Shapes as in rotary_kv_write and attention. The fuse_kv_attention pass makes
-    it from the pair, so one kernel launch does both."""
-    return rotary_kv_attention_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale)
+    it from the pair, so one kernel launch does both. With q_norm and k_norm ([D] weights; Qwen3's
+    per-head norms) q and k are first rms_norm'ed over the head dim (fuse_qk_norm folds them in)."""
+    return rotary_kv_attention_reference(
+        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps
+    )
 
 
 @rotary_kv_attention.register_fake
-def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale):
+def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm=None, k_norm=None, norm_eps=1e-6):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))
 

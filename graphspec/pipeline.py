@@ -22,6 +22,7 @@ from graphspec.lowering import lower_kernels
 from graphspec.passes import (
     defunctionalize_kv,
     fuse_kv_attention,
+    fuse_qk_norm,
     fuse_rotary_kv,
     insert_verify,
     mask_padding,
@@ -40,6 +41,7 @@ PIPELINE = (
     # that compute the same bits; before lowering, so fused ops get their kernels like any other op.
     fuse_rotary_kv,
     fuse_kv_attention,
+    fuse_qk_norm,
     # Phase 4: kernels chosen for ctx.sm (reference ops stay where no kernel fits).
     lower_kernels,
     # Phase 5: capture regions. Last, so every rewrite above works on one flat graph.

@@ -27,6 +27,7 @@ from graphspec.kernels.common import (
     round_to,
     sm_count,
 )
+from graphspec.kernels.rms_norm import inverse_rms, scale_rows
 from torch import Tensor
 
 from graphspec.ops import attention_reference
@@ -73,6 +74,18 @@ def rope_rows(cos_ptr, sin_ptr, b, token, dims, stride_cb, stride_ct, stride_cd,
     return cos, sin
 
 
+@triton.jit
+def norm_heads(x, partner, weight_ptr, dims, partner_dims, eps, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
+    """rms_norm of each row of x [rows, HEAD_DIM] (one head each) with kernels/rms_norm.py's arithmetic,
+    and of the same rows' values at partner_dims (the rotation's other-half columns), scaled by the
+    same row factor: (x normed, partner normed), fp32 holding DTYPE values."""
+    hidden = x.to(tl.float32)
+    inverse = inverse_rms(hidden, HEAD_DIM, eps)
+    x = scale_rows(hidden, inverse, tl.load(weight_ptr + dims).to(tl.float32)[None, :], DTYPE)
+    weight = tl.load(weight_ptr + partner_dims).to(tl.float32)[None, :]
+    return x, scale_rows(partner.to(tl.float32), inverse, weight, DTYPE)
+
+
 @triton.jit(do_not_specialize=["layer"])
 def attention_kernel(
     q_ptr,
@@ -86,8 +99,11 @@ def attention_kernel(
     v_ptr,
     cos_ptr,
     sin_ptr,
+    q_norm_ptr,  # QK_NORM only: [D] weights of the per-head rms_norm of q and of k, before the rotation
+    k_norm_ptr,
     layer,
     qk_scale,  # scale * log2(e): scores in base-2 units so the softmax can use exp2
+    norm_eps,
     seq_capacity,  # S, cache positions per slot
     slots,
     num_kv_heads,
@@ -123,6 +139,7 @@ def attention_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     ROTARY: tl.constexpr,
+    QK_NORM: tl.constexpr,
     BLOCK_T: tl.constexpr,  # ROTARY: T rounded up to a power of 2
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
@@ -152,6 +169,8 @@ def attention_kernel(
     partner = tl.where(first_half, dims + HEAD_DIM // 2, dims - HEAD_DIM // 2)
     if ROTARY:
         q_partner = tl.load(q_ptr + q_rows[:, None] + partner[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        if QK_NORM:  # each row is one head: normalize it (and its partner columns) first, as rms_norm would
+            q, q_partner = norm_heads(q, q_partner, q_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
         q_cos, q_sin = rope_rows(
             cos_ptr, sin_ptr, b.to(tl.int64), token, dims, stride_cosb, stride_cost, stride_cosd,
             stride_sinb, stride_sint, stride_sind, row_ok[:, None], dtype,
@@ -184,6 +203,8 @@ def attention_kernel(
         k_rows = b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh + steps.to(tl.int64) * stride_kt
         k_new = tl.load(k_ptr + k_rows[:, None] + dims[None, :] * stride_kd, mask=own[:, None], other=0.0)
         k_partner = tl.load(k_ptr + k_rows[:, None] + partner[None, :] * stride_kd, mask=own[:, None], other=0.0)
+        if QK_NORM:
+            k_new, k_partner = norm_heads(k_new, k_partner, k_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
         k_cos, k_sin = rope_rows(
             cos_ptr, sin_ptr, b.to(tl.int64), steps, dims, stride_cosb, stride_cost, stride_cosd,
             stride_sinb, stride_sint, stride_sind, own[:, None], dtype,
@@ -304,6 +325,7 @@ def attention(
     num_stages: int = CONFIGS["default"]["num_stages"],
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
     rotary: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+    qk_norm: tuple[Tensor, Tensor, float] | None = None,
 ) -> Tensor:
     """Launch attention_kernel (+ attention_reduce_kernel when split). Same result as
     graphspec.ops.attention_reference; returns a new contiguous [B, T, Hq, D] tensor of q's dtype.
@@ -311,7 +333,9 @@ def attention(
     rotary=(k, v, cos, sin) fuses this step's rotary and KV write in (graphspec::rotary_kv_attention):
     q and k [B, Hkv, T, D] arrive unrotated, the rotated k and v are written into the cache at
     positions start_pos[b] + t of slot slot_ids[b] and attended to, as rotary_kv_write then attention
-    would (the same bits). k, v and the cache share q's dtype; cos/sin are [B, T, D]."""
+    would (the same bits). k, v and the cache share q's dtype; cos/sin are [B, T, D].
+    qk_norm=(q_weight, k_weight, eps) (with rotary only) first rms_norms each head of q and of the
+    step's k over D, as graphspec::rms_norm would (to its fp32 rounding)."""
     check_device(q, cache, *(rotary or ()))
     batch, q_heads, t, head_dim = q.shape
     kv_heads, seq_capacity = cache.shape[3], cache.shape[4]
@@ -332,6 +356,13 @@ def attention(
             )
     else:
         k = v = cos = sin = q  # unused: ROTARY is off; strides below are placeholders
+    if qk_norm is not None:
+        q_weight, k_weight, norm_eps = qk_norm
+        if rotary is None or any(w.shape != (head_dim,) or w.stride(0) != 1 for w in (q_weight, k_weight)):
+            raise ValueError(f"attention kernel: qk_norm needs rotary and contiguous [{head_dim}] weights")
+    else:
+        q_weight = k_weight = q  # unused: QK_NORM is off
+        norm_eps = 0.0
     if (seq_capacity - 1) * cache.stride(4) + (head_dim - 1) * cache.stride(5) >= 2**31:
         raise ValueError("attention kernel: one cache plane (S * D) must stay below 2**31 elements")
     out = torch.empty((batch, t, q_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -362,8 +393,11 @@ def attention(
         v,
         cos,
         sin,
+        q_weight,
+        k_weight,
         layer,
         scale * LOG2E,
+        norm_eps,
         seq_capacity,
         cache.shape[2],
         kv_heads,
@@ -381,6 +415,7 @@ def attention(
         BLOCK_N=block_n,
         SPLIT=splits > 1,
         ROTARY=rotary is not None,
+        QK_NORM=qk_norm is not None,
         BLOCK_T=next_power_of_2(t),
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
         UPCAST_DOT=upcast,

@@ -53,12 +53,23 @@ def rms_norm_kernel(
     weight = tl.load(weight_ptr + col * stride_w, mask=col_ok, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row[:, None] * stride_xr + col[None, :] * stride_xd, mask=mask, other=0.0)
     hidden = x.to(tl.float32)
-    variance = tl.sum(hidden * hidden, 1) / dim  # padding columns load as 0 and add nothing
-    hidden = hidden * (1.0 / tl.sqrt_rn(variance + eps))[:, None]  # IEEE sqrt and divide, like torch on CPU
     dtype = out_ptr.dtype.element_ty
-    hidden = round_to(hidden, dtype)  # the reference casts to the model dtype before scaling
-    out = round_to(weight[None, :] * hidden, dtype)  # exact fp32 product, rounded once
+    out = scale_rows(hidden, inverse_rms(hidden, dim, eps), weight[None, :], dtype)
     tl.store(out_ptr + row[:, None] * dim + col[None, :], out.to(dtype), mask=mask)
+
+
+@triton.jit
+def inverse_rms(hidden, dim, eps):
+    """1 / sqrt(mean(x^2) + eps) of each row of fp32 hidden [rows, cols] (padding columns hold 0)."""
+    variance = tl.sum(hidden * hidden, 1) / dim
+    return 1.0 / tl.sqrt_rn(variance + eps)  # IEEE sqrt and divide, like torch on CPU
+
+
+@triton.jit
+def scale_rows(hidden, inverse, weight, DTYPE: tl.constexpr):
+    """The reference's rounding: hidden * inverse cast to the model dtype, then times the weight (an
+    exact fp32 product) rounded once; fp32 holding DTYPE values. weight broadcasts against hidden."""
+    return round_to(weight * round_to(hidden * inverse[:, None], DTYPE), DTYPE)
 
 
 def tile_rows(dim: int, tile_elems: int) -> tuple[int, int]:

@@ -5,7 +5,9 @@ registers, and the programs whose key chunk holds this step's positions rotate t
 them and their values into the cache themselves, then run the plain key loop. At decode sizes
 rotary_kv_write was a launch of its own per layer and forward (about 2 us plus the gap on an H200) for
 a few kilobytes of work; this removes it. The key loop and every rounding are those of rotary_kv_write
-then attention, so the result is the same bits (tests/kernels/test_rotary_kv_attention.py).
+then attention, so the result is the same bits (tests/kernels/test_rotary_kv_attention.py). With
+q_norm/k_norm (fuse_qk_norm) each head of q and of the step's k is rms_norm'ed in registers first,
+which removes two more launches per layer and forward for models with per-head norms (Qwen3).
 """
 
 from __future__ import annotations
@@ -35,12 +37,20 @@ def rotary_kv_attention(
     slot_ids: Tensor,
     start_pos: Tensor,
     scale: float,
+    q_norm: Tensor | None = None,
+    k_norm: Tensor | None = None,
+    norm_eps: float = 1e-6,
     **config: int,
 ) -> Tensor:
-    """Same result as graphspec.ops.rotary_kv_attention_reference (cache written in place); config
-    fields as in CONFIGS (default: the "default" row)."""
+    """Same result as graphspec.ops.rotary_kv_attention_reference (cache written in place; with q_norm
+    and k_norm, to rms_norm's fp32 rounding); config fields as in CONFIGS (default: the "default" row)."""
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("rotary_kv_attention kernel: q_norm and k_norm come together (or neither)")
     config = {**CONFIGS["default"], **config}
-    return attention_kernel.attention(q, cache, layer, slot_ids, start_pos, scale, **config, rotary=(k, v, cos, sin))
+    qk_norm = None if q_norm is None else (q_norm, k_norm, norm_eps)
+    return attention_kernel.attention(
+        q, cache, layer, slot_ids, start_pos, scale, **config, rotary=(k, v, cos, sin), qk_norm=qk_norm
+    )
 
 
 @torch.library.custom_op("graphspec::rotary_kv_attention_triton", mutates_args=("cache",))
@@ -55,6 +65,9 @@ def rotary_kv_attention_triton(
     slot_ids: Tensor,
     start_pos: Tensor,
     scale: float,
+    q_norm: Tensor | None,
+    k_norm: Tensor | None,
+    norm_eps: float,
     block_n: int,
     num_warps: int,
     num_stages: int,
@@ -62,12 +75,12 @@ def rotary_kv_attention_triton(
 ) -> Tensor:
     """graphspec::rotary_kv_attention lowered to attention_kernel; the trailing ints are CONFIG_FIELDS."""
     return rotary_kv_attention(
-        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale,
+        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps,
         block_n=block_n, num_warps=num_warps, num_stages=num_stages, programs_per_sm=programs_per_sm,
     )  # fmt: skip
 
 
 @rotary_kv_attention_triton.register_fake
-def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm):
+def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, *config):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))

@@ -16,6 +16,7 @@ def test_pipeline_order_is_the_documented_one():
         "defunctionalize_kv",
         "fuse_rotary_kv",
         "fuse_kv_attention",
+        "fuse_qk_norm",
         "lower_kernels",
         "split_attention",
     )

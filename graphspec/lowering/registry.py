@@ -183,11 +183,17 @@ def fits_rotary_kv_attention(node: fx.Node) -> bool:
     if values is None or len(node.args) < 10 or type(node.args[6]) is not int:
         return False
     q, k, v, cos, sin, cache, slot_ids, start_pos = values
+    # Optional per-head norm weights (args 10, 11; fuse_qk_norm): both or neither, [D] contiguous, q's dtype.
+    norms = [arg for arg in node.args[10:12] if arg is not None]
+    weights = _vals_at(node, range(10, 10 + len(norms))) if norms else []
     return (
         _attention_fits(q, cache)
         and k.dtype == v.dtype == cache.dtype
         and _rotary_fits(q, k, cos, sin)
         and _kv_write_fits(cache, node.args[6], slot_ids, start_pos, k, v)
+        and len(norms) in (0, 2)
+        and weights is not None
+        and all(w.shape == (q.shape[-1],) and w.stride(0) == 1 and w.dtype == q.dtype for w in weights)
     )
 
 

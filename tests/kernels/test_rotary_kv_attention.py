@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graphspec.kernels import attention, rotary_kv_write
+from graphspec.kernels import attention, rms_norm, rotary_kv_write
 from graphspec.kernels import rotary_kv_attention as kernel
 from torch.library import opcheck
 
-from tests.kernels.helpers import DEVICE, TOLERANCE, bits, generator, poison_allocator, rel_error
+from tests.kernels.helpers import (
+    DEVICE,
+    TOLERANCE,
+    assert_rounding_equal,
+    bits,
+    generator,
+    poison_allocator,
+    rel_error,
+)
 
 LAYERS = 2
 
@@ -110,6 +118,53 @@ def test_matches_reference(dtype: torch.dtype) -> None:
     assert rel_error(out, exact) <= 2 * rel_error(expected, exact) + 1e-6
 
 
+def norm_weights(head_dim: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = generator(seed)
+    return tuple((torch.rand(head_dim, generator=g) + 0.5).to(DEVICE, dtype) for _ in range(2))
+
+
+@pytest.mark.parametrize(("dtype", "head_dim"), [(torch.float32, 64), (torch.bfloat16, 128)])
+def test_qk_norm_equals_rms_norm_kernel_then_fused_launch(dtype: torch.dtype, head_dim: int) -> None:
+    """Qwen3's per-head norms folded in: the same as rms_norm's kernel on q and k first (its arithmetic,
+    reused), to fp32 rounding on a GPU (the row sums reduce in another order) and exactly here."""
+    inputs, cache, slot_ids, start_pos = make_case(3, 8, 2, 4, 48, head_dim, dtype, seed=12)
+    q_weight, k_weight = norm_weights(head_dim, dtype, seed=12)
+    q, k, v, cos, sin = inputs
+    config = {"tile_elems": 4096, "num_warps": 4}
+    q_normed = rms_norm.rms_norm(q, q_weight, 1e-6, **config).transpose(1, 2).contiguous().transpose(1, 2)
+    k_normed = rms_norm.rms_norm(k, k_weight, 1e-6, **config)
+    expected_cache = cache.clone()
+    expected = kernel.rotary_kv_attention(q_normed, k_normed, v, cos, sin, expected_cache, 1, slot_ids, start_pos, 0.1)
+    out = kernel.rotary_kv_attention(*inputs, cache, 1, slot_ids, start_pos, 0.1, q_weight, k_weight, 1e-6)
+    if DEVICE.type == "cuda":
+        assert_rounding_equal(cache, expected_cache)
+        assert rel_error(out, expected) < TOLERANCE[dtype]
+    else:
+        assert torch.equal(bits(cache), bits(expected_cache)) and torch.equal(bits(out), bits(expected))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qk_norm_matches_reference(dtype: torch.dtype) -> None:
+    inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 5, 40, 64, dtype, seed=13)
+    q_weight, k_weight = norm_weights(64, dtype, seed=13)
+    expected_cache = cache.clone()
+    args = (1, slot_ids, start_pos, 0.125, q_weight, k_weight, 1e-6)
+    expected = kernel.rotary_kv_attention_reference(*inputs, expected_cache, *args)
+    out = kernel.rotary_kv_attention(*inputs, cache, *args)
+    if dtype == torch.float32:  # torch's mean and the kernel's sum / D differ in the last bit
+        torch.testing.assert_close(cache, expected_cache, rtol=1e-5, atol=1e-6)
+    else:
+        assert_rounding_equal(cache, expected_cache)
+    assert rel_error(out, expected) < TOLERANCE[dtype]
+
+
+def test_qk_norm_needs_both_weights() -> None:
+    inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 3, 32, 64, torch.float32, seed=14)
+    q_weight, _ = norm_weights(64, torch.float32, seed=14)
+    with pytest.raises(ValueError, match="come together"):
+        kernel.rotary_kv_attention(*inputs, cache, 0, slot_ids, start_pos, 0.125, q_weight, None)
+
+
 def test_mismatched_kv_raises() -> None:
     inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 3, 32, 64, torch.float32, seed=10)
     q, k, v, cos, sin = inputs
@@ -123,7 +178,8 @@ def test_rotary_kv_attention_triton_opcheck() -> None:
     """The op's schema says it mutates `cache` and only that, and its fake matches."""
     inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 3, 32, 64, torch.bfloat16, seed=11)
     config = tuple(kernel.CONFIGS["default"].values())
-    opcheck(torch.ops.graphspec.rotary_kv_attention_triton, (*inputs, cache, 1, slot_ids, start_pos, 0.125, *config))
+    args = (*inputs, cache, 1, slot_ids, start_pos, 0.125, None, None, 1e-6, *config)
+    opcheck(torch.ops.graphspec.rotary_kv_attention_triton, args)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -144,6 +200,7 @@ def test_fused_launch_replays_in_cuda_graph_gpu() -> None:
     inputs, cache, slot_ids, start_pos = make_case(2, 32, 8, 5, 2048, 128, torch.bfloat16, seed=1)
     config = tuple(kernel.CONFIGS[90].values())
     op = torch.ops.graphspec.rotary_kv_attention_triton
+    config = (None, None, 1e-6, *config)  # no q/k norms, then CONFIG_FIELDS
     op(*inputs, cache.clone(), 1, slot_ids, start_pos, 0.088, *config)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     captured_cache = cache.clone()
@@ -156,3 +213,24 @@ def test_fused_launch_replays_in_cuda_graph_gpu() -> None:
     eager_cache = cache.clone()
     expected = op(*inputs, eager_cache, 1, slot_ids, start_pos, 0.088, *config)
     assert torch.equal(bits(out), bits(expected)) and torch.equal(bits(captured_cache), bits(eager_cache))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("q_heads", "batch"), [(32, 1), (16, 1), (32, 8)])
+def test_qk_norm_real_shapes_gpu(q_heads: int, batch: int) -> None:
+    """Qwen3-8B (32/8 heads) and 0.6B (16/8) shapes, D 128, T 5: against rms_norm's kernel then the fused
+    launch, to rms_norm's fp32 rounding."""
+    inputs, cache, slot_ids, start_pos = make_case(batch, q_heads, 8, 5, 2048, 128, torch.bfloat16, seed=q_heads)
+    start_pos[-1] = 511
+    q_weight, k_weight = norm_weights(128, torch.bfloat16, seed=q_heads)
+    q, k, v, cos, sin = inputs
+    config = dict(kernel.CONFIGS[90])
+    q_normed = rms_norm.rms_norm(q, q_weight, 1e-6).transpose(1, 2).contiguous().transpose(1, 2)
+    k_normed = rms_norm.rms_norm(k, k_weight, 1e-6)
+    expected_cache = cache.clone()
+    expected = kernel.rotary_kv_attention(
+        q_normed, k_normed, v, cos, sin, expected_cache, 1, slot_ids, start_pos, 0.088, **config
+    )
+    out = kernel.rotary_kv_attention(*inputs, cache, 1, slot_ids, start_pos, 0.088, q_weight, k_weight, 1e-6, **config)
+    assert_rounding_equal(cache, expected_cache)
+    assert rel_error(out, expected) < TOLERANCE[torch.bfloat16]
