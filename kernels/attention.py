@@ -12,6 +12,11 @@ block is read from HBM once per kv head, whatever the group size. The visible ke
 so the work is balanced for any actual length with a static grid (CUDA-graph safe). With splits > 1
 each program writes a normalized partial output and its log-sum-exp and attention_reduce_kernel
 combines them; with one split the main kernel writes the output directly.
+
+ROTARY (graphspec::rotary_kv_attention, kernels/rotary_kv_attention.py): q and the step's k arrive
+unrotated; every program rotates its q tile in registers, and the programs whose chunk holds the step's
+positions rotate those keys and store them and their values into the cache before the key loop, which
+is unchanged. QK_NORM adds Qwen3's per-head rms_norm of q and k before the rotation.
 """
 
 from __future__ import annotations
