@@ -13,6 +13,8 @@ This keeps every region one contiguous run in graph order (checks.regions_run_in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -52,6 +54,15 @@ def may_mutate(node: fx.Node) -> bool:
         return True
     schema = getattr(node.target, "_schema", None)
     return node.op == "call_function" and schema is not None and schema.is_mutable
+
+
+def nodes_between(first: fx.Node, last: fx.Node) -> Iterator[fx.Node]:
+    """The nodes strictly after `first` and before `last` in graph order (last must follow first):
+    what a fusion that moves work from one to the other must check."""
+    node = first.next
+    while node is not last:
+        yield node
+        node = node.next
 
 
 def region_for(position: fx.Node) -> str | None:

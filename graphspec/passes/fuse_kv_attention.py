@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from graphspec.config import PassContext, PassResult
 from graphspec.lowering.lower_kernels import positional_args
-from graphspec.passes.cleanup import may_mutate, region_for, tag, tidy
+from graphspec.passes.cleanup import may_mutate, nodes_between, region_for, tag, tidy
 
 NAME = "fuse_kv_attention"
 
@@ -41,12 +41,7 @@ def fusable(write: fx.Node, attention: fx.Node) -> bool:
         return False
     # Between the two, nothing may read the cache (it would miss the write, now later) or write
     # anything (the write's inputs, or the cache behind our back).
-    node = write.next
-    while node is not attention:
-        if may_mutate(node) or cache in node.all_input_nodes:
-            return False
-        node = node.next
-    return True
+    return not any(may_mutate(node) or cache in node.all_input_nodes for node in nodes_between(write, attention))
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:

@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from graphspec.config import PassContext, PassResult
 from graphspec.lowering.lower_kernels import positional_args
-from graphspec.passes.cleanup import may_mutate, tag, tidy
+from graphspec.passes.cleanup import may_mutate, nodes_between, tag, tidy
 
 NAME = "fuse_qk_norm"
 
@@ -47,16 +47,6 @@ def normed_input(arg: object, op: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, f
     return arg, norm, x, eps
 
 
-def nothing_writes_between(first: fx.Node, last: fx.Node) -> bool:
-    """No node after `first` up to `last` may write in place: the norm moves from first to last."""
-    node = first.next
-    while node is not last:
-        if may_mutate(node):
-            return False
-        node = node.next
-    return True
-
-
 def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     graph = gm.graph
     folded, kept = 0, 0
@@ -67,7 +57,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         q, k = normed_input(args[0], op), normed_input(args[1], op)
         if q is None and k is None:
             continue  # no per-head norms: not the pattern
-        if q is None or k is None or q[3] != k[3] or not all(nothing_writes_between(m[1], op) for m in (q, k)):
+        # The norms move down to the op: nothing in between may write what they read.
+        moved = [node for match in (q, k) if match for node in nodes_between(match[1], op)]
+        if q is None or k is None or q[3] != k[3] or any(may_mutate(node) for node in moved):
             kept += 1
             continue
         for transpose, norm, x, _ in (q, k):

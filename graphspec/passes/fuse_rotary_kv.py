@@ -21,7 +21,7 @@ import torch.fx as fx
 
 from graphspec.config import PassContext, PassResult
 from graphspec.lowering.lower_kernels import positional_args
-from graphspec.passes.cleanup import may_mutate, region_for, tag, tidy
+from graphspec.passes.cleanup import may_mutate, nodes_between, region_for, tag, tidy
 
 NAME = "fuse_rotary_kv"
 
@@ -56,12 +56,7 @@ def fusable(rotary: fx.Node, write: fx.Node, write_args: tuple, order: dict[fx.N
         return False
     # The rotation moves from the rotary's position to the write's: nothing in between may change
     # what it reads (in a decoder only getitems and mask_padding's pure sanitizers sit there).
-    node = rotary.next
-    while node is not write:
-        if may_mutate(node):
-            return False
-        node = node.next
-    return True
+    return not any(may_mutate(node) for node in nodes_between(rotary, write))
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:

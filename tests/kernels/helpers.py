@@ -48,3 +48,20 @@ def assert_rounding_equal(out: torch.Tensor, reference: torch.Tensor) -> None:
     diff = (out.float() - reference.float()).abs()
     assert (diff <= 2.01 * ulp).all(), (diff / ulp).max()
     assert (diff > 0).float().mean().item() < 1e-2
+
+
+def projection_inputs(
+    batch: int, q_heads: int, kv_heads: int, t: int, head_dim: int, dtype: torch.dtype, g: torch.Generator
+) -> list[torch.Tensor]:
+    """q, k, v as the decoder passes them to the rotary ops, [B, T, H, D] slices of one fused qkv
+    projection transposed to [B, H, T, D] (no two of their strides contiguous), and cos/sin [B, T, D]
+    of random angles (fp32, on DEVICE)."""
+    widths = [q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    qkv = torch.randn(batch, t, sum(widths), generator=g).to(DEVICE, dtype)
+    q, k, v = (
+        part.view(batch, t, heads, head_dim).transpose(1, 2)
+        for part, heads in zip(qkv.split(widths, dim=-1), (q_heads, kv_heads, kv_heads), strict=True)
+    )
+    angles = torch.rand(batch, t, head_dim // 2, generator=g) * 100
+    angles = torch.cat((angles, angles), dim=-1)
+    return [q, k, v, angles.cos().to(DEVICE), angles.sin().to(DEVICE)]

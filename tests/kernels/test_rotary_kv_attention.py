@@ -16,6 +16,7 @@ from tests.kernels.helpers import (
     bits,
     generator,
     poison_allocator,
+    projection_inputs,
     rel_error,
 )
 
@@ -27,21 +28,14 @@ def make_case(batch: int, q_heads: int, kv_heads: int, t: int, seq: int, head_di
     [B, T, D], a random cache (stale values at this step's positions), distinct slots, and start
     positions from 0 to the last that fits."""
     g = generator(seed)
-    widths = [q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
-    qkv = torch.randn(batch, t, sum(widths), generator=g).to(DEVICE, dtype)
-    q, k, v = (
-        part.view(batch, t, heads, head_dim).transpose(1, 2)
-        for part, heads in zip(qkv.split(widths, dim=-1), (q_heads, kv_heads, kv_heads), strict=True)
-    )
-    angles = torch.rand(batch, t, head_dim // 2, generator=g) * 100
-    angles = torch.cat((angles, angles), dim=-1)
+    inputs = projection_inputs(batch, q_heads, kv_heads, t, head_dim, dtype, g)
     slots = batch + 2
     cache = torch.randn(LAYERS, 2, slots, kv_heads, seq, head_dim, generator=g).to(DEVICE, dtype)
     slot_ids = torch.randperm(slots, generator=g)[:batch].to(DEVICE)
     start_pos = torch.randint(0, seq - t + 1, (batch,), generator=g).to(DEVICE)
     start_pos[0] = 0
     start_pos[-1] = seq - t
-    return (q, k, v, angles.cos().to(DEVICE), angles.sin().to(DEVICE)), cache, slot_ids, start_pos
+    return tuple(inputs), cache, slot_ids, start_pos
 
 
 def unfused(inputs, cache, layer, slot_ids, start_pos, scale, config):

@@ -9,7 +9,7 @@ from graphspec.kernels import rotary_kv_write as kernel
 from torch.library import opcheck
 
 from graphspec.ops import rotary_reference
-from tests.kernels.helpers import DEVICE, bits, generator, poison_allocator
+from tests.kernels.helpers import DEVICE, bits, generator, poison_allocator, projection_inputs
 
 LAYERS, SLOTS, SEQ = 2, 5, 16
 
@@ -24,19 +24,11 @@ def make_inputs(
     seed: int,
     cache_dtype: torch.dtype | None = None,
 ) -> list[torch.Tensor]:
-    """q, k, v, cos, sin and a random cache: q/k/v as the decoder passes them, [B, T, H, D] slices of
-    one fused qkv projection transposed to [B, H, T, D] (no two of their strides contiguous)."""
+    """q, k, v, cos, sin (helpers.projection_inputs) and a random cache."""
     g = generator(seed)
-    widths = [q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
-    qkv = torch.randn(batch, t, sum(widths), generator=g).to(DEVICE, dtype)
-    q, k, v = (
-        part.view(batch, t, heads, head_dim).transpose(1, 2)
-        for part, heads in zip(qkv.split(widths, dim=-1), (q_heads, kv_heads, kv_heads), strict=True)
-    )
-    angles = torch.rand(batch, t, head_dim // 2, generator=g) * 100
-    angles = torch.cat((angles, angles), dim=-1)
+    inputs = projection_inputs(batch, q_heads, kv_heads, t, head_dim, dtype, g)
     cache = torch.randn(LAYERS, 2, SLOTS, kv_heads, SEQ, head_dim, generator=g).to(DEVICE, cache_dtype or dtype)
-    return [q, k, v, angles.cos().to(DEVICE), angles.sin().to(DEVICE), cache]
+    return [*inputs, cache]
 
 
 def index(*values: int) -> torch.Tensor:
