@@ -56,6 +56,7 @@ HEAD_DIMS = (64, 128)  # head dims the kernel is tested for (any power of 2 from
 MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
 MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
 REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step
+REDUCE_WARPS = 4  # warps of each reduce program (one output row of D values)
 LOG2E = 1.4426950408889634
 
 
@@ -430,7 +431,7 @@ def attention(
     if splits > 1:
         attention_reduce_kernel[(batch * q_heads * t,)](
             part_out, part_lse, out, splits,
-            HEAD_DIM=head_dim, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=REDUCE_CHUNK, num_warps=4,
+            HEAD_DIM=head_dim, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=REDUCE_CHUNK, num_warps=REDUCE_WARPS,
         )  # fmt: skip
     return out
 
