@@ -56,7 +56,11 @@ HEAD_DIMS = (64, 128)  # head dims the kernel is tested for (any power of 2 from
 MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
 MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
 REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step
-REDUCE_WARPS = 4  # warps of each reduce program (one output row of D values)
+# Warps of each reduce program (one output row of D values). One: benchmarks/bench_launch_configs.py
+# --ops attention_reduce on an H200 (2026-11-22, 33 splits, 32 q heads): 2.3-3.0 us per launch at the
+# step's shapes, against 2.7-4.4 us with 4 warps (cross-warp reductions of a row this small cost more
+# than they share).
+REDUCE_WARPS = 1
 LOG2E = 1.4426950408889634
 
 
