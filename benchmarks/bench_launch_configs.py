@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from graphspec.kernels import add_rms_norm, attention, rms_norm, silu_mul
-from graphspec.kernels.common import next_power_of_2, pdl_launch
+from graphspec.kernels.common import next_power_of_2
 
 from benchmarks import common
 
@@ -69,7 +69,7 @@ def chain(op: str, model: str, rows: int, width: int, config: tuple[int, int]):
         out = torch.empty(out_rows, dim, device="cuda", dtype=DTYPE)
         calls[op] = lambda: attention.attention_reduce_kernel[(out_rows,)](
             part_out, part_lse, out, SPLITS, HEAD_DIM=dim, BLOCK_SPLITS=next_power_of_2(SPLITS), CHUNK=tile_elems,
-            num_warps=num_warps, **pdl_launch(out.device),
+            num_warps=num_warps,
         )  # fmt: skip
     call = calls[op]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphspec.kernels.common import cdiv, check_config_table, check_device, pdl_launch, round_to
+from graphspec.kernels.common import cdiv, check_config_table, check_device, round_to
 from graphspec.kernels.rms_norm import tile_rows
 from torch import Tensor
 
@@ -47,7 +47,6 @@ def add_rms_norm_kernel(
     stride_w,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
     # Tile: rows [pid * BLOCK_R, +BLOCK_R) of the [rows, dim] views; columns padded to BLOCK_D.
     row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -58,8 +57,6 @@ def add_rms_norm_kernel(
     # (whose barrier the compiler does not move loads across) its memory latency would add to the row's.
     weight = tl.load(weight_ptr + col * stride_w, mask=col_ok, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row[:, None] * stride_xr + col[None, :] * stride_xd, mask=mask, other=0.0)
-    if USE_PDL:  # x and residual come from earlier kernels (common.pdl_launch); the weight did not
-        tl.extra.cuda.gdc_wait()
     residual = tl.load(residual_ptr + row[:, None] * stride_rr + col[None, :] * stride_rd, mask=mask, other=0.0)
     # residual + x rounded once to the output dtype (exact fp32 sum of two 16-bit floats, then round).
     dtype = out_ptr.dtype.element_ty
@@ -92,7 +89,7 @@ def add_rms_norm(
     add_rms_norm_kernel[(cdiv(rows, block_r),)](
         x2, residual2, weight, out, total, rows, dim, eps,
         x2.stride(0), x2.stride(1), residual2.stride(0), residual2.stride(1), weight.stride(0),
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps, **pdl_launch(x.device),
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
     )  # fmt: skip
     return out, total
 

@@ -29,7 +29,6 @@ from graphspec.kernels.common import (
     check_config_table,
     check_device,
     next_power_of_2,
-    pdl_launch,
     round_to,
     sm_count,
 )
@@ -154,10 +153,7 @@ def attention_kernel(
     BLOCK_T: tl.constexpr,  # ROTARY: T rounded up to a power of 2
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # everything it reads or writes may belong to earlier kernels (common.pdl_launch)
-        tl.extra.cuda.gdc_wait()
     split = tl.program_id(0)
     row_head = tl.program_id(1)  # b * Hkv + kv_head
     m_block = tl.program_id(2)
@@ -295,12 +291,9 @@ def attention_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
     CHUNK: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
     # One program per output row (b, t, h), the row index of contiguous [B, T, Hq]; combines that
     # row's num_splits partials: out = sum_s 2^(lse_s - top) * out_s / sum_s 2^(lse_s - top).
-    if USE_PDL:  # the partials come from attention_kernel just before (common.pdl_launch)
-        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     splits = tl.arange(0, BLOCK_SPLITS)
     lse = tl.load(part_lse_ptr + row * num_splits + splits, mask=splits < num_splits, other=float("-inf"))
@@ -438,13 +431,11 @@ def attention(
         UPCAST_DOT=upcast,
         num_warps=num_warps,
         num_stages=num_stages,
-        **pdl_launch(q.device),
     )
     if splits > 1:
         attention_reduce_kernel[(batch * q_heads * t,)](
             part_out, part_lse, out, splits,
             HEAD_DIM=head_dim, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=REDUCE_CHUNK, num_warps=REDUCE_WARPS,
-            **pdl_launch(q.device),
         )  # fmt: skip
     return out
 

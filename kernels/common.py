@@ -49,25 +49,6 @@ def sm_count(device: torch.device) -> int:
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-@functools.cache
-def _cuda_capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def pdl_launch(device: torch.device) -> dict[str, bool]:
-    """Launch arguments for programmatic dependent launch (PDL; CUDA sm_90+, unless GRAPHSPEC_PDL=0): the
-    kernel may be scheduled while the kernel before it in the stream finishes, so its launch latency
-    (and any prologue before its wait) overlaps that kernel's tail. A kernel launched this way takes
-    USE_PDL and calls tl.extra.cuda.gdc_wait() before it reads or writes anything an earlier kernel
-    could touch; it never signals dependents itself, so what follows it waits as usual."""
-    if device.type != "cuda" or os.environ.get("GRAPHSPEC_PDL", "1") == "0":
-        return {"USE_PDL": False}
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if _cuda_capability(index)[0] < 9:
-        return {"USE_PDL": False}
-    return {"USE_PDL": True, "launch_pdl": True}
-
-
 def config_for(configs: Mapping[int | str, dict[str, int]], sm: int | None) -> dict[str, int]:
     """The config of an SM from a CONFIGS table: exact SM, else "default"."""
     return dict(configs.get(sm, configs["default"]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2, pdl_launch, round_to
+from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2, round_to
 from torch import Tensor
 
 from graphspec.ops import rms_norm_reference
@@ -42,7 +42,6 @@ def rms_norm_kernel(
     stride_w,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
     # Tile: rows [pid * BLOCK_R, +BLOCK_R) of the [rows, dim] view; columns padded to BLOCK_D.
     row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -52,8 +51,6 @@ def rms_norm_kernel(
     # The weight is loaded first: nothing it needs comes from the row, and issued after the reduction
     # (whose barrier the compiler does not move loads across) its memory latency would add to the row's.
     weight = tl.load(weight_ptr + col * stride_w, mask=col_ok, other=0.0).to(tl.float32)
-    if USE_PDL:  # x comes from an earlier kernel (common.pdl_launch); the weight did not
-        tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row[:, None] * stride_xr + col[None, :] * stride_xd, mask=mask, other=0.0)
     hidden = x.to(tl.float32)
     dtype = out_ptr.dtype.element_ty
@@ -99,7 +96,7 @@ def rms_norm(
     block_r, block_d = tile_rows(dim, tile_elems)
     rms_norm_kernel[(cdiv(rows, block_r),)](
         x2, weight, out, rows, dim, eps, x2.stride(0), x2.stride(1), weight.stride(0),
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps, **pdl_launch(x.device),
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
     )  # fmt: skip
     return out
 

@@ -13,15 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphspec.kernels.common import (
-    cdiv,
-    check_config_table,
-    check_device,
-    interpreting,
-    next_power_of_2,
-    pdl_launch,
-    round_to,
-)
+from graphspec.kernels.common import cdiv, check_config_table, check_device, interpreting, next_power_of_2, round_to
 from torch import Tensor
 from triton.language.extra import libdevice
 
@@ -52,10 +44,7 @@ def silu_mul_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
     LIBDEVICE_EXP: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # gate_up comes from the GEMM before (common.pdl_launch)
-        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     row = (pid // col_blocks).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     col = (pid % col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -101,7 +90,6 @@ def silu_mul(
     silu_mul_kernel[(cdiv(rows, block_r) * col_blocks,)](
         x2, out, rows, inter, col_blocks, x2.stride(0), x2.stride(1),
         BLOCK_R=block_r, BLOCK_C=block_c, LIBDEVICE_EXP=not interpreting(), num_warps=num_warps,
-        **pdl_launch(gate_up.device),
     )  # fmt: skip
     return out
 
