@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, round_to
-from graphspec.kernels.rms_norm import tile_rows
+from graphspec.kernels.rms_norm import inverse_rms, scale_rows, tile_rows
 from torch import Tensor
 
 from graphspec.ops import add_rms_norm_reference
@@ -63,9 +63,8 @@ def add_rms_norm_kernel(
     total = round_to(residual.to(tl.float32) + x.to(tl.float32), dtype)
     out_offsets = row[:, None] * dim + col[None, :]  # both outputs are contiguous [rows, dim]
     tl.store(total_ptr + out_offsets, total.to(dtype), mask=mask)
-    variance = tl.sum(total * total, 1) / dim  # padding columns are 0
-    hidden = round_to(total * (1.0 / tl.sqrt_rn(variance + eps))[:, None], dtype)
-    tl.store(out_ptr + out_offsets, round_to(weight[None, :] * hidden, dtype).to(dtype), mask=mask)
+    out = scale_rows(total, inverse_rms(total, dim, eps), weight[None, :], dtype)  # rms_norm's arithmetic
+    tl.store(out_ptr + out_offsets, out.to(dtype), mask=mask)
 
 
 def add_rms_norm(
