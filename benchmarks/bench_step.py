@@ -133,7 +133,7 @@ def without_capture(compiled: Compiled) -> Compiled:
 def fill_caches(runtime: Runtime, seed: int) -> None:
     """Random KV contents (timing on zeros can flatter kernels), written in place."""
     generator = torch.Generator(device=runtime.device).manual_seed(seed)
-    for cache in runtime.caches.values():
+    for cache in runtime.state.values():
         for layer in range(cache.shape[0]):  # one layer at a time keeps the fp32 temporary small
             cache[layer].copy_(torch.randn(cache[layer].shape, generator=generator, device=runtime.device))
 
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         begin = time.perf_counter()
         compiled = graphspec.compile(target_dir, draft_dir, batch_sizes=buckets, **options)
         report["compile_seconds"] = time.perf_counter() - begin
-        target_bytes, draft_bytes = weight_bytes(compiled.target.model), weight_bytes(compiled.draft.model)
+        target_bytes, draft_bytes = weight_bytes(compiled.target.model), weight_bytes(compiled.drafter.model)
         floor_bytes = target_bytes + args.k * draft_bytes
         floor_ms = floor_bytes / bandwidth["bytes_per_s"] * 1e3
         report["floor"] = {
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             "bytes": floor_bytes,
             "ms": floor_ms,
             "read_only_ms": (
-                weight_bytes(compiled.target.model, True) + args.k * weight_bytes(compiled.draft.model, True)
+                weight_bytes(compiled.target.model, True) + args.k * weight_bytes(compiled.drafter.model, True)
             )
             / bandwidth["bytes_per_s"]
             * 1e3,

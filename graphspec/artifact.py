@@ -49,9 +49,10 @@ import graphspec
 from graphspec import trace
 from graphspec.compiler import Compiled, device_sm
 from graphspec.config import SAMPLING_MODES, SpecConfig
+from graphspec.drafters import MODEL_FREE, check_drafter, open_drafter
 from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
-from graphspec.models.loading import LoadedModel, load_config, load_model
+from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
 from graphspec.pipeline import PIPELINE
 from graphspec.trace import model_inputs
 
@@ -59,7 +60,7 @@ FORMAT = "graphspec-artifact"
 FORMAT_VERSION = 2  # 2: fused qkv_proj and gate_up_proj parameters, token-major attention output
 MANIFEST = "manifest.json"
 KERNELS = "kernels.json"
-ROLES = ("target", "draft")
+ROLES = ("target", "draft")  # checkpoints an artifact can hold; "draft" only for drafters with weights
 # Files of a checkpoint directory that loading reads besides the safetensors shards. Other weight
 # formats (.bin, .pt, .gguf) are never copied: graphspec loads safetensors only.
 CHECKPOINT_FILES = (
@@ -113,7 +114,7 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
         _write(staging / KERNELS, json.dumps(kernels, indent=2, default=str) + "\n", files, KERNELS)
         models = {
             role: _save_weights(role, loaded, staging, files, copy_weights)
-            for role, loaded in zip(ROLES, (compiled.target, compiled.draft), strict=True)
+            for role, loaded in checkpoints(compiled).items()
         }
         manifest = {
             "format": FORMAT,
@@ -128,11 +129,12 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
             },
             "config": {**asdict(compiled.config), "batch_sizes": list(compiled.config.batch_sizes)},
             "modes": sorted({mode for mode, _ in compiled.graphs}, key=SAMPLING_MODES.index),
+            "drafter": compiled.drafter.describe(),
             "models": models,
             "signature": {
                 "target_params": list(compiled.signature.target_params),
                 "draft_params": list(compiled.signature.draft_params),
-                "step_inputs": list(trace.STEP_INPUTS),
+                "step_inputs": list(compiled.signature.step_inputs),
             },
             "pipeline": [{"name": module.NAME, "sha256": pass_source_hash(module)} for module in PIPELINE],
             "ops": _op_schemas(compiled.graphs.values()),
@@ -159,7 +161,7 @@ def _check_writable(out: Path, compiled: Compiled, copy_weights: bool) -> None:
             f"choose a new or empty directory"
         )
     if not copy_weights:
-        for loaded in (compiled.target, compiled.draft):
+        for loaded in checkpoints(compiled).values():
             source = loaded.path.absolute()
             if source == out or out in source.parents:
                 raise ArtifactError(
@@ -211,6 +213,21 @@ def _save_weights(
     return entry
 
 
+def checkpoints(compiled: Compiled) -> dict[str, LoadedModel]:
+    """role -> checkpoint the artifact holds: the target, and the drafter's own weights if it has any."""
+    roles = {"target": compiled.target}
+    if compiled.drafter.loaded is not None:
+        roles["draft"] = compiled.drafter.loaded
+    return roles
+
+
+def manifest_roles(manifest: dict[str, Any]) -> tuple[str, ...]:
+    roles = tuple(role for role in ROLES if role in manifest["models"])
+    if "target" not in roles or set(manifest["models"]) - set(ROLES):
+        raise ArtifactError(f"manifest models {sorted(manifest['models'])} are not a target and an optional draft")
+    return roles
+
+
 def checkpoint_files(loaded: LoadedModel) -> list[Path]:
     """Every file of the checkpoint that loading reads: config, safetensors shards, tokenizer files."""
     path = loaded.path
@@ -242,7 +259,7 @@ def compile_command(compiled: Compiled, out: Path, copy_weights: bool) -> str:
         "compile",
         str(compiled.target.path.absolute()),
         "--draft",
-        str(compiled.draft.path.absolute()),
+        str(compiled.drafter.loaded.path.absolute()) if compiled.drafter.loaded else compiled.drafter.kind,
         "-k",
         str(config.k),
         "--batch-sizes",
@@ -254,6 +271,8 @@ def compile_command(compiled: Compiled, out: Path, copy_weights: bool) -> str:
         "--max-seq-len",
         str(config.max_seq_len),
     ]
+    for option, value in compiled.drafter.settings.items():
+        words += [f"--{option.replace('_', '-')}", str(value)]
     if config.capture != "auto":
         words += ["--capture", config.capture]
     if config.lowering != "auto":
@@ -706,8 +725,15 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
         )
 
     _verify_files(path, manifest, command)
-    weights = {role: _weights_dir(path, manifest["models"][role]) for role in ROLES}
-    for role in ROLES:
+    drafter_record = dict(manifest.get("drafter", {"kind": "draft_model"}))  # format 2 artifacts had none
+    kind = drafter_record.pop("kind")
+    roles = manifest_roles(manifest)
+    if ("draft" in roles) != (kind not in MODEL_FREE):
+        raise ArtifactError(
+            f"{path / MANIFEST}: drafter {kind!r} does not match its models {roles}: recompile with `{command}`"
+        )
+    weights = {role: _weights_dir(path, manifest["models"][role]) for role in roles}
+    for role in roles:
         _verify_config(role, manifest["models"][role], weights[role], command)
     schemas = manifest["ops"]
     for name, schema in schemas.items():
@@ -734,17 +760,27 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
         config = SpecConfig(**{**manifest["config"], "batch_sizes": tuple(manifest["config"]["batch_sizes"])})
     except TypeError as error:
         raise ArtifactError(f"{path / MANIFEST}: bad config ({error}); recompile with `{command}`") from None
-    target, draft = (load_model(weights[role], config.dtype, config.device) for role in ROLES)
-    signature = trace.StepSignature(
-        tuple(manifest["signature"]["target_params"]), tuple(manifest["signature"]["draft_params"])
+    target = load_model(weights["target"], config.dtype, config.device)
+    checked = check_drafter(weights.get("draft", kind), kind, target.model.spec, config.max_seq_len, drafter_record)
+    drafter = open_drafter(weights.get("draft", kind), kind, drafter_record, config.dtype, config.device, checked)
+    states = trace.step_states(
+        target.model, drafter, max(config.batch_sizes) + 1, config.max_seq_len, parse_dtype(config.dtype)
     )
-    for role, loaded, names in (("target", target, signature.target_params), ("draft", draft, signature.draft_params)):
-        if tuple(model_inputs(loaded.model)) != names:
+    signature = trace.StepSignature(
+        tuple(manifest["signature"]["target_params"]),
+        tuple(manifest["signature"]["draft_params"]),
+        tuple(state.name for state in states),
+    )
+    for role, params, names in (
+        ("target", model_inputs(target.model), signature.target_params),
+        ("draft", drafter.params(), signature.draft_params),
+    ):
+        if tuple(params) != names:
             raise ArtifactError(
-                f"the {role} model built from {weights[role]} has other parameters than the compiled graphs "
-                f"take (the model code changed since compile): recompile with `{command}`"
+                f"the {role} weights built from {weights.get(role, kind)} are other parameters than the compiled "
+                f"graphs take (the model code changed since compile): recompile with `{command}`"
             )
-    if tuple(manifest["signature"].get("step_inputs", trace.STEP_INPUTS)) != trace.STEP_INPUTS:
+    if tuple(manifest["signature"]["step_inputs"]) != signature.step_inputs:
         raise ArtifactError(f"the graphs take other step inputs than this runtime provides: recompile with `{command}`")
     graphs, records = {}, {}
     for entry in manifest["graphs"]:
@@ -768,7 +804,7 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     missing = sorted({(m, b) for m in manifest.get("modes", []) for b in config.batch_sizes} - set(graphs))
     if missing:
         raise ArtifactError(f"{path / MANIFEST}: no graph for (mode, bucket) {missing}; recompile with `{command}`")
-    return Compiled(config, target, draft, graphs, signature, manifest["device"].get("sm"), records)
+    return Compiled(config, target, drafter, graphs, signature, manifest["device"].get("sm"), records)
 
 
 def _weights_dir(path: Path, model: dict[str, Any]) -> Path:
@@ -788,7 +824,7 @@ def _verify_files(path: Path, manifest: dict[str, Any], command: str) -> None:
     files: dict[str, dict[str, Any]] = manifest["files"]
     used = [entry[key] for entry in manifest["graphs"] for key in ("graph", "constants") if entry.get(key)]
     used += [manifest.get("kernels", KERNELS)]
-    used += [name for role in ROLES for name in manifest["models"][role]["files"]]
+    used += [name for role in manifest_roles(manifest) for name in manifest["models"][role]["files"]]
     unlisted = [name for name in used if name not in files]
     if unlisted:
         raise ArtifactError(

@@ -22,7 +22,8 @@ def outputs_are_named(gm: fx.GraphModule) -> None:
 
 
 def outputs_are_verified(gm: fx.GraphModule) -> None:
-    assert tuple(trace.output_nodes(gm)) == trace.VERIFIED_OUTPUTS, "step outputs are not the verified outputs"
+    names = tuple(trace.output_nodes(gm))
+    assert names == trace.verified_outputs(gm), f"step outputs {names} are not the verified outputs"
 
 
 def no_functional_cache_updates(gm: fx.GraphModule) -> None:
@@ -33,10 +34,10 @@ def no_functional_cache_updates(gm: fx.GraphModule) -> None:
 
 
 def caches_are_inputs(gm: fx.GraphModule) -> None:
-    """After defunctionalization the returned caches are the input buffers themselves."""
-    outputs, inputs = trace.output_nodes(gm), trace.placeholders_by_input(gm)
-    for name in ("target_cache", "draft_cache"):
-        assert outputs[name] is inputs[name], f"{name} output is not the mutated input buffer"
+    """After defunctionalization every returned state (KV caches, drafter states) is its input buffer."""
+    outputs = trace.output_nodes(gm)
+    for name, node in trace.state_inputs(gm).items():
+        assert outputs[name] is node, f"{name} output is not the mutated input buffer"
 
 
 def no_host_sync_ops(gm: fx.GraphModule) -> None:

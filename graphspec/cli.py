@@ -18,6 +18,8 @@ from typing import Any, NoReturn, TextIO
 
 import graphspec
 from graphspec.config import MAX_K, SAMPLING_MODES
+from graphspec.drafters import KINDS, MODEL_FREE
+from graphspec.drafters.ngram import DEFAULT_NGRAM
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.pipeline import PASS_NAMES, describe
 
@@ -165,7 +167,28 @@ def build_parser() -> Parser:
         formatter_class=HelpFormatter,
     )
     compile_parser.add_argument("target", metavar="TARGET", nargs="?", help="target checkpoint directory")
-    compile_parser.add_argument("--draft", metavar="DRAFT", help="draft checkpoint directory (same vocabulary)")
+    compile_parser.add_argument(
+        "--draft",
+        metavar="DRAFT",
+        help="draft checkpoint directory (same vocabulary), or 'ngram' (prompt lookup: no model)",
+    )
+    compile_parser.add_argument(
+        "--drafter", choices=sorted(KINDS), default=None, help="drafter kind, when DRAFT alone does not say it"
+    )
+    compile_parser.add_argument(
+        "--ngram-min",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"n-gram drafter: shortest match (default {DEFAULT_NGRAM[0]})",
+    )
+    compile_parser.add_argument(
+        "--ngram-max",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"n-gram drafter: longest match (default {DEFAULT_NGRAM[1]})",
+    )
     compile_parser.add_argument("-k", type=draft_length, default=4, help="draft tokens proposed per step")
     compile_parser.add_argument(
         "--batch-sizes",
@@ -337,8 +360,10 @@ def run_compile(args: argparse.Namespace) -> int:
         compile_parser.error("the following arguments are required: TARGET")
     if args.draft is None:
         compile_parser.error("the following arguments are required: --draft")
+    drafter_options = {name: value for name in ("ngram_min", "ngram_max") if (value := getattr(args, name)) is not None}
+    model_free = args.draft in MODEL_FREE
     for flag, value in (("TARGET", args.target), ("--draft", args.draft)):
-        if not Path(value).is_dir():
+        if not (model_free and flag == "--draft") and not Path(value).is_dir():
             raise GraphspecError(f"{flag} {value}: no such checkpoint directory")
     if args.out is None and args.dump_dir is None:
         compile_parser.error("nothing to write: give --out ART (the artifact) and/or --dump-dir D (pass dumps)")
@@ -366,6 +391,8 @@ def run_compile(args: argparse.Namespace) -> int:
             copy_weights=not args.reference_weights,
             modes=args.modes,
             on_progress=progress,
+            drafter=args.drafter,
+            **drafter_options,
         )
     finally:
         progress.done()
@@ -505,7 +532,12 @@ def describe_manifest(path: Path, manifest: dict[str, Any]) -> str:
         f"device     {device['device']} ({device.get('name', '?')}, {sm})",
         "versions   " + "  ".join(f"{name} {version}" for name, version in versions.items()),
     ]
+    drafter = dict(manifest.get("drafter", {"kind": "draft_model"}))
+    kind = drafter.pop("kind")
+    lines.append(f"drafter    {kind}" + "".join(f"  {name} {value}" for name, value in drafter.items()))
     for role in ("target", "draft"):
+        if role not in manifest["models"]:
+            continue
         model = manifest["models"][role]
         model_config = model["config"]
         size = sum(files[name]["bytes"] for name in model["files"] if name in files)

@@ -13,9 +13,11 @@ import torch.fx as fx
 from graphspec import trace
 from graphspec.config import SAMPLING_MODES, PassContext, SpecConfig
 from graphspec.counters import COUNTERS
+from graphspec.drafters import Drafter, State, check_context, check_drafter, drafter_kind, open_drafter
 from graphspec.dump import PassRecord
 from graphspec.errors import InputError
-from graphspec.models.loading import LoadedModel, load_model, parse_dtype
+from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
+from graphspec.models.spec import ModelSpec
 from graphspec.pipeline import run_pipeline, validate_names
 
 log = logging.getLogger("graphspec")
@@ -23,11 +25,11 @@ log = logging.getLogger("graphspec")
 
 @dataclass
 class Compiled:
-    """An in-memory artifact: models, config and the compiled step graph per (mode, bucket)."""
+    """An in-memory artifact: target, drafter, config and the compiled step graph per (mode, bucket)."""
 
     config: SpecConfig
     target: LoadedModel
-    draft: LoadedModel
+    drafter: Drafter
     graphs: dict[tuple[str, int], fx.GraphModule]
     signature: trace.StepSignature
     sm: int | None
@@ -38,6 +40,19 @@ class Compiled:
         """Cache slots: one per row of the largest bucket plus the spare slot padded rows write to."""
         return max(self.config.batch_sizes) + 1
 
+    def states(self) -> tuple[State, ...]:
+        """Every state tensor the step keeps (target KV cache, then the drafter's)."""
+        dtype = parse_dtype(self.config.dtype)
+        return trace.step_states(self.target.model, self.drafter, self.slots, self.config.max_seq_len, dtype)
+
+    def new_state(self) -> dict[str, torch.Tensor]:
+        """Freshly allocated state tensors on the compiled device, by name."""
+        return {state.name: state.allocate(self.config.device) for state in self.states()}
+
+    def weights(self) -> list[torch.Tensor]:
+        """The step graphs' weight inputs in placeholder order: the target's, then the drafter's."""
+        return [*trace.model_inputs(self.target.model).values(), *self.drafter.params().values()]
+
 
 def device_sm(device: str) -> int | None:
     if not device.startswith("cuda"):
@@ -46,14 +61,9 @@ def device_sm(device: str) -> int | None:
     return major * 10 + minor
 
 
-def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
-    t, d = target.model.spec, draft.model.spec
-    if t.vocab_size != d.vocab_size:
-        raise InputError(
-            f"draft and target vocabularies differ: target {target.path} has vocab_size {t.vocab_size}, "
-            f"draft {draft.path} has {d.vocab_size}; speculative decoding needs a shared vocabulary"
-        )
-    if target.tokenizer is not None and draft.tokenizer is not None:
+def check_tokenizers(target: LoadedModel, drafter: Drafter) -> None:
+    draft = drafter.loaded
+    if draft is not None and target.tokenizer is not None and draft.tokenizer is not None:
         if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
             raise InputError(
                 f"draft tokenizer ({draft.path}) maps tokens differently from the target's ({target.path})"
@@ -62,7 +72,7 @@ def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
 
 def resolve_device(device: str) -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {device!r} requested but CUDA is not available; use --device cpu")
+        raise InputError(f"device {device!r} requested but CUDA is not available; compile for device 'cpu'")
     return device
 
 
@@ -83,9 +93,15 @@ def compile(
     copy_weights: bool = True,
     modes: Iterable[str] = SAMPLING_MODES,
     on_progress: Callable[[str], None] | None = None,
+    drafter: str | None = None,
+    **drafter_options: object,
 ) -> Compiled:
-    """Load both checkpoints, trace the step for every batch bucket and sampling mode, run the pass
-    pipeline, and (with `out`) write a serving artifact. Every argument is validated first."""
+    """Load the target and the drafter, trace the step for every batch bucket and sampling mode, run
+    the pass pipeline, and (with `out`) write a serving artifact. Every argument is validated, and
+    every config read, before any weight is.
+
+    draft: a draft-model checkpoint directory, or "ngram" (no model; options ngram_min, ngram_max).
+    drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS)."""
     config = SpecConfig(
         k=k,
         batch_sizes=tuple(batch_sizes),
@@ -101,18 +117,17 @@ def compile(
         raise InputError(f"modes must be a non-empty subset of {SAMPLING_MODES}, got {modes!r}")
     device = resolve_device(device)
     progress = on_progress or (lambda message: log.info(message))
+    # Configs first: every mismatch a config can show is refused before minutes of weight loading.
+    kind = drafter_kind(draft, drafter)
+    target_spec = ModelSpec.from_config(load_config(target))
+    check_context(target, target_spec, max_seq_len)
+    checked = check_drafter(draft, kind, target_spec, max_seq_len, dict(drafter_options))
     progress(f"loading target {target}")
     target_model = load_model(target, dtype, device)
-    progress(f"loading draft {draft}")
-    draft_model = load_model(draft, dtype, device)
-    check_pair(target_model, draft_model)
-    for loaded in (target_model, draft_model):
-        limit = loaded.model.spec.max_position_embeddings
-        if max_seq_len > limit:
-            raise InputError(f"max_seq_len={max_seq_len} exceeds {loaded.path}'s max_position_embeddings={limit}")
-        window = loaded.model.spec.sliding_window
-        if window is not None and max_seq_len > window:
-            raise InputError(f"max_seq_len={max_seq_len} exceeds {loaded.path}'s sliding_window={window}")
+    if checked is None:  # the drafter has weights of its own
+        progress(f"loading draft {draft}")
+    drafter_model = open_drafter(draft, kind, dict(drafter_options), dtype, device, checked)
+    check_tokenizers(target_model, drafter_model)
     sm = device_sm(device)
     slots = max(config.batch_sizes) + 1
     graphs, records = {}, {}
@@ -120,12 +135,12 @@ def compile(
     for bucket in config.batch_sizes:
         # Real (uninitialized) tensors on the real device: the graph records devices of constants.
         inputs = trace.example_step_inputs(
-            target_model.model, draft_model.model, bucket, slots, max_seq_len, parse_dtype(dtype), device
+            target_model.model, drafter_model, bucket, slots, max_seq_len, parse_dtype(dtype), device
         )
         for mode in modes:
             name = f"step_b{bucket}_{mode}"
             progress(f"tracing {name}")
-            gm, signature = trace.trace_step(target_model.model, draft_model.model, k, mode, inputs)
+            gm, signature = trace.trace_step(target_model.model, drafter_model, k, mode, inputs)
             COUNTERS.traces += 1
             ctx = PassContext(
                 k=k,
@@ -144,13 +159,13 @@ def compile(
                 dump_dir=Path(dump_dir) / name if dump_dir else None,
                 stop_after=stop_after,
                 skip=skip,
-                title=f"{name}: k={k}, bucket={bucket}, mode={mode}, sm={sm}",
+                title=f"{name}: drafter={drafter_model.kind}, k={k}, bucket={bucket}, mode={mode}, sm={sm}",
                 on_pass=lambda p, n=name: progress(f"{n}: {p}"),
             )
             COUNTERS.pipeline_runs += 1
             graphs[(mode, bucket)] = result.gm
             records[name] = result.records
-    compiled = Compiled(config, target_model, draft_model, graphs, signature, sm, records)
+    compiled = Compiled(config, target_model, drafter_model, graphs, signature, sm, records)
     if out is not None:
         from graphspec.artifact import save_artifact
 

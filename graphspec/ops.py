@@ -25,10 +25,12 @@ from torch import Tensor
 
 from graphspec.errors import InputError
 
-# Lanes of the per-row random stream; one step uses lanes DRAFT_LANE + i, ACCEPT_LANE + j, RESAMPLE_LANE.
+# Lanes of the per-row random stream; one step uses lanes DRAFT_LANE + i, ACCEPT_LANE + j, RESAMPLE_LANE,
+# and TARGET_LANE where a row's drafts run out before K (its next token then comes from the target alone).
 DRAFT_LANE = 0
 ACCEPT_LANE = 64
 RESAMPLE_LANE = 128
+TARGET_LANE = 129
 
 _MASK32 = 0xFFFFFFFF
 
@@ -151,6 +153,42 @@ def kv_write(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: 
 
 @kv_write.register_fake
 def _(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Drafter state: position-indexed rows per cache slot (token history, ...)
+# --------------------------------------------------------------------------------------------------
+
+
+def _write_slot_rows(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> None:
+    # state [SLOTS, S, ...]; values [B, T, ...] land at positions start_pos[b] + t of slot slot_ids[b].
+    positions = start_pos[:, None] + torch.arange(values.shape[1], device=values.device)  # [B, T]
+    state[slot_ids[:, None].expand_as(positions), positions] = values.to(state.dtype)
+
+
+@torch.library.custom_op("graphspec::slot_update", mutates_args=())
+def slot_update(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> Tensor:
+    """Functional write into a drafter state [SLOTS, S, ...]: a copy with values [B, T, ...] at positions
+    start_pos[b] + t of slot slot_ids[b]. defunctionalize_kv turns it into graphspec::slot_write."""
+    out = state.clone()
+    _write_slot_rows(out, slot_ids, start_pos, values)
+    return out
+
+
+@slot_update.register_fake
+def _(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> Tensor:
+    return torch.empty_like(state)
+
+
+@torch.library.custom_op("graphspec::slot_write", mutates_args=("state",))
+def slot_write(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> None:
+    """In-place slot_update."""
+    _write_slot_rows(state, slot_ids, start_pos, values)
+
+
+@slot_write.register_fake
+def _(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> None:
     return None
 
 
@@ -488,6 +526,36 @@ def _(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, seed
     )
 
 
+@torch.library.custom_op("graphspec::limit_accepted", mutates_args=())
+def limit_accepted(
+    tokens: Tensor,
+    num_accepted: Tensor,
+    draft_length: Tensor,
+    target_logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seed: Tensor,
+    counter: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Rows whose drafter proposed only draft_length [B] < K real drafts (the rest filler) accept at most
+    draft_length. Where verify accepted filler, the token at position draft_length becomes one drawn
+    from the target's own distribution there (lane TARGET_LANE; the argmax at temperature 0): given
+    that the real drafts were accepted, that is exactly what the target emits next, so the output
+    distribution is unchanged. tokens [B, K+1], num_accepted [B] as returned by verify."""
+    batch, positions = tokens.shape
+    rows = torch.arange(batch, device=tokens.device)
+    at = draft_length.clamp(min=0, max=positions - 1)
+    own = sample(target_logits[rows, at], temperature, top_k, top_p, seed, counter, TARGET_LANE)  # [B]
+    replace = (num_accepted > at)[:, None] & (torch.arange(positions, device=tokens.device) == at[:, None])
+    return torch.where(replace, own[:, None], tokens), torch.minimum(num_accepted, at)
+
+
+@limit_accepted.register_fake
+def _(tokens, num_accepted, draft_length, target_logits, temperature, top_k, top_p, seed, counter):
+    return torch.empty_like(tokens), torch.empty_like(num_accepted)
+
+
 @torch.library.custom_op("graphspec::commit", mutates_args=())
 def commit(committed_len: Tensor, last_tokens: Tensor, tokens: Tensor, num_accepted: Tensor) -> tuple[Tensor, Tensor]:
     """Advance each row past num_accepted + 1 emitted tokens.
@@ -512,6 +580,8 @@ OPS = {
     "silu_mul": torch.ops.graphspec.silu_mul.default,
     "kv_update": torch.ops.graphspec.kv_update.default,
     "kv_write": torch.ops.graphspec.kv_write.default,
+    "slot_update": torch.ops.graphspec.slot_update.default,
+    "slot_write": torch.ops.graphspec.slot_write.default,
     "rotary_kv_write": torch.ops.graphspec.rotary_kv_write.default,
     "attention": torch.ops.graphspec.attention.default,
     "rotary_kv_attention": torch.ops.graphspec.rotary_kv_attention.default,
@@ -519,5 +589,6 @@ OPS = {
     "sample": torch.ops.graphspec.sample.default,
     "verify_greedy": torch.ops.graphspec.verify_greedy.default,
     "verify_rejection": torch.ops.graphspec.verify_rejection.default,
+    "limit_accepted": torch.ops.graphspec.limit_accepted.default,
     "commit": torch.ops.graphspec.commit.default,
 }

@@ -1,12 +1,16 @@
-"""Trace target + draft into ONE torch.fx graph per speculation step (chain drafting, K proposals).
+"""Trace target + drafter into ONE torch.fx graph per speculation step (chain drafting, K proposals).
 
-The traced program ends at the target's verify logits: it drafts K tokens, runs one target forward
-over [bonus, d1..dK] and returns the logits. Verify/accept and commit are not written here; the
-insert_verify pass adds them, so the sampling rule is a compiler decision and shows in the dumps.
+The traced program ends at the target's verify logits: the drafter proposes K tokens, one target
+forward runs over [bonus, d1..dK] and the program returns the logits. Verify/accept and commit are
+not written here; the insert_verify pass adds them, so the sampling rule is a compiler decision and
+shows in the dumps.
 
-Graph inputs (placeholders, in this order): every target parameter/buffer, every draft
-parameter/buffer, then STEP_INPUTS. Parameters are inputs, not constants, so one graph serves any
-weights of the same shapes and the artifact can store graphs and weights separately.
+Graph inputs (placeholders, in this order): every target parameter/buffer, every drafter
+parameter/buffer, ROW_INPUTS, then the state tensors (the target's KV cache, then the drafter's
+declared states). Parameters are inputs, not constants, so one graph serves any weights of the same
+shapes and the artifact can store graphs and weights separately. StepSignature is the one place that
+names them; state placeholders carry meta["gs_state"] (their rollback rule), so passes and checks
+read the step's state from the graph itself.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
+from graphspec.drafters.base import Drafter, State, StepView
 from graphspec.models.decoder import DecoderLM
 
 # Per-row step inputs, all [B] unless noted. Validity is carried here, never in Python control flow.
-STEP_INPUTS = (
+ROW_INPUTS = (
     "last_tokens",  # [B, 2] int64: the last two committed tokens
     "committed_len",  # int64: committed tokens so far (prompt + emitted); >= 2
     "slot_ids",  # int64: the cache slot of each row
@@ -34,20 +39,18 @@ STEP_INPUTS = (
     "top_p",  # float32: 1 = off
     "seed",  # int64: per-row seed of the counter-based random stream
     "step_counter",  # int64: steps this row has taken; keys the random stream
-    "target_cache",  # [L, 2, SLOTS, Hkv, S, D]
-    "draft_cache",
 )
-# What the traced program returns; insert_verify replaces it with VERIFIED_OUTPUTS.
-SPECULATE_OUTPUTS = ("target_logits", "draft_logits", "draft_tokens", "target_cache", "draft_cache")
-# The compiled step's outputs. next_<name> feeds back into input <name> for the following step.
-VERIFIED_OUTPUTS = (
+TARGET_CACHE = "target_cache"  # [L, 2, SLOTS, Hkv, S, D]: the target's state, first of the step's states
+# What the traced program returns besides the states (draft_length only when the drafter gives one);
+# insert_verify replaces these with ROW_OUTPUTS.
+SPECULATE_OUTPUTS = ("target_logits", "draft_logits", "draft_tokens", "draft_length")
+# The compiled step's per-row outputs; the states follow them. next_<name> feeds back into input <name>.
+ROW_OUTPUTS = (
     "tokens",  # [B, K+1]: the first num_accepted + 1 are emitted
     "num_accepted",  # [B]
     "next_committed_len",
     "next_last_tokens",
     "next_step_counter",
-    "target_cache",
-    "draft_cache",
 )
 FEEDBACK = {
     "next_committed_len": "committed_len",
@@ -55,8 +58,8 @@ FEEDBACK = {
     "next_step_counter": "step_counter",
 }
 # The step's regions in the order they run; every op node carries one as meta["gs_region"], so a
-# benchmark can time each from inside the step (runtime/region_timing.py). draft: the draft forwards
-# and proposals; verify: the target forward over [bonus, d1..dK] with its lm_head; accept: verify/
+# benchmark can time each from inside the step (runtime/region_timing.py). draft: the drafter's
+# proposals; verify: the target forward over [bonus, d1..dK] with its lm_head; accept: verify/
 # accept, commit and the next step's feedback (insert_verify adds them; passes tag what they insert,
 # see passes/cleanup.py region_for).
 REGIONS = ("draft", "verify", "accept")
@@ -67,92 +70,100 @@ _ANNOTATION_META = ("custom", "seq_nr", "original_aten")
 
 @dataclass(frozen=True)
 class StepSignature:
-    """Names of the graph's inputs in placeholder order; the runtime binds tensors by these names."""
+    """Names of the graph's inputs and outputs; the runtime binds tensors by these names."""
 
     target_params: tuple[str, ...]
     draft_params: tuple[str, ...]
+    states: tuple[str, ...] = (TARGET_CACHE, "draft_cache")
+
+    @property
+    def step_inputs(self) -> tuple[str, ...]:
+        return ROW_INPUTS + self.states
 
     @property
     def input_names(self) -> tuple[str, ...]:
         return (
             tuple(f"target.{n}" for n in self.target_params)
             + tuple(f"draft.{n}" for n in self.draft_params)
-            + STEP_INPUTS
+            + self.step_inputs
         )
 
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The compiled (verified) step's outputs."""
+        return ROW_OUTPUTS + self.states
 
-def model_inputs(model: DecoderLM) -> dict[str, torch.Tensor]:
+
+def model_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Parameters and buffers the graph takes as inputs (tied weights appear once)."""
     named = dict(model.named_parameters())
     named.update(model.named_buffers())
     return named
 
 
+def target_state(target: DecoderLM, slots: int, max_seq_len: int, dtype: torch.dtype) -> State:
+    spec = target.spec
+    shape = (spec.num_layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)  # as DecoderLM.new_cache
+    return State(TARGET_CACHE, shape, dtype, rollback="length", slot_dim=2)
+
+
+def step_states(
+    target: DecoderLM, drafter: Drafter, slots: int, max_seq_len: int, dtype: torch.dtype
+) -> tuple[State, ...]:
+    """Every state tensor of the step, the target's first: what the runtime allocates and the graph
+    takes and returns."""
+    states = (target_state(target, slots, max_seq_len, dtype), *drafter.states(slots, max_seq_len, dtype))
+    names = [state.name for state in states]
+    assert len(set(names)) == len(names) and not set(names) & set(ROW_INPUTS), names
+    return states
+
+
 def speculate(
     target: DecoderLM,
-    draft: DecoderLM,
+    drafter: Drafter,
     k: int,
     greedy_draft: bool,
     target_params: dict[str, torch.Tensor],
     draft_params: dict[str, torch.Tensor],
-    last_tokens: torch.Tensor,
-    committed_len: torch.Tensor,
-    slot_ids: torch.Tensor,
-    row_valid: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    seed: torch.Tensor,
-    step_counter: torch.Tensor,
-    target_cache: torch.Tensor,
-    draft_cache: torch.Tensor,
-) -> tuple[torch.Tensor, ...]:
-    """The speculation step up to the target logits (see DESIGN.md, "The speculation step").
+    inputs: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """The speculation step up to the target logits (see DESIGN.md, "The speculation step"): named
+    outputs SPECULATE_OUTPUTS (draft_length only if the drafter gives one), then every state.
     Everything it traces lands in the "draft" or "verify" region (see REGIONS)."""
+    temperature, top_k, top_p = inputs["temperature"], inputs["top_k"], inputs["top_p"]
+    seed, step_counter = inputs["seed"], inputs["step_counter"]
 
-    def call_draft(tokens: torch.Tensor, start: torch.Tensor, cache: torch.Tensor, first: int):
-        rows = slice(first, first + tokens.shape[1])  # position L-2+first onwards
-        rope = (draft_cos[:, rows], draft_sin[:, rows])
-        return torch.func.functional_call(
-            draft, draft_params, (tokens, start, slot_ids, cache, "last_logits"), {"rope": rope}
-        )
-
-    def propose(logits: torch.Tensor, index: int) -> torch.Tensor:
+    def pick(logits: torch.Tensor, index: int) -> torch.Tensor:
         if greedy_draft:
             return ops.argmax(logits)
         return ops.sample(logits, temperature, top_k, top_p, seed, step_counter, ops.DRAFT_LANE + index)
 
+    drafter_state = {name: value for name, value in state.items() if name != TARGET_CACHE}
     with region("draft"):
-        # 0. The draft's rotary tables for every position it sees this step (L-2 .. L-2+K), computed
-        #    once; each forward takes its rows (the values it would compute for itself).
-        draft_positions = (committed_len - 2)[:, None] + torch.arange(k + 1, device=committed_len.device)
-        draft_cos, draft_sin = draft.rope(draft_positions, draft_params["inv_freq"])  # [B, K+1, D]
-        # 1. Catch-up + first proposal: the last two committed tokens at positions L-2, L-1 cover the
-        #    case where the previous step accepted every draft (the draft never saw d_K); otherwise the
-        #    first of the two rewrites an identical KV entry.
-        logits, draft_cache = call_draft(last_tokens, committed_len - 2, draft_cache, 0)  # [B, V]
-        proposals, proposal_logits = [propose(logits, 0)], [logits]
-        # 2. Proposals 2..K, unrolled: d_i sits at position L - 1 + i.
-        for index in range(1, k):
-            logits, draft_cache = call_draft(proposals[-1][:, None], committed_len - 1 + index, draft_cache, index + 1)
-            proposals.append(propose(logits, index))
-            proposal_logits.append(logits)
-        draft_tokens = torch.stack(proposals, dim=1)  # [B, K]
-        # Stacked here, not at the return, so the draft region stays one run in graph order.
-        draft_logits = torch.stack(proposal_logits, dim=1)  # [B, K, V]
+        proposal = drafter.propose(draft_params, StepView(inputs, k, pick), drafter_state)
+        draft_tokens = proposal.tokens  # [B, K]
+        draft_logits = proposal.logits
+        if draft_logits is None:  # deterministic drafts: q is one-hot (only rejection sampling reads it)
+            shape = (*draft_tokens.shape, target.spec.vocab_size)
+            draft_logits = torch.full(shape, float("-inf"), device=draft_tokens.device).scatter(
+                -1, draft_tokens[..., None], 0.0
+            )  # [B, K, V]
     with region("verify"):
-        # 3. One target forward over [bonus, d1..dK] at positions L-1 .. L-1+K.
-        verify_tokens = torch.cat((last_tokens[:, 1:], draft_tokens), dim=1)  # [B, K+1]
+        # One target forward over [bonus, d1..dK] at positions L-1 .. L-1+K.
+        verify_tokens = torch.cat((inputs["last_tokens"][:, 1:], draft_tokens), dim=1)  # [B, K+1]
+        committed_len, slot_ids = inputs["committed_len"], inputs["slot_ids"]
         target_logits, target_cache = torch.func.functional_call(
-            target, target_params, (verify_tokens, committed_len - 1, slot_ids, target_cache, "logits")
+            target, target_params, (verify_tokens, committed_len - 1, slot_ids, state[TARGET_CACHE], "logits")
         )  # [B, K+1, V]
-    return target_logits, draft_logits, draft_tokens, target_cache, draft_cache
+    outputs = {"target_logits": target_logits, "draft_logits": draft_logits, "draft_tokens": draft_tokens}
+    if proposal.length is not None:
+        outputs["draft_length"] = proposal.length
+    return {**outputs, TARGET_CACHE: target_cache, **proposal.state}
 
 
-def example_step_inputs(
-    target: DecoderLM, draft: DecoderLM, batch: int, slots: int, max_seq_len: int, dtype: torch.dtype, device
-) -> dict[str, torch.Tensor]:
-    """Step inputs of the right shapes/dtypes (values are only used by eager checks)."""
+def new_row_inputs(batch: int, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """ROW_INPUTS for `batch` rows: every row valid, greedy, at committed length 2 in slot = row."""
     long = dict(dtype=torch.int64, device=device)
     return {
         "last_tokens": torch.zeros((batch, 2), **long),
@@ -164,36 +175,65 @@ def example_step_inputs(
         "top_p": torch.ones(batch, dtype=torch.float32, device=device),
         "seed": torch.zeros(batch, **long),
         "step_counter": torch.zeros(batch, **long),
-        "target_cache": target.new_cache(slots, max_seq_len, dtype, device, zeroed=False),
-        "draft_cache": draft.new_cache(slots, max_seq_len, dtype, device, zeroed=False),
     }
 
 
+def example_step_inputs(
+    target: DecoderLM,
+    drafter: Drafter,
+    batch: int,
+    slots: int,
+    max_seq_len: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
+) -> dict[str, torch.Tensor]:
+    """Step inputs of the right shapes/dtypes (values are only used by eager checks)."""
+    inputs = new_row_inputs(batch, device)
+    for state in step_states(target, drafter, slots, max_seq_len, dtype):
+        inputs[state.name] = state.allocate(device, zeroed=False)
+    return inputs
+
+
 def trace_step(
-    target: DecoderLM, draft: DecoderLM, k: int, mode: str, step_inputs: dict[str, torch.Tensor]
+    target: DecoderLM, drafter: Drafter, k: int, mode: str, step_inputs: dict[str, torch.Tensor]
 ) -> tuple[fx.GraphModule, StepSignature]:
     """Trace the step for the shapes of `step_inputs` (static B, K, cache) into one GraphModule.
 
     Tracing uses fake tensors, so nothing is computed and weights may be on any device. Placeholders
-    are renamed after what they hold and tagged: meta["gs_input"] = input name.
+    are renamed after what they hold and tagged: meta["gs_input"] = input name, and state inputs
+    meta["gs_state"] = their rollback rule (and meta["gs_commit"] = their CommitWrite value).
     """
-    target_params, draft_params = model_inputs(target), model_inputs(draft)
-    signature = StepSignature(tuple(target_params), tuple(draft_params))
+    target_params, draft_params = model_inputs(target), drafter.params()
+    slots, max_seq_len = step_inputs[TARGET_CACHE].shape[2], step_inputs[TARGET_CACHE].shape[4]
+    states = step_states(target, drafter, slots, max_seq_len, step_inputs[TARGET_CACHE].dtype)
+    signature = StepSignature(tuple(target_params), tuple(draft_params), tuple(s.name for s in states))
     greedy_draft = mode == "greedy"
+    output_names: list[str] = []
 
     def program(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n_target, n_draft = len(target_params), len(draft_params)
+        n_target, n_draft, n_rows = len(target_params), len(draft_params), len(ROW_INPUTS)
         t_params = dict(zip(target_params, flat[:n_target], strict=True))
         d_params = dict(zip(draft_params, flat[n_target : n_target + n_draft], strict=True))
-        return speculate(target, draft, k, greedy_draft, t_params, d_params, *flat[n_target + n_draft :])
+        rest = flat[n_target + n_draft :]
+        inputs = dict(zip(ROW_INPUTS, rest[:n_rows], strict=True))
+        state = dict(zip(signature.states, rest[n_rows:], strict=True))
+        outputs = speculate(target, drafter, k, greedy_draft, t_params, d_params, inputs, state)
+        output_names[:] = outputs
+        return tuple(outputs.values())
 
-    flat_inputs = [*target_params.values(), *draft_params.values(), *(step_inputs[n] for n in STEP_INPUTS)]
+    flat_inputs = [*target_params.values(), *draft_params.values(), *(step_inputs[n] for n in signature.step_inputs)]
     with fx_traceback.preserve_node_meta():  # makes make_fx copy region() annotations onto nodes
         gm = make_fx(program, tracing_mode="fake")(*flat_inputs)
     take_regions(gm)
     name_graph(gm, signature.input_names)
+    declared = {state.name: state for state in states}
+    for node in gm.graph.find_nodes(op="placeholder"):
+        if (state := declared.get(node.meta["gs_input"])) is not None:
+            node.meta["gs_state"] = state.rollback
+            if state.commit is not None:  # what insert_verify writes into it after accept
+                node.meta["gs_commit"] = state.commit.value
     output = gm.graph.find_nodes(op="output")[0]
-    output.meta["gs_outputs"] = SPECULATE_OUTPUTS
+    output.meta["gs_outputs"] = tuple(output_names)
     gm.recompile()
     return gm, signature
 
@@ -242,3 +282,17 @@ def set_outputs(gm: fx.GraphModule, outputs: dict[str, fx.Node]) -> None:
     output = gm.graph.find_nodes(op="output")[0]
     output.args = (tuple(outputs.values()),)
     output.meta["gs_outputs"] = tuple(outputs)
+
+
+def state_inputs(gm: fx.GraphModule) -> dict[str, fx.Node]:
+    """name -> placeholder of every state the step keeps (tagged meta["gs_state"] by trace_step)."""
+    return {
+        node.meta["gs_input"]: node
+        for node in gm.graph.find_nodes(op="placeholder")
+        if "gs_state" in node.meta and "gs_input" in node.meta
+    }
+
+
+def verified_outputs(gm: fx.GraphModule) -> tuple[str, ...]:
+    """The outputs a compiled step of this graph returns: ROW_OUTPUTS, then its states."""
+    return ROW_OUTPUTS + tuple(state_inputs(gm))

@@ -21,12 +21,25 @@ ROTARY_KV_ATTENTION = torch.ops.graphspec.rotary_kv_attention.default
 _FAKE_MODE = FakeTensorMode(allow_non_fake_inputs=True)
 
 
+# The stub step's states: a target and a draft-model KV cache, as the draft-model drafter declares.
+STATES = ("target_cache", "draft_cache")
+SPECULATED = trace.SPECULATE_OUTPUTS[:3]  # target_logits, draft_logits, draft_tokens
+
+
 def _placeholder(graph: fx.Graph, name: str, value: torch.Tensor) -> fx.Node:
-    """A placeholder carrying a fake value, as traced graphs do, so passes can read shapes."""
+    """A placeholder carrying a fake value, as traced graphs do, so passes can read shapes; states
+    carry their rollback rule as trace_step tags them."""
     node = graph.placeholder(name)
     node.meta["gs_input"] = name
     node.meta["val"] = _FAKE_MODE.from_tensor(value)
+    if name in STATES:
+        node.meta["gs_state"] = "length"
     return node
+
+
+def stub_inputs() -> tuple[str, ...]:
+    """Placeholder names of the stubs, in order: the step's row inputs and states, then SPECULATED."""
+    return (*trace.ROW_INPUTS, *STATES, *SPECULATED)
 
 
 def step_values(batch: int = 3, k: int = 2, vocab: int = 11, slots: int = 4) -> dict[str, torch.Tensor]:
@@ -51,23 +64,19 @@ def step_values(batch: int = 3, k: int = 2, vocab: int = 11, slots: int = 4) -> 
 
 
 def speculate_stub(values: dict[str, torch.Tensor]) -> fx.GraphModule:
-    """Step inputs + the speculate outputs as placeholders, returned as SPECULATE_OUTPUTS: the shape
-    of a traced program with the models cut out."""
+    """Step inputs + the speculate outputs as placeholders, returned as the traced program returns
+    them (SPECULATED, then the states): the shape of a traced program with the models cut out."""
     graph = fx.Graph()
-    nodes = {
-        name: _placeholder(graph, name, values[name]) for name in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])
-    }
-    output = graph.output(tuple(nodes[name] for name in trace.SPECULATE_OUTPUTS))
-    output.meta["gs_outputs"] = trace.SPECULATE_OUTPUTS
+    nodes = {name: _placeholder(graph, name, values[name]) for name in stub_inputs()}
+    output = graph.output(tuple(nodes[name] for name in (*SPECULATED, *STATES)))
+    output.meta["gs_outputs"] = (*SPECULATED, *STATES)
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
 def verified_stub_expected(values: dict[str, torch.Tensor]) -> fx.GraphModule:
     """What insert_verify must produce from speculate_stub in greedy mode, built by hand."""
     graph = fx.Graph()
-    nodes = {
-        name: _placeholder(graph, name, values[name]) for name in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])
-    }
+    nodes = {name: _placeholder(graph, name, values[name]) for name in stub_inputs()}
     verify = graph.call_function(
         torch.ops.graphspec.verify_greedy.default, (nodes["target_logits"], nodes["draft_tokens"])
     )

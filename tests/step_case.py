@@ -7,6 +7,7 @@ import torch
 
 from graphspec import ops, pipeline, trace
 from graphspec.config import PassContext
+from graphspec.drafters.draft_model import DraftModel
 from graphspec.models import load_model
 
 BATCH, K, SLOTS, MAX_SEQ = 3, 2, 4, 48
@@ -15,9 +16,10 @@ BATCH, K, SLOTS, MAX_SEQ = 3, 2, 4, 48
 class StepCase:
     def __init__(self, target_dir, draft_dir) -> None:
         self.target = load_model(target_dir).model
-        self.draft = load_model(draft_dir).model
+        self.drafter = DraftModel(load_model(draft_dir))
+        self.draft = self.drafter.model
         generator = torch.Generator().manual_seed(0)
-        inputs = trace.example_step_inputs(self.target, self.draft, BATCH, SLOTS, MAX_SEQ, torch.float32, "cpu")
+        inputs = trace.example_step_inputs(self.target, self.drafter, BATCH, SLOTS, MAX_SEQ, torch.float32, "cpu")
         inputs["last_tokens"] = torch.randint(0, 128, (BATCH, 2), generator=generator)
         inputs["committed_len"] = torch.tensor([5, 17, 9])
         inputs["row_valid"] = torch.tensor([True, True, False])
@@ -26,10 +28,11 @@ class StepCase:
         inputs["target_cache"] = torch.randn(inputs["target_cache"].shape, generator=generator)
         inputs["draft_cache"] = torch.randn(inputs["draft_cache"].shape, generator=generator)
         self.inputs = inputs
-        self.params = [*trace.model_inputs(self.target).values(), *trace.model_inputs(self.draft).values()]
+        self.params = [*trace.model_inputs(self.target).values(), *self.drafter.params().values()]
+        _, self.signature = trace.trace_step(self.target, self.drafter, K, "greedy", self.inputs)
 
     def traced(self, mode: str):
-        gm, _ = trace.trace_step(self.target, self.draft, K, mode, self.inputs)
+        gm, _ = trace.trace_step(self.target, self.drafter, K, mode, self.inputs)
         return gm
 
     def context(self, mode: str, **overrides) -> PassContext:
@@ -37,8 +40,8 @@ class StepCase:
 
     def run_graph(self, gm) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         state = {name: value.clone() for name, value in self.inputs.items()}
-        outputs = gm(*self.params, *(state[name] for name in trace.STEP_INPUTS))
-        names = trace.VERIFIED_OUTPUTS if len(outputs) == len(trace.VERIFIED_OUTPUTS) else trace.SPECULATE_OUTPUTS
+        outputs = gm(*self.params, *(state[name] for name in self.signature.step_inputs))
+        names = trace.output_nodes(gm)  # verified outputs, or the traced program's before insert_verify
         return dict(zip(names, outputs, strict=True)), state
 
     def eager(self, mode: str, traced: bool = True) -> dict[str, torch.Tensor]:
@@ -46,14 +49,17 @@ class StepCase:
         the speculate part is the traced graph (what passes must preserve bit for bit); otherwise
         plain Python on real tensors (equal up to BLAS call paths: eager F.linear vs traced mm)."""
         x = {name: value.clone() for name, value in self.inputs.items()}
-        t_params, d_params = trace.model_inputs(self.target), trace.model_inputs(self.draft)
+        t_params, d_params = trace.model_inputs(self.target), self.drafter.params()
         if traced:
             speculated, _ = self.run_graph(self.traced(mode))
-            target_logits, draft_logits, draft_tokens, t_cache, d_cache = speculated.values()
         else:
-            target_logits, draft_logits, draft_tokens, t_cache, d_cache = trace.speculate(
-                self.target, self.draft, K, mode == "greedy", t_params, d_params, *(x[n] for n in trace.STEP_INPUTS)
+            rows = {name: x[name] for name in trace.ROW_INPUTS}
+            state = {name: x[name] for name in self.signature.states}
+            speculated = trace.speculate(
+                self.target, self.drafter, K, mode == "greedy", t_params, d_params, rows, state
             )
+        target_logits, draft_logits, draft_tokens = (speculated[n] for n in trace.SPECULATE_OUTPUTS[:3])
+        t_cache, d_cache = speculated["target_cache"], speculated["draft_cache"]
         if mode == "greedy":
             tokens, accepted = ops.verify_greedy(target_logits, draft_tokens)
         else:

@@ -1,6 +1,7 @@
-"""Turn functional KV-cache updates back into in-place writes so no step copies a whole cache.
+"""Turn functional state updates back into in-place writes so no step copies a whole cache or drafter state.
 
-Input:  KV writes as functional ops (graphspec::kv_update returns an updated copy of the cache).
+Input:  KV and drafter-state writes as functional ops (graphspec::kv_update / slot_update return an
+        updated copy).
 Output: each such op whose input version of the cache is not read afterwards becomes the in-place
         op (graphspec::kv_write) on the graph input it derives from; readers of the new version read
         that input. Nothing after this pass may assume the graph is pure.
@@ -21,6 +22,7 @@ NAME = "defunctionalize_kv"
 # functional op -> (in-place op, index of the argument it mutates). A new cache op is a new entry.
 IN_PLACE = {
     torch.ops.graphspec.kv_update.default: (torch.ops.graphspec.kv_write.default, 0),
+    torch.ops.graphspec.slot_update.default: (torch.ops.graphspec.slot_write.default, 0),
 }
 
 

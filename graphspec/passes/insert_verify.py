@@ -1,10 +1,11 @@
 """Add the verify/accept and commit nodes after the target's verify logits.
 
-Input:  the traced speculation program; outputs named trace.SPECULATE_OUTPUTS.
-Output: outputs named trace.VERIFIED_OUTPUTS: emitted tokens, accepted counts and the next step's
-        committed length / last tokens / step counter, computed by graphspec::verify_greedy
-        (ctx.mode == "greedy") or graphspec::verify_rejection ("sample"), then graphspec::commit;
-        every node it adds is in the "accept" region (meta["gs_region"]).
+Input:  the traced speculation program; outputs named trace.SPECULATE_OUTPUTS, then the states.
+Output: outputs named trace.ROW_OUTPUTS, then the states: emitted tokens, accepted counts and the next
+        step's committed length / last tokens / step counter, computed by graphspec::verify_greedy
+        (ctx.mode == "greedy") or graphspec::verify_rejection ("sample"), capped at the drafter's
+        draft_length when it gives one, then graphspec::commit; states that declare a commit write
+        (meta["gs_commit"]) get it here; every node it adds is in the "accept" region.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from graphspec.passes.cleanup import tag, tidy
 
 NAME = "insert_verify"
 
+SAMPLING = ("temperature", "top_k", "top_p", "seed", "step_counter")
 # Verify op per sampling mode, with the graph values it reads (outputs of the traced program first,
 # then step inputs). A new sampling rule is a new entry here.
 VERIFY_RULES = {
     "greedy": (torch.ops.graphspec.verify_greedy.default, ("target_logits", "draft_tokens")),
     "sample": (
         torch.ops.graphspec.verify_rejection.default,
-        ("target_logits", "draft_logits", "draft_tokens", "temperature", "top_k", "top_p", "seed", "step_counter"),
+        ("target_logits", "draft_logits", "draft_tokens", *SAMPLING),
     ),
 }
 
@@ -38,29 +40,49 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     values = {**trace.placeholders_by_input(gm), **outputs}
     verify_op, reads = VERIFY_RULES[ctx.mode]
     graph = gm.graph
+    created: list[fx.Node] = []
+
+    def call(target: object, *args: object) -> fx.Node:
+        created.append(graph.call_function(target, args))
+        return created[-1]
+
     with graph.inserting_before(graph.find_nodes(op="output")[0]):
-        verify = graph.call_function(verify_op, tuple(values[name] for name in reads))
-        tokens = graph.call_function(operator.getitem, (verify, 0))  # [B, K+1]
-        accepted = graph.call_function(operator.getitem, (verify, 1))  # [B]
-        commit = graph.call_function(
-            torch.ops.graphspec.commit.default, (values["committed_len"], values["last_tokens"], tokens, accepted)
+        verify = call(verify_op, *(values[name] for name in reads))
+        tokens, accepted = call(operator.getitem, verify, 0), call(operator.getitem, verify, 1)  # [B, K+1], [B]
+        if "draft_length" in outputs:  # filler past a row's real drafts is never accepted
+            if ctx.mode == "greedy":  # tokens are the target's argmax at every position already
+                accepted = call(torch.ops.aten.minimum.default, accepted, values["draft_length"])
+            else:
+                limited = call(
+                    torch.ops.graphspec.limit_accepted.default,
+                    tokens,
+                    accepted,
+                    values["draft_length"],
+                    values["target_logits"],
+                    *(values[name] for name in SAMPLING),
+                )
+                tokens, accepted = call(operator.getitem, limited, 0), call(operator.getitem, limited, 1)
+        commit = call(
+            torch.ops.graphspec.commit.default, values["committed_len"], values["last_tokens"], tokens, accepted
         )
-        next_len = graph.call_function(operator.getitem, (commit, 0))
-        next_last = graph.call_function(operator.getitem, (commit, 1))
-        next_counter = graph.call_function(torch.ops.aten.add.Tensor, (values["step_counter"], 1))
+        next_len, next_last = call(operator.getitem, commit, 0), call(operator.getitem, commit, 1)
+        next_counter = call(torch.ops.aten.add.Tensor, values["step_counter"], 1)
+        committed = {"tokens": tokens}  # what a state's commit write (drafters.base.CommitWrite) can name
+        states = {}
+        for name, node in trace.state_inputs(gm).items():
+            states[name] = outputs[name]
+            if "gs_commit" in node.meta:  # e.g. the n-gram history gets the step's tokens at L .. L+K
+                value = committed[node.meta["gs_commit"]]
+                states[name] = call(
+                    torch.ops.graphspec.slot_update.default,
+                    outputs[name],
+                    values["slot_ids"],
+                    values["committed_len"],
+                    value,
+                )
     # These nodes are the step's "accept" region: after the target logits, up to the outputs.
-    tag([verify, tokens, accepted, commit, next_len, next_last, next_counter], NAME, region="accept")
-    trace.set_outputs(
-        gm,
-        {
-            "tokens": tokens,
-            "num_accepted": accepted,
-            "next_committed_len": next_len,
-            "next_last_tokens": next_last,
-            "next_step_counter": next_counter,
-            "target_cache": outputs["target_cache"],
-            "draft_cache": outputs["draft_cache"],
-        },
-    )
+    tag(created, NAME, region="accept")
+    row_outputs = (tokens, accepted, next_len, next_last, next_counter)
+    trace.set_outputs(gm, {**dict(zip(trace.ROW_OUTPUTS, row_outputs, strict=True)), **states})
     tidy(gm)  # greedy verify does not read the draft logits: their stack becomes dead
     return PassResult(gm, changed=True, stats={"verify": verify_op.name(), "k": ctx.k})

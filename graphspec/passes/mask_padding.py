@@ -1,7 +1,7 @@
 """Keep rows that exist only because of bucket padding (or that already stopped) out of the KV
 cache and the outputs.
 
-Input:  a graph with a `row_valid` input and outputs named trace.VERIFIED_OUTPUTS.
+Input:  a graph with a `row_valid` input and outputs named trace.ROW_OUTPUTS (then the states).
 Output: every per-row input is replaced by a safe value on invalid rows before anything reads it
         (so garbage ids, positions or lengths can never index out of bounds), invalid rows write
         only to the spare cache slot, and every per-row output keeps the row's previous state

@@ -1,7 +1,8 @@
 """Static step buffers per batch bucket, padding a batch up to a bucket, splitting above the largest.
 
 What stays static across replays: every tensor in StepBuffers.inputs (allocated once per bucket; CUDA
-graphs captured against their addresses) and the two KV caches (shared by all buckets). What is
+graphs captured against their addresses) and the step's state (KV caches and drafter state, shared by
+all buckets). What is
 copied in each step: only the per-row values that change (the graph's next_* outputs, row_valid).
 """
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphspec import trace
 from graphspec.errors import InputError
 
 
@@ -29,25 +31,15 @@ def split_batch(rows: int, largest: int) -> list[range]:
 
 @dataclass
 class StepBuffers:
-    """The per-row step inputs of one bucket (names as in trace.STEP_INPUTS, caches excluded)."""
+    """The per-row step inputs of one bucket (names as in trace.ROW_INPUTS)."""
 
     bucket: int
     inputs: dict[str, torch.Tensor]
 
     @classmethod
     def allocate(cls, bucket: int, device: str | torch.device) -> StepBuffers:
-        long = dict(dtype=torch.int64, device=device)
-        inputs = {
-            "last_tokens": torch.zeros((bucket, 2), **long),
-            "committed_len": torch.full((bucket,), 2, **long),
-            "slot_ids": torch.arange(bucket, **long),
-            "row_valid": torch.zeros(bucket, dtype=torch.bool, device=device),
-            "temperature": torch.zeros(bucket, dtype=torch.float32, device=device),
-            "top_k": torch.zeros(bucket, **long),
-            "top_p": torch.ones(bucket, dtype=torch.float32, device=device),
-            "seed": torch.zeros(bucket, **long),
-            "step_counter": torch.zeros(bucket, **long),
-        }
+        inputs = trace.new_row_inputs(bucket, device)
+        inputs["row_valid"].zero_()  # no real rows until load_rows
         return cls(bucket, inputs)
 
     def load_rows(self, values: dict[str, torch.Tensor]) -> None:

@@ -183,7 +183,7 @@ def capture_mode(gm: fx.GraphModule, capture: bool) -> str:
 
 
 class StepGraph:
-    """One compiled step bound to its bucket's buffers and the shared caches.
+    """One compiled step bound to its bucket's buffers and the shared state (KV caches, drafter state).
 
     The first call warms the step up (every row invalid, so only the spare cache slot is written),
     then captures it; every call after that replays. Call it after writing the step's inputs into
@@ -195,7 +195,7 @@ class StepGraph:
         gm: fx.GraphModule,
         params: list[torch.Tensor],
         buffers: StepBuffers,
-        caches: dict[str, torch.Tensor],
+        state: dict[str, torch.Tensor],
         capture: bool,
         pool: object | None = None,
         recorder: Callable[[object | None], Recorder] | None = None,
@@ -203,11 +203,14 @@ class StepGraph:
         self.gm = gm
         self.params = params
         self.buffers = buffers
-        self.caches = caches
-        self.args = [*params, *(buffers.inputs[n] if n in buffers.inputs else caches[n] for n in trace.STEP_INPUTS)]
+        self.state = state
+        # The graph's placeholders after the weights name its step inputs (per-row values, then states).
+        names = [node.meta["gs_input"] for node in gm.graph.find_nodes(op="placeholder")][len(params) :]
+        self.args = [*params, *(buffers.inputs[n] if n in buffers.inputs else state[n] for n in names)]
+        self.output_names = trace.verified_outputs(gm)
         self.capture = capture
         self.mode = capture_mode(gm, capture)
-        self.on_cuda = caches["target_cache"].is_cuda
+        self.on_cuda = state[trace.TARGET_CACHE].is_cuda
         if capture and recorder is None and not self.on_cuda:
             raise ValueError("CUDA-graph capture needs CUDA tensors; pass recorder=HostRecorder to emulate it")
         self.new_recorder = recorder or CudaGraphRecorder
@@ -229,7 +232,7 @@ class StepGraph:
     def sibling(self, gm: fx.GraphModule) -> StepGraph:
         """Another compiled graph of the same step over this one's weights, buffers and caches, run the
         same way (captured or eager, same recorder) but captured on its own, into its own pool."""
-        return StepGraph(gm, self.params, self.buffers, self.caches, self.capture, recorder=self.new_recorder)
+        return StepGraph(gm, self.params, self.buffers, self.state, self.capture, recorder=self.new_recorder)
 
     @property
     def cuda_graph(self) -> torch.cuda.CUDAGraph | None:
@@ -384,4 +387,4 @@ class StepGraph:
                 self.recorders[0].replay()
                 COUNTERS.replays += 1
                 outputs = self.outputs
-        return dict(zip(trace.VERIFIED_OUTPUTS, outputs, strict=True))
+        return dict(zip(self.output_names, outputs, strict=True))

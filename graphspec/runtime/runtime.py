@@ -21,7 +21,7 @@ from graphspec.errors import InputError
 from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, token_id
 from graphspec.runtime.buffers import StepBuffers, pick_bucket, split_batch
 from graphspec.runtime.graphs import StepGraph
-from graphspec.trace import FEEDBACK, model_inputs
+from graphspec.trace import FEEDBACK, TARGET_CACHE
 
 
 @dataclass
@@ -92,22 +92,19 @@ class Runtime:
         self.k = compiled.config.k
         self.device = compiled.config.device
         self.target = compiled.target.model
-        self.draft = compiled.draft.model
+        self.drafter = compiled.drafter
         self.tokenizer = compiled.target.tokenizer
         self.eos_token_ids = compiled.target.eos_token_ids
         self.vocab_size = self.target.spec.vocab_size
         self.max_seq_len = compiled.config.max_seq_len
-        dtype = self.target.model.embed_tokens.weight.dtype
-        self.caches = {
-            "target_cache": self.target.new_cache(compiled.slots, self.max_seq_len, dtype, self.device),
-            "draft_cache": self.draft.new_cache(compiled.slots, self.max_seq_len, dtype, self.device),
-        }
-        self.params = [*model_inputs(self.target).values(), *model_inputs(self.draft).values()]
+        # The step's state (target KV cache, then the drafter's), shared by every bucket.
+        self.state = compiled.new_state()
+        self.params = compiled.weights()
         capture = self.device.startswith("cuda") and compiled.config.capture != "none"
         pool = torch.cuda.graph_pool_handle() if capture else None
         self.buffers = {b: StepBuffers.allocate(b, self.device) for b in compiled.config.batch_sizes}
         self.graphs = {
-            (mode, bucket): StepGraph(gm, self.params, self.buffers[bucket], self.caches, capture, pool)
+            (mode, bucket): StepGraph(gm, self.params, self.buffers[bucket], self.state, capture, pool)
             for (mode, bucket), gm in compiled.graphs.items()
         }
         self.stats = RuntimeStats(self.k)
@@ -199,7 +196,8 @@ class Runtime:
 
     @torch.inference_mode()
     def _prefill(self, prompts: list[list[int]], params: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Fill both caches for the rows (slots 0..n-1); return the target's first token per row."""
+        """Fill the target's cache and the drafter's state for the rows (slots 0..n-1); return the target's
+        first token per row."""
         rows = len(prompts)
         longest = max(len(p) for p in prompts)
         # Right padding: positions past a row's prompt write dead KV that later steps overwrite.
@@ -209,10 +207,10 @@ class Runtime:
         tokens = tokens.to(self.device)
         start = torch.zeros(rows, dtype=torch.int64, device=self.device)
         slots = torch.arange(rows, device=self.device)
-        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
-        hidden, _ = self.target(tokens, start, slots, self.caches["target_cache"], in_place=True)
-        self.draft(tokens, start, slots, self.caches["draft_cache"], in_place=True)
-        logits = self.target.logits(hidden[torch.arange(rows, device=self.device), last])  # [rows, V]
+        hidden, _ = self.target(tokens, start, slots, self.state[TARGET_CACHE], in_place=True)
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        self.drafter.prefill(tokens, slots, lengths, self.state)
+        logits = self.target.logits(hidden[torch.arange(rows, device=self.device), lengths - 1])  # [rows, V]
         COUNTERS.prefills += 1
         return ops.sample(
             logits, params["temperature"], params["top_k"], params["top_p"], params["seed"], params["step_counter"], 0

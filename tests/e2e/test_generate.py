@@ -82,7 +82,7 @@ def test_kv_rollback_survives_poisoned_dead_slots(runtime_for):
     clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
     assert any(a < 4 for r in clean for a in r.stats.accepted_per_step)  # rejections happened
     graph = runtime.graphs[("greedy", 4)]
-    target, draft = runtime.caches["target_cache"], runtime.caches["draft_cache"]
+    target, draft = runtime.state["target_cache"], runtime.state["draft_cache"]
     poisoned = {i: [] for i in range(len(batch))}
     for index, item in runtime.stream(batch, max_new_tokens=30, stop_token_ids=[]):
         if isinstance(item, int):

@@ -17,7 +17,7 @@ def test_greedy_inserts_verify_and_commit():
     assert result.changed
     assert result.stats == {"verify": "graphspec::verify_greedy", "k": 2}
     graphs.assert_graph_equal(result.gm, graphs.verified_stub_expected(values))
-    assert tuple(trace.output_nodes(result.gm)) == trace.VERIFIED_OUTPUTS
+    assert tuple(trace.output_nodes(result.gm)) == (*trace.ROW_OUTPUTS, *graphs.STATES)
 
 
 def test_sample_mode_uses_rejection_sampling_with_row_parameters():
@@ -51,7 +51,7 @@ def test_nothing_to_do_on_a_verified_graph():
 def test_stub_graph_computes_verify_and_commit():
     values = graphs.step_values()
     gm = insert_verify.run(graphs.speculate_stub(values), ctx()).gm
-    args = [values[n] for n in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])]
+    args = [values[n] for n in graphs.stub_inputs()]
     tokens, accepted, next_len, _, counter, *_ = gm(*args)
     torch.testing.assert_close(tokens, values["target_logits"].argmax(-1))
     matches = (values["draft_tokens"] == tokens[:, :-1]).long().cumprod(1).sum(1)

@@ -33,8 +33,8 @@ def test_invalid_rows_get_neutral_outputs_and_keep_state():
     gm, values = verified_stub()
     gm = mask_padding.run(gm, ctx()).gm
     values["committed_len"][2] = 10_000  # garbage on the padding row
-    args = [values[n] for n in (*trace.STEP_INPUTS, *trace.SPECULATE_OUTPUTS[:3])]
-    outputs = dict(zip(trace.VERIFIED_OUTPUTS, gm(*args), strict=True))
+    args = [values[n] for n in graphs.stub_inputs()]
+    outputs = dict(zip((*trace.ROW_OUTPUTS, *graphs.STATES), gm(*args), strict=True))
     assert outputs["num_accepted"][2] == 0 and (outputs["tokens"][2] == -1).all()
     assert outputs["next_committed_len"][2] == 10_000  # a stopped/padding row keeps its state
     assert torch.equal(outputs["next_last_tokens"][2], values["last_tokens"][2])

@@ -19,7 +19,7 @@ from graphspec.compiler import Compiled
 from graphspec.counters import COUNTERS
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.graphs import TRITON_COMPILES, HostRecorder, StepGraph, pieces
-from graphspec.trace import FEEDBACK, model_inputs
+from graphspec.trace import FEEDBACK
 
 try:
     import triton
@@ -74,16 +74,10 @@ class Lane:
 
     def __init__(self, compiled: Compiled, mode: str, bucket: int, capture: bool, recorder=None) -> None:
         self.device = compiled.config.device
-        max_seq = compiled.config.max_seq_len
-        dtype = compiled.target.model.model.embed_tokens.weight.dtype
-        self.caches = {
-            "target_cache": compiled.target.model.new_cache(compiled.slots, max_seq, dtype, self.device),
-            "draft_cache": compiled.draft.model.new_cache(compiled.slots, max_seq, dtype, self.device),
-        }
+        self.caches = compiled.new_state()
         self.buffers = StepBuffers.allocate(bucket, self.device)
-        params = [*model_inputs(compiled.target.model).values(), *model_inputs(compiled.draft.model).values()]
         gm = compiled.graphs[(mode, bucket)]
-        self.graph = StepGraph(gm, params, self.buffers, self.caches, capture, recorder=recorder)
+        self.graph = StepGraph(gm, compiled.weights(), self.buffers, self.caches, capture, recorder=recorder)
 
     def load(self, rows: dict[str, torch.Tensor], caches: dict[str, torch.Tensor]) -> None:
         for name, cache in self.caches.items():
@@ -194,7 +188,7 @@ def test_piecewise_captures_each_non_attention_piece_once(compiled_for) -> None:
     lane = Lane(compiled, "greedy", 4, capture=True, recorder=HostRecorder)
     split = pieces(compiled.graphs[("greedy", 4)])
     captured = sum(not eager for _, eager in split)
-    attention_calls = K * compiled.draft.model.spec.num_layers + compiled.target.model.spec.num_layers
+    attention_calls = K * compiled.drafter.model.spec.num_layers + compiled.target.model.spec.num_layers
     assert len(split) == 2 * attention_calls + 1 and captured == attention_calls + 1
     lane.load(random_rows(2, 128, 0, "cpu"), random_caches(lane, 0))
     COUNTERS.reset()

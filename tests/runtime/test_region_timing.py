@@ -21,7 +21,7 @@ from graphspec.compiler import Compiled
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.graphs import HostRecorder, StepGraph
 from graphspec.runtime.region_timing import Marks, instrument, region_starts, time_regions
-from graphspec.trace import FEEDBACK, model_inputs
+from graphspec.trace import FEEDBACK
 
 K = 3
 MAX_SEQ = 64
@@ -52,20 +52,16 @@ def compiled_for(checkpoint_factory) -> Callable[..., Compiled]:
 def bind(compiled: Compiled, gm: fx.GraphModule, capture: bool, recorder=None) -> StepGraph:
     """A StepGraph of `gm` over its own buffers and caches (zeroed), bucket 4."""
     device = compiled.config.device
-    dtype = compiled.target.model.model.embed_tokens.weight.dtype
-    caches = {
-        "target_cache": compiled.target.model.new_cache(compiled.slots, MAX_SEQ, dtype, device),
-        "draft_cache": compiled.draft.model.new_cache(compiled.slots, MAX_SEQ, dtype, device),
-    }
-    params = [*model_inputs(compiled.target.model).values(), *model_inputs(compiled.draft.model).values()]
-    return StepGraph(gm, params, StepBuffers.allocate(4, device), caches, capture, recorder=recorder)
+    return StepGraph(
+        gm, compiled.weights(), StepBuffers.allocate(4, device), compiled.new_state(), capture, recorder=recorder
+    )
 
 
 def load(step: StepGraph, seed: int) -> None:
     """Three real rows and random caches, the same for every StepGraph given the same seed."""
     generator = torch.Generator().manual_seed(seed)
     device = step.buffers.inputs["slot_ids"].device
-    for cache in step.caches.values():
+    for cache in step.state.values():
         cache.copy_(torch.randn(cache.shape, generator=generator).to(cache.dtype))
     rows = {
         "last_tokens": torch.randint(0, 128, (3, 2), generator=generator),
@@ -88,7 +84,7 @@ def run_steps(step: StepGraph, steps: int) -> list[dict[str, torch.Tensor]]:
         for name, target in FEEDBACK.items():
             step.buffers.inputs[target].copy_(outputs[name])
         results.append({name: value.clone() for name, value in outputs.items() if not name.endswith("cache")})
-    results.append({name: cache.clone() for name, cache in step.caches.items()})
+    results.append({name: cache.clone() for name, cache in step.state.items()})
     return results
 
 
@@ -125,7 +121,7 @@ def test_every_compiled_op_has_a_region_and_regions_run_in_order(compiled_for, m
     assert verify_op.meta["gs_region"] == "accept"
     # Each layer's cache write, fused with its rotary (fuse_rotary_kv) and then its attention (fuse_kv_attention).
     kv_writes = [node for node in ops if node.target == torch.ops.graphspec.rotary_kv_attention.default]
-    draft_layers = compiled_for("cpu").draft.model.spec.num_layers
+    draft_layers = compiled_for("cpu").drafter.model.spec.num_layers
     assert [node.meta["gs_region"] for node in kv_writes].count("draft") == K * draft_layers
 
 

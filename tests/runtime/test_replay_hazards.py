@@ -16,7 +16,6 @@ import graphspec
 from graphspec.compiler import Compiled
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.graphs import HostRecorder, StepGraph
-from graphspec.trace import model_inputs
 
 BUCKET, K, MAX_SEQ = 4, 2, 64
 MODES = ("greedy", "sample")
@@ -69,18 +68,13 @@ class Bucket:
         self.vocab = compiled.target.model.spec.vocab_size
         self.spare = compiled.slots - 1
         self.initial = {
-            name: torch.randn(
-                model.new_cache(compiled.slots, MAX_SEQ, torch.float32, device).shape,
-                generator=generator,
-                device=device,
-            )
-            for name, model in (("target_cache", compiled.target.model), ("draft_cache", compiled.draft.model))
+            name: torch.randn(state.shape, generator=generator, device=device)
+            for name, state in compiled.new_state().items()
         }
         self.caches = {name: cache.clone() for name, cache in self.initial.items()}
         self.buffers = StepBuffers.allocate(BUCKET, device)
-        params = [*model_inputs(compiled.target.model).values(), *model_inputs(compiled.draft.model).values()]
         self.graph = StepGraph(
-            compiled.graphs[(mode, BUCKET)], params, self.buffers, self.caches, capture, recorder=recorder
+            compiled.graphs[(mode, BUCKET)], compiled.weights(), self.buffers, self.caches, capture, recorder=recorder
         )
         self.clean_padding = {name: value[2:].clone() for name, value in self.buffers.inputs.items()}
 
