@@ -131,9 +131,12 @@ def without_capture(compiled: Compiled) -> Compiled:
 
 
 def fill_caches(runtime: Runtime, seed: int) -> None:
-    """Random KV contents (timing on zeros can flatter kernels), written in place."""
+    """Random state contents (timing on zeros can flatter kernels), written in place."""
     generator = torch.Generator(device=runtime.device).manual_seed(seed)
     for cache in runtime.state.values():
+        if not cache.is_floating_point():  # token ids (an n-gram history): random valid ids
+            cache.copy_(torch.randint(0, runtime.vocab_size, cache.shape, generator=generator, device=runtime.device))
+            continue
         for layer in range(cache.shape[0]):  # one layer at a time keeps the fp32 temporary small
             cache[layer].copy_(torch.randn(cache[layer].shape, generator=generator, device=runtime.device))
 

@@ -37,8 +37,11 @@ class DecodeResult:
     captured: bool
 
 
-def trace_decode(model: DecoderLM, batch: int, max_seq_len: int, sm: int | None) -> torch.fx.GraphModule:
-    """(params..., tokens [B, 1], start [B], slots [B], cache) -> next token [B], lowered and in place."""
+def trace_decode(
+    model: DecoderLM, batch: int, max_seq_len: int, sm: int | None, positions: int = 1
+) -> torch.fx.GraphModule:
+    """(params..., tokens [B, T], start [B], slots [B], cache) -> greedy token [B] (T = positions = 1: a
+    decode step) or [B, T] (the target's verify forward of a step), lowered and in place."""
     params = model_inputs(model)
     names = list(params)
     parameter = next(model.parameters())
@@ -47,11 +50,12 @@ def trace_decode(model: DecoderLM, batch: int, max_seq_len: int, sm: int | None)
     def program(*flat: torch.Tensor) -> torch.Tensor:
         bound = dict(zip(names, flat[: len(names)], strict=True))
         tokens, start, slots, cache = flat[len(names) :]
-        logits, cache = torch.func.functional_call(model, bound, (tokens, start, slots, cache, "last_logits"))
+        output = "last_logits" if positions == 1 else "logits"
+        logits, cache = torch.func.functional_call(model, bound, (tokens, start, slots, cache, output))
         return logits.argmax(dim=-1), cache
 
     example = [
-        torch.zeros((batch, 1), dtype=torch.int64, device=device),
+        torch.zeros((batch, positions), dtype=torch.int64, device=device),
         torch.zeros(batch, dtype=torch.int64, device=device),
         torch.arange(batch, device=device),
         model.new_cache(batch, max_seq_len, dtype, device, zeroed=False),

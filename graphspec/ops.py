@@ -539,15 +539,17 @@ def limit_accepted(
     counter: Tensor,
 ) -> tuple[Tensor, Tensor]:
     """Rows whose drafter proposed only draft_length [B] < K real drafts (the rest filler) accept at most
-    draft_length. Where verify accepted filler, the token at position draft_length becomes one drawn
-    from the target's own distribution there (lane TARGET_LANE; the argmax at temperature 0): given
-    that the real drafts were accepted, that is exactly what the target emits next, so the output
-    distribution is unchanged. tokens [B, K+1], num_accepted [B] as returned by verify."""
+    draft_length. Where verify got as far as position draft_length (every real draft accepted), the
+    token there becomes one drawn from the target's own distribution (lane TARGET_LANE; the argmax at
+    temperature 0), whether verify accepted the filler or rejected it and resampled: there was no real
+    draft there, so the target's distribution is what must be emitted; given the accepted real
+    drafts, that leaves the output distribution unchanged. tokens [B, K+1], num_accepted [B] as
+    returned by verify."""
     batch, positions = tokens.shape
     rows = torch.arange(batch, device=tokens.device)
     at = draft_length.clamp(min=0, max=positions - 1)
     own = sample(target_logits[rows, at], temperature, top_k, top_p, seed, counter, TARGET_LANE)  # [B]
-    replace = (num_accepted > at)[:, None] & (torch.arange(positions, device=tokens.device) == at[:, None])
+    replace = (num_accepted >= at)[:, None] & (torch.arange(positions, device=tokens.device) == at[:, None])
     return torch.where(replace, own[:, None], tokens), torch.minimum(num_accepted, at)
 
 

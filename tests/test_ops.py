@@ -50,6 +50,25 @@ def test_opcheck_every_op():
             (logits, rand(2, 2, 10), torch.randint(0, 10, (2, 2), generator=G), *params, counter),
         ),
         (
+            torch.ops.graphspec.slot_update.default,
+            (torch.zeros(3, 6, dtype=torch.int64), slots, start[:2] * 0 + 1, torch.ones(2, 2, dtype=torch.int64)),
+        ),
+        (
+            torch.ops.graphspec.slot_write.default,
+            (torch.zeros(3, 6, dtype=torch.int64), slots, start[:2] * 0 + 1, torch.ones(2, 2, dtype=torch.int64)),
+        ),
+        (
+            torch.ops.graphspec.limit_accepted.default,
+            (
+                torch.randint(0, 10, (2, 3), generator=G),
+                torch.tensor([2, 0]),
+                torch.tensor([1, 1]),
+                logits,
+                *params,
+                counter,
+            ),
+        ),
+        (
             torch.ops.graphspec.commit.default,
             (
                 torch.tensor([5, 6]),

@@ -57,3 +57,22 @@ def test_real_step_has_no_cache_copies_and_matches_eager(step_case, mode):
     writes = [n for n in gm.graph.nodes if n.target is torch.ops.graphspec.kv_write.default]
     assert len(writes) == 6
     step_case.assert_matches_eager(gm, mode)
+
+
+def test_drafter_state_updates_become_in_place_writes():
+    graph = torch.fx.Graph()
+    state, slots, start, values = (graph.placeholder(n) for n in ("state", "slot_ids", "start_pos", "values"))
+    update = torch.ops.graphspec.slot_update.default
+    first = graph.call_function(update, (state, slots, start, values))
+    read = graph.call_function(torch.ops.aten.index_select.default, (first, 0, slots))
+    second = graph.call_function(update, (first, slots, start, values))
+    graph.output((read, second))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    result = defunctionalize_kv.run(gm, PassContext(k=1, batch=1, mode="greedy", sm=None))
+    assert result.stats["in_place_writes"] == 2 and result.stats["cache_copies_left"] == 0
+    targets = [n.target for n in result.gm.graph.nodes if n.op == "call_function"]
+    write = torch.ops.graphspec.slot_write.default
+    assert targets == [write, torch.ops.aten.index_select.default, write]
+    history = torch.zeros(2, 8, dtype=torch.int64)
+    out = result.gm(history, torch.tensor([1]), torch.tensor([3]), torch.tensor([[5, 6]]))
+    assert out[1] is history and history[1, 3:5].tolist() == [5, 6] and out[0].tolist() == [history[1].tolist()]

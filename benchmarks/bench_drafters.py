@@ -1,0 +1,135 @@
+"""Step time per drafter next to graphspec's own target-only forwards, in one run.
+
+On random bf16 checkpoints shaped like Llama-3.1-8B (target) and Llama-3.2-1B (draft model), or the
+tiny stand-ins with --preset tiny-llama, this compiles the speculation step for every drafter in
+--drafters (greedy, K, buckets --batch-sizes) and times one captured step per bucket with every row
+real at committed length about --context. Next to them, per bucket:
+- the target-only decode step: graphspec's target forward over one token per row, same passes and
+  kernels, captured (benchmarks/target_only.py);
+- the target's verify forward alone: the same over K+1 tokens per row, greedy picks included.
+Random weights accept almost nothing, so step time is what this compares; tokens per step depends on
+the text (see tools/measure_acceptance.py for the demo pair's).
+
+    python benchmarks/bench_drafters.py --json drafters.json             # on the H200 (~3 minutes)
+    python benchmarks/bench_drafters.py --preset tiny-llama --device cpu   # smoke test of this script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import graphspec
+from benchmarks import common, target_only
+from benchmarks.bench_step import PRESETS, fill_caches, time_step, timed, write_checkpoint
+from graphspec.compiler import device_sm
+from graphspec.trace import model_inputs
+
+DRAFTERS = ("draft_model", "ngram")
+
+
+def time_target_forward(model: torch.nn.Module, batch: int, positions: int, args: argparse.Namespace) -> float:
+    """Median ms of the target's forward over `positions` tokens per row (argmax of every position),
+    captured on CUDA, with every row at committed length about args.context."""
+    device = args.device
+    gm = target_only.trace_decode(model, batch, args.max_seq_len, device_sm(device), positions)
+    weights = list(model_inputs(model).values())
+    parameter = next(model.parameters())
+    cache = model.new_cache(batch, args.max_seq_len, parameter.dtype, device)
+    cache.normal_()
+    tokens = torch.randint(0, model.spec.vocab_size, (batch, positions), device=device)
+    start = torch.full((batch,), args.context, dtype=torch.int64, device=device)
+    slots = torch.arange(batch, device=device)
+
+    def step() -> None:
+        gm(*weights, tokens, start, slots, cache)
+
+    run = step
+    if common.is_cuda(device):
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            step()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        run = graph.replay
+    for _ in range(args.warmup):
+        run()
+    return statistics.median(timed(run, args.replays, device))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="llama")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("-k", "--k", type=int, default=4)
+    parser.add_argument("--batch-sizes", default="1,4,16,64")
+    parser.add_argument("--drafters", default=",".join(DRAFTERS))
+    parser.add_argument("--max-seq-len", type=int, default=1024)
+    parser.add_argument("--context", type=int, default=512, help="committed length of the timed rows")
+    parser.add_argument("--replays", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("bench_drafters: CUDA is not available; pass --device cpu for a smoke run", file=sys.stderr)
+        return 2
+    buckets = tuple(int(b) for b in args.batch_sizes.split(","))
+    drafters = tuple(name for name in args.drafters.split(",") if name)
+    unknown = sorted(set(drafters) - set(DRAFTERS))
+    if unknown:
+        parser.error(f"unknown drafter(s) {unknown}; choose from {DRAFTERS}")
+    # args.warmup/replays double as bench_step.time_step's warmup/iteration counts
+    report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args), "rows": []}
+    target_shape, draft_shape = PRESETS[args.preset]
+    options = dict(k=args.k, dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len, modes=("greedy",))
+    with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
+        target_dir = write_checkpoint(Path(workdir) / "target", target_shape, args.device, seed=1)
+        draft_dir = write_checkpoint(Path(workdir) / "draft", draft_shape, args.device, seed=2)
+        steps: dict[str, dict[int, float]] = {}
+        target = None
+        for name in drafters:
+            begin = time.perf_counter()
+            draft = str(draft_dir) if name == "draft_model" else name
+            runtime = graphspec.Runtime.from_pretrained(target_dir, draft, batch_sizes=buckets, **options)
+            print(f"[bench] {name}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
+            fill_caches(runtime, 0)
+            steps[name] = {b: time_step(runtime, b, args, args.replays)["median_ms"] for b in buckets}
+            target = runtime.target
+            del runtime
+            common.free_device_memory()
+        decode = {b: time_target_forward(target, b, 1, args) for b in buckets}
+        verify = {b: time_target_forward(target, b, args.k + 1, args) for b in buckets}
+    header = f"{'B':>4} {'target decode':>14} {'verify K+1':>11}" + "".join(f" {n + ' step':>16}" for n in drafters)
+    ratios = "".join(f" {n + ' /decode':>16} {n + ' /verify':>16}" for n in drafters)
+    lines = [f"K={args.k}, context {args.context}, {report['device']}, median ms per captured step", header + ratios]
+    for b in buckets:
+        row = {"batch": b, "target_decode_ms": decode[b], "verify_ms": verify[b], "steps_ms": {}}
+        text = f"{b:>4} {decode[b]:>14.3f} {verify[b]:>11.3f}"
+        for name in drafters:
+            row["steps_ms"][name] = steps[name][b]
+            text += f" {steps[name][b]:>16.3f}"
+        for name in drafters:
+            text += f" {steps[name][b] / decode[b]:>16.2f} {steps[name][b] / verify[b]:>16.2f}"
+        lines.append(text)
+        report["rows"].append(row)
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Choosing and checking a drafter (graphspec/drafters/__init__.py): every refusal comes from configs,
+before any weight file is read."""
+
+import pytest
+
+import graphspec
+from graphspec import compiler
+from graphspec.errors import InputError
+
+
+@pytest.fixture
+def no_weight_loading(monkeypatch):
+    """Any weight load fails the test: refusals must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were loaded before the refusal")
+
+    monkeypatch.setattr(compiler, "load_model", refuse)
+    monkeypatch.setattr("graphspec.drafters.load_model", refuse)
+
+
+@pytest.mark.parametrize(
+    ("draft", "options", "message"),
+    [
+        ("ngram", {"ngram_max": 0}, "ngram_max must be an int between 1 and 16"),
+        ("ngram", {"ngram_min": 4, "ngram_max": 2}, "must not exceed"),
+        ("ngram", {"ngram_size": 2}, "unknown n-gram option"),
+        ("mtp", {}, "not implemented yet"),
+        ("eagle3", {}, "not implemented yet"),
+    ],
+)
+def test_bad_drafter_is_refused_before_any_weight_is_read(
+    checkpoint_factory, no_weight_loading, draft, options, message
+):
+    target = checkpoint_factory("llama", seed=0)
+    with pytest.raises(InputError, match=message):
+        graphspec.compile(target, draft, k=2, dtype="float32", device="cpu", max_seq_len=64, **options)
+
+
+def test_draft_vocabulary_mismatch_is_refused_before_any_weight_is_read(checkpoint_factory, no_weight_loading):
+    target = checkpoint_factory("llama", seed=0)
+    draft = checkpoint_factory("llama", seed=1, vocab_size=96)
+    with pytest.raises(InputError, match="vocabularies differ"):
+        graphspec.compile(target, draft, k=2, dtype="float32", device="cpu", max_seq_len=64)
+
+
+def test_context_limits_are_refused_before_any_weight_is_read(checkpoint_factory, no_weight_loading):
+    target = checkpoint_factory("llama", seed=0)
+    with pytest.raises(InputError, match="max_position_embeddings"):
+        graphspec.compile(target, "ngram", k=2, dtype="float32", device="cpu", max_seq_len=4096)
+
+
+@pytest.mark.parametrize(
+    ("draft", "drafter", "message"),
+    [("ngram", "draft_model", "needs a checkpoint directory"), ("some/dir", "ngram", "takes no checkpoint")],
+)
+def test_draft_and_drafter_must_agree(checkpoint_factory, no_weight_loading, draft, drafter, message):
+    target = checkpoint_factory("llama", seed=0)
+    with pytest.raises(InputError, match=message):
+        graphspec.compile(target, draft, drafter=drafter, k=2, dtype="float32", device="cpu", max_seq_len=64)
