@@ -49,7 +49,7 @@ import graphspec
 from graphspec import trace
 from graphspec.compiler import Compiled, device_sm
 from graphspec.config import SAMPLING_MODES, SpecConfig
-from graphspec.drafters import MODEL_FREE, check_drafter, open_drafter
+from graphspec.drafters import NAMED_KINDS, SETTINGS, check_drafter, open_drafter
 from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
@@ -726,9 +726,11 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
 
     _verify_files(path, manifest, command)
     drafter_record = dict(manifest.get("drafter", {"kind": "draft_model"}))  # format 2 artifacts had none
-    kind = drafter_record.pop("kind")
+    kind = drafter_record.pop("kind", None)
+    if kind not in SETTINGS:
+        raise ArtifactError(f"{path / MANIFEST}: unknown drafter kind {kind!r}: recompile with `{command}`")
     roles = manifest_roles(manifest)
-    if ("draft" in roles) != (kind not in MODEL_FREE):
+    if ("draft" in roles) != (kind not in NAMED_KINDS):
         raise ArtifactError(
             f"{path / MANIFEST}: drafter {kind!r} does not match its models {roles}: recompile with `{command}`"
         )
@@ -761,11 +763,16 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     except TypeError as error:
         raise ArtifactError(f"{path / MANIFEST}: bad config ({error}); recompile with `{command}`") from None
     target = load_model(weights["target"], config.dtype, config.device)
-    checked = check_drafter(weights.get("draft", kind), kind, target.model.spec, config.max_seq_len, drafter_record)
-    drafter = open_drafter(weights.get("draft", kind), kind, drafter_record, config.dtype, config.device, checked)
-    states = trace.step_states(
-        target.model, drafter, max(config.batch_sizes) + 1, config.max_seq_len, parse_dtype(config.dtype)
-    )
+    settings = {name: value for name, value in drafter_record.items() if name in SETTINGS[kind]}
+    checked = check_drafter(weights.get("draft", kind), kind, weights["target"], config.max_seq_len, settings)
+    drafter = open_drafter(weights.get("draft", kind), kind, target, config.dtype, config.device, checked)
+    if drafter.describe() != {"kind": kind, **drafter_record}:
+        raise ArtifactError(
+            f"{path / MANIFEST}: drafter {drafter_record} does not describe what its files give "
+            f"({drafter.describe()}): recompile with `{command}`"
+        )
+    slots, dtype = max(config.batch_sizes) + 1, parse_dtype(config.dtype)
+    states = trace.step_states(target.model, drafter, slots, config.max_seq_len, config.k, dtype)
     signature = trace.StepSignature(
         tuple(manifest["signature"]["target_params"]),
         tuple(manifest["signature"]["draft_params"]),

@@ -18,7 +18,7 @@ from typing import Any, NoReturn, TextIO
 
 import graphspec
 from graphspec.config import MAX_K, SAMPLING_MODES
-from graphspec.drafters import KINDS, MODEL_FREE
+from graphspec.drafters import KINDS, NAMED_KINDS
 from graphspec.drafters.ngram import DEFAULT_NGRAM
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.pipeline import PASS_NAMES, describe
@@ -170,7 +170,8 @@ def build_parser() -> Parser:
     compile_parser.add_argument(
         "--draft",
         metavar="DRAFT",
-        help="draft checkpoint directory (same vocabulary), or 'ngram' (prompt lookup: no model)",
+        help="draft checkpoint directory (same vocabulary), 'ngram' (prompt lookup: no model) or 'mtp' (the "
+        "target checkpoint's own MTP head)",
     )
     compile_parser.add_argument(
         "--drafter", choices=sorted(KINDS), default=None, help="drafter kind, when DRAFT alone does not say it"
@@ -361,7 +362,7 @@ def run_compile(args: argparse.Namespace) -> int:
     if args.draft is None:
         compile_parser.error("the following arguments are required: --draft")
     drafter_options = {name: value for name in ("ngram_min", "ngram_max") if (value := getattr(args, name)) is not None}
-    model_free = args.draft in MODEL_FREE
+    model_free = args.draft in NAMED_KINDS
     for flag, value in (("TARGET", args.target), ("--draft", args.draft)):
         if not (model_free and flag == "--draft") and not Path(value).is_dir():
             raise GraphspecError(f"{flag} {value}: no such checkpoint directory")

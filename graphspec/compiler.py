@@ -43,7 +43,8 @@ class Compiled:
     def states(self) -> tuple[State, ...]:
         """Every state tensor the step keeps (target KV cache, then the drafter's)."""
         dtype = parse_dtype(self.config.dtype)
-        return trace.step_states(self.target.model, self.drafter, self.slots, self.config.max_seq_len, dtype)
+        config = self.config
+        return trace.step_states(self.target.model, self.drafter, self.slots, config.max_seq_len, config.k, dtype)
 
     def new_state(self) -> dict[str, torch.Tensor]:
         """Freshly allocated state tensors on the compiled device, by name."""
@@ -121,12 +122,12 @@ def compile(
     kind = drafter_kind(draft, drafter)
     target_spec = ModelSpec.from_config(load_config(target))
     check_context(target, target_spec, max_seq_len)
-    checked = check_drafter(draft, kind, target_spec, max_seq_len, dict(drafter_options))
+    checked = check_drafter(draft, kind, target, max_seq_len, dict(drafter_options))
     progress(f"loading target {target}")
     target_model = load_model(target, dtype, device)
     if checked is None:  # the drafter has weights of its own
         progress(f"loading draft {draft}")
-    drafter_model = open_drafter(draft, kind, dict(drafter_options), dtype, device, checked)
+    drafter_model = open_drafter(draft, kind, target_model, dtype, device, checked)
     check_tokenizers(target_model, drafter_model)
     sm = device_sm(device)
     slots = max(config.batch_sizes) + 1
@@ -135,7 +136,7 @@ def compile(
     for bucket in config.batch_sizes:
         # Real (uninitialized) tensors on the real device: the graph records devices of constants.
         inputs = trace.example_step_inputs(
-            target_model.model, drafter_model, bucket, slots, max_seq_len, parse_dtype(dtype), device
+            target_model.model, drafter_model, k, bucket, slots, max_seq_len, parse_dtype(dtype), device
         )
         for mode in modes:
             name = f"step_b{bucket}_{mode}"

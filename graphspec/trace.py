@@ -41,9 +41,9 @@ ROW_INPUTS = (
     "step_counter",  # int64: steps this row has taken; keys the random stream
 )
 TARGET_CACHE = "target_cache"  # [L, 2, SLOTS, Hkv, S, D]: the target's state, first of the step's states
-# What the traced program returns besides the states (draft_length only when the drafter gives one);
-# insert_verify replaces these with ROW_OUTPUTS.
-SPECULATE_OUTPUTS = ("target_logits", "draft_logits", "draft_tokens", "draft_length")
+# What the traced program returns besides the states (draft_length only when the drafter gives one,
+# target_hidden only when it reads the verify's hidden states); insert_verify replaces these with ROW_OUTPUTS.
+SPECULATE_OUTPUTS = ("target_logits", "draft_logits", "draft_tokens", "draft_length", "target_hidden")
 # The compiled step's per-row outputs; the states follow them. next_<name> feeds back into input <name>.
 ROW_OUTPUTS = (
     "tokens",  # [B, K+1]: the first num_accepted + 1 are emitted
@@ -108,11 +108,11 @@ def target_state(target: DecoderLM, slots: int, max_seq_len: int, dtype: torch.d
 
 
 def step_states(
-    target: DecoderLM, drafter: Drafter, slots: int, max_seq_len: int, dtype: torch.dtype
+    target: DecoderLM, drafter: Drafter, slots: int, max_seq_len: int, k: int, dtype: torch.dtype
 ) -> tuple[State, ...]:
     """Every state tensor of the step, the target's first: what the runtime allocates and the graph
     takes and returns."""
-    states = (target_state(target, slots, max_seq_len, dtype), *drafter.states(slots, max_seq_len, dtype))
+    states = (target_state(target, slots, max_seq_len, dtype), *drafter.states(slots, max_seq_len, k, dtype))
     names = [state.name for state in states]
     assert len(set(names)) == len(names) and not set(names) & set(ROW_INPUTS), names
     return states
@@ -153,12 +153,16 @@ def speculate(
         # One target forward over [bonus, d1..dK] at positions L-1 .. L-1+K.
         verify_tokens = torch.cat((inputs["last_tokens"][:, 1:], draft_tokens), dim=1)  # [B, K+1]
         committed_len, slot_ids = inputs["committed_len"], inputs["slot_ids"]
-        target_logits, target_cache = torch.func.functional_call(
-            target, target_params, (verify_tokens, committed_len - 1, slot_ids, state[TARGET_CACHE], "logits")
-        )  # [B, K+1, V]
+        output = "logits_and_hidden" if drafter.reads_target_hidden else "logits"
+        verified, target_cache = torch.func.functional_call(
+            target, target_params, (verify_tokens, committed_len - 1, slot_ids, state[TARGET_CACHE], output)
+        )
+        target_logits, target_hidden = verified if drafter.reads_target_hidden else (verified, None)  # [B, K+1, V]
     outputs = {"target_logits": target_logits, "draft_logits": draft_logits, "draft_tokens": draft_tokens}
     if proposal.length is not None:
         outputs["draft_length"] = proposal.length
+    if target_hidden is not None:
+        outputs["target_hidden"] = target_hidden  # [B, K+1, H]
     return {**outputs, TARGET_CACHE: target_cache, **proposal.state}
 
 
@@ -181,6 +185,7 @@ def new_row_inputs(batch: int, device: str | torch.device) -> dict[str, torch.Te
 def example_step_inputs(
     target: DecoderLM,
     drafter: Drafter,
+    k: int,
     batch: int,
     slots: int,
     max_seq_len: int,
@@ -189,7 +194,7 @@ def example_step_inputs(
 ) -> dict[str, torch.Tensor]:
     """Step inputs of the right shapes/dtypes (values are only used by eager checks)."""
     inputs = new_row_inputs(batch, device)
-    for state in step_states(target, drafter, slots, max_seq_len, dtype):
+    for state in step_states(target, drafter, slots, max_seq_len, k, dtype):
         inputs[state.name] = state.allocate(device, zeroed=False)
     return inputs
 
@@ -201,11 +206,11 @@ def trace_step(
 
     Tracing uses fake tensors, so nothing is computed and weights may be on any device. Placeholders
     are renamed after what they hold and tagged: meta["gs_input"] = input name, and state inputs
-    meta["gs_state"] = their rollback rule (and meta["gs_commit"] = their CommitWrite value).
+    meta["gs_state"] = their rollback rule (and meta["gs_commit"] = their CommitWrite's (value, at)).
     """
     target_params, draft_params = model_inputs(target), drafter.params()
     slots, max_seq_len = step_inputs[TARGET_CACHE].shape[2], step_inputs[TARGET_CACHE].shape[4]
-    states = step_states(target, drafter, slots, max_seq_len, step_inputs[TARGET_CACHE].dtype)
+    states = step_states(target, drafter, slots, max_seq_len, k, step_inputs[TARGET_CACHE].dtype)
     signature = StepSignature(tuple(target_params), tuple(draft_params), tuple(s.name for s in states))
     greedy_draft = mode == "greedy"
     output_names: list[str] = []
@@ -230,8 +235,8 @@ def trace_step(
     for node in gm.graph.find_nodes(op="placeholder"):
         if (state := declared.get(node.meta["gs_input"])) is not None:
             node.meta["gs_state"] = state.rollback
-            if state.commit is not None:  # what insert_verify writes into it after accept
-                node.meta["gs_commit"] = state.commit.value
+            if state.commit is not None:  # what insert_verify writes into it after accept, and where
+                node.meta["gs_commit"] = (state.commit.value, state.commit.at)
     output = gm.graph.find_nodes(op="output")[0]
     output.meta["gs_outputs"] = tuple(output_names)
     gm.recompile()

@@ -19,7 +19,7 @@ class StepCase:
         self.drafter = DraftModel(load_model(draft_dir))
         self.draft = self.drafter.model
         generator = torch.Generator().manual_seed(0)
-        inputs = trace.example_step_inputs(self.target, self.drafter, BATCH, SLOTS, MAX_SEQ, torch.float32, "cpu")
+        inputs = trace.example_step_inputs(self.target, self.drafter, K, BATCH, SLOTS, MAX_SEQ, torch.float32, "cpu")
         inputs["last_tokens"] = torch.randint(0, 128, (BATCH, 2), generator=generator)
         inputs["committed_len"] = torch.tensor([5, 17, 9])
         inputs["row_valid"] = torch.tensor([True, True, False])

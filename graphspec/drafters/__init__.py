@@ -1,5 +1,6 @@
-"""Drafters: one file per kind. `open_drafter` turns what a user passes as `draft` into a Drafter,
-checking everything the configs can tell before any weight is read."""
+"""Drafters: one file per kind. `drafter_kind`, `check_drafter` and `open_drafter` turn what a user
+passes as `draft` into a Drafter, checking everything configs and file headers can tell before any
+weight is read."""
 
 from __future__ import annotations
 
@@ -8,53 +9,59 @@ from typing import Any
 
 from graphspec.drafters.base import Drafter, Proposal, State, StepView
 from graphspec.drafters.draft_model import DraftModel
+from graphspec.drafters.mtp import Mtp, check_mtp, detect_layout
 from graphspec.drafters.ngram import NGram
 from graphspec.errors import InputError
-from graphspec.models.loading import load_config, load_model
+from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, load_model
 from graphspec.models.spec import ModelSpec
 
-# kind -> class; `draft` strings that name a kind without a checkpoint.
-KINDS: dict[str, type[Drafter]] = {"draft_model": DraftModel, "ngram": NGram}
-MODEL_FREE = ("ngram",)
-NOT_YET = {"mtp": "MTP heads", "eagle3": "EAGLE-3 heads"}
+# kind -> class. NAMED_KINDS: `draft` strings that name a kind with no checkpoint of its own (n-gram has
+# no model; MTP reads the target checkpoint's head).
+KINDS: dict[str, type[Drafter]] = {"draft_model": DraftModel, "ngram": NGram, "mtp": Mtp}
+NAMED_KINDS = ("ngram", "mtp")
+NOT_YET = {"eagle3": "EAGLE-3 heads"}
+SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": ()}
 
 
 def drafter_kind(draft: str | Path, drafter: str | None = None) -> str:
-    """The drafter kind for `draft` (a checkpoint directory or a model-free kind's name)."""
+    """The drafter kind for `draft` (a checkpoint directory or the name of a kind without one)."""
     name = str(draft)
     if drafter is None:
-        drafter = name if name in (*MODEL_FREE, *NOT_YET) else "draft_model"
+        drafter = name if name in (*NAMED_KINDS, *NOT_YET) else "draft_model"
     if drafter in NOT_YET:
         raise InputError(
-            f"drafter {drafter!r} ({NOT_YET[drafter]}) is not implemented yet; use a draft model or 'ngram'"
+            f"drafter {drafter!r} ({NOT_YET[drafter]}) is not implemented yet; use a draft model, 'ngram' or 'mtp'"
         )
     if drafter not in KINDS:
         raise InputError(f"unknown drafter {drafter!r}; choose one of {', '.join(KINDS)}")
-    if drafter in MODEL_FREE and name != drafter:
-        raise InputError(f"drafter {drafter!r} takes no checkpoint; pass draft={drafter!r}, got {name!r}")
-    if drafter not in MODEL_FREE and name in MODEL_FREE:
+    if drafter in NAMED_KINDS and name != drafter:
+        raise InputError(f"drafter {drafter!r} takes no checkpoint of its own; pass draft={drafter!r}, got {name!r}")
+    if drafter not in NAMED_KINDS and name in NAMED_KINDS:
         raise InputError(f"drafter {drafter!r} needs a checkpoint directory, got draft={name!r}")
     return drafter
 
 
 def check_drafter(
-    draft: str | Path, kind: str, target: ModelSpec, max_seq_len: int, settings: dict[str, Any]
+    draft: str | Path, kind: str, target: str | Path, max_seq_len: int, settings: dict[str, Any]
 ) -> Drafter | None:
-    """Validate the drafter against the target from configs alone (no weights read). Returns the
-    drafter when it needs no weights, else None (open_drafter loads it)."""
+    """Validate the drafter against the target checkpoint from configs and file headers alone (no
+    weights read). Returns the drafter when it needs no weights, else None (open_drafter loads it)."""
+    unknown = sorted(set(settings) - set(SETTINGS[kind]))
+    if unknown:
+        takes = ", ".join(SETTINGS[kind]) or "none"
+        raise InputError(f"unknown option(s) {', '.join(unknown)} for drafter {kind!r} (it takes: {takes})")
     if kind == "ngram":
-        unknown = sorted(set(settings) - {"ngram_min", "ngram_max"})
-        if unknown:
-            raise InputError(
-                f"unknown n-gram option(s) {', '.join(unknown)}; the n-gram drafter takes ngram_min, ngram_max"
-            )
         return NGram(**settings)
-    if settings:
-        raise InputError(f"drafter {kind!r} takes no settings, got {', '.join(sorted(settings))}")
+    target_config = load_config(target)
+    target_spec = ModelSpec.from_config(target_config)
+    if kind == "mtp":
+        check_mtp(Path(target), target_config, target_spec)
+        detect_layout(Path(target), checkpoint_tensors(target)[1], target_spec.num_layers)
+        return None
     spec = ModelSpec.from_config(load_config(draft))
-    if spec.vocab_size != target.vocab_size:
+    if spec.vocab_size != target_spec.vocab_size:
         raise InputError(
-            f"draft and target vocabularies differ: target vocab_size {target.vocab_size}, draft {draft} has "
+            f"draft and target vocabularies differ: target vocab_size {target_spec.vocab_size}, draft {draft} has "
             f"{spec.vocab_size}; speculative decoding needs a shared vocabulary"
         )
     check_context(draft, spec, max_seq_len)
@@ -72,12 +79,24 @@ def check_context(path: str | Path, spec: ModelSpec, max_seq_len: int) -> None:
 
 
 def open_drafter(
-    draft: str | Path, kind: str, settings: dict[str, Any], dtype: str, device: str, checked: Drafter | None = None
+    draft: str | Path, kind: str, target: LoadedModel, dtype: str, device: str, checked: Drafter | None = None
 ) -> Drafter:
-    """The drafter, weights loaded (after check_drafter passed)."""
+    """The drafter with its weights loaded (after check_drafter passed and the target is loaded)."""
     if checked is not None:
         return checked
+    if kind == "mtp":
+        return Mtp(target, target.model.model.embed_tokens.weight.dtype, device)
     return DraftModel(load_model(draft, dtype, device))
 
 
-__all__ = ["KINDS", "Drafter", "Proposal", "State", "StepView", "check_drafter", "drafter_kind", "open_drafter"]
+__all__ = [
+    "KINDS",
+    "NAMED_KINDS",
+    "Drafter",
+    "Proposal",
+    "State",
+    "StepView",
+    "check_drafter",
+    "drafter_kind",
+    "open_drafter",
+]

@@ -13,22 +13,29 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-# How a state tensor is rolled back when drafts are rejected. Both need no work at rollback time:
+# How a state tensor is rolled back when drafts are rejected. Neither needs work at rollback time:
 # - "length": position-indexed per slot; entries at or past a row's committed length are dead, and the
 #   step rewrites every entry before it reads it (KV caches, token history).
-ROLLBACKS = ("length",)
-# Values the accept region can write into a drafter state after verify (see CommitWrite).
-COMMIT_VALUES = ("tokens",)
+# - "verified": one row per position of the last verify (K+1 per slot); rows past that step's accepted
+#   count are dead, and the drafter reads only the accepted ones (feature rows for heads).
+ROLLBACKS = ("length", "verified")
+# Values the accept region can write into a drafter state after verify (see CommitWrite):
+# "tokens" [B, K+1] the step's tokens, "target_hidden" [B, K+1, H] the target's final hidden states at
+# the verify positions, "committed_len" [B, 1] the committed length the step started from.
+COMMIT_VALUES = ("tokens", "target_hidden", "committed_len")
+# Where a commit write lands in each row's slot: "committed_len": positions L .. L+T-1 (after the
+# committed tokens); "start": positions 0 .. T-1 (the slot's row is replaced).
+COMMIT_AT = ("committed_len", "start")
 
 
 @dataclass(frozen=True)
 class CommitWrite:
     """After verify/accept, write `value` ([B, T, ...], one row per step row) into the state at each
-    row's slot, positions committed_len .. committed_len + T - 1 (entries past the accepted ones are
-    dead by the state's "length" rollback). insert_verify adds these writes; a drafter never sees the
-    verified tokens otherwise."""
+    row's slot, from position `at` on (entries past the accepted ones are dead by the state's rollback
+    rule). insert_verify adds these writes: they are how a drafter sees what verify produced."""
 
-    value: str  # one of COMMIT_VALUES: "tokens" is the step's emitted tokens [B, K+1]
+    value: str  # one of COMMIT_VALUES
+    at: str = "committed_len"  # one of COMMIT_AT
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ class State:
 
     def __post_init__(self) -> None:
         assert self.rollback in ROLLBACKS, self.rollback
-        assert self.commit is None or self.commit.value in COMMIT_VALUES, self.commit
+        assert self.commit is None or (self.commit.value in COMMIT_VALUES and self.commit.at in COMMIT_AT), self.commit
 
     def allocate(self, device: torch.device | str, zeroed: bool | None = None) -> Tensor:
         make = torch.zeros if (self.zeroed if zeroed is None else zeroed) else torch.empty
@@ -73,6 +80,17 @@ Pick = Callable[[Tensor, int], Tensor]
 
 
 @dataclass
+class PrefillView:
+    """What prefill() may read: right-padded prompts and what the target's prefill computed for them."""
+
+    tokens: Tensor  # [rows, T] int64, right-padded
+    slot_ids: Tensor  # [rows]
+    lengths: Tensor  # [rows] real prompt lengths
+    hidden: Tensor  # [rows, T, H] the target's final (normed) hidden states
+    first: Tensor  # [rows] the target's first token (at position lengths)
+
+
+@dataclass
 class StepView:
     """What propose() may read: the step's per-row inputs (trace.ROW_INPUTS) by name, K and the
     proposal rule. Positions: the last two committed tokens sit at committed_len - 2 and - 1."""
@@ -87,6 +105,8 @@ class Drafter(ABC):
     abstract methods; a drafter with weights also sets `loaded` (its checkpoint)."""
 
     kind: ClassVar[str]
+    # True: the verify forward also returns the target's final hidden states (commit value "target_hidden").
+    reads_target_hidden: ClassVar[bool] = False
     loaded: Any = None  # a models.LoadedModel when the drafter has its own checkpoint
     settings: dict[str, Any]  # the drafter's knobs, JSON-able (set by __init__)
 
@@ -103,18 +123,19 @@ class Drafter(ABC):
         return named
 
     @abstractmethod
-    def states(self, slots: int, max_seq_len: int, dtype: torch.dtype) -> tuple[State, ...]:
-        """The state tensors this drafter keeps, for `slots` cache slots of `max_seq_len` positions."""
+    def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
+        """The state tensors this drafter keeps, for `slots` cache slots of `max_seq_len` positions and
+        K drafts per step."""
 
     @abstractmethod
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
         """K drafts per row, traced into the step's "draft" region. Must not branch on values."""
 
     @abstractmethod
-    def prefill(self, tokens: Tensor, slot_ids: Tensor, lengths: Tensor, state: dict[str, Tensor]) -> None:
-        """Fill the state of slots `slot_ids` from right-padded prompts tokens [rows, T] (eager, in place);
-        lengths [rows] are the real prompt lengths."""
+    def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
+        """Fill the state of the prompts' slots for their first step (eager, in place)."""
 
     def describe(self) -> dict[str, Any]:
-        """Kind and settings as recorded in the artifact manifest and printed by `inspect`."""
+        """Kind and settings as recorded in the artifact manifest and printed by `inspect` (settings are
+        what a user chose; loading passes them back)."""
         return {"kind": self.kind, **self.settings}

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from graphspec.drafters.base import Drafter, Proposal, State, StepView
+from graphspec.drafters.base import Drafter, PrefillView, Proposal, State, StepView
 
 
 class DraftModel(Drafter):
@@ -17,7 +17,7 @@ class DraftModel(Drafter):
         self.loaded = loaded  # models.LoadedModel of the draft checkpoint (the artifact records its files)
         self.settings = {}
 
-    def states(self, slots: int, max_seq_len: int, dtype: torch.dtype) -> tuple[State, ...]:
+    def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
         spec = self.model.spec
         shape = (spec.num_layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)  # as DecoderLM.new_cache
         return (State("draft_cache", shape, dtype, rollback="length", slot_dim=2),)
@@ -51,6 +51,6 @@ class DraftModel(Drafter):
         tokens = torch.stack(proposals, dim=1)  # [B, K]
         return Proposal(tokens, {"draft_cache": cache}, logits=torch.stack(proposal_logits, dim=1))  # [B, K, V]
 
-    def prefill(self, tokens: Tensor, slot_ids: Tensor, lengths: Tensor, state: dict[str, Tensor]) -> None:
-        start = torch.zeros_like(slot_ids)
-        self.model(tokens, start, slot_ids, state["draft_cache"], in_place=True)
+    def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
+        start = torch.zeros_like(prompt.slot_ids)
+        self.model(prompt.tokens, start, prompt.slot_ids, state["draft_cache"], in_place=True)

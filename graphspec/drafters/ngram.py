@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from graphspec import ops
-from graphspec.drafters.base import CommitWrite, Drafter, Proposal, State, StepView
+from graphspec.drafters.base import CommitWrite, Drafter, PrefillView, Proposal, State, StepView
 from graphspec.errors import InputError
 
 MAX_NGRAM = 16
@@ -32,7 +32,7 @@ class NGram(Drafter):
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.settings = {"ngram_min": ngram_min, "ngram_max": ngram_max}
 
-    def states(self, slots: int, max_seq_len: int, dtype: torch.dtype) -> tuple[State, ...]:
+    def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
         # Position p of a slot holds the token committed at p; the accept region writes the step's
         # tokens at committed_len onwards, so the history always holds every committed token.
         history = State(
@@ -69,5 +69,6 @@ class NGram(Drafter):
         tokens = torch.where(offsets < proposed[:, None], rows.gather(1, positions), 0)  # [B, K]; filler 0
         return Proposal(tokens, {"token_history": history}, length=proposed)
 
-    def prefill(self, tokens: Tensor, slot_ids: Tensor, lengths: Tensor, state: dict[str, Tensor]) -> None:
-        state["token_history"][slot_ids, : tokens.shape[1]] = tokens  # right padding lands past L: dead
+    def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
+        tokens = prompt.tokens  # right padding lands past L: dead
+        state["token_history"][prompt.slot_ids, : tokens.shape[1]] = tokens

@@ -105,7 +105,8 @@ class DecoderLM(nn.Module):
 
     Token t of row b sits at position start_pos[b] + t; its K/V land in cache slot slot_ids[b].
     output="hidden" returns final hidden states [B, T, hidden] (gather them and call `logits` when
-    only some positions matter, as prefill does); "logits" returns [B, T, V]; "last_logits" [B, V].
+    only some positions matter, as prefill does); "logits" returns [B, T, V]; "last_logits" [B, V];
+    "logits_and_hidden" both ([B, T, V], [B, T, hidden]).
     Asking forward for logits keeps lm_head inside torch.func.functional_call when tracing.
     in_place=True writes the cache argument in place (eager use) instead of returning a new one.
     """
@@ -161,6 +162,8 @@ class DecoderLM(nn.Module):
             return self.logits(hidden[:, -1]), cache
         if output == "logits":
             return self.logits(hidden), cache
+        if output == "logits_and_hidden":  # a verify whose final hidden states a drafter reads
+            return (self.logits(hidden), hidden), cache
         return hidden, cache
 
     def logits(self, hidden: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ parsed up front, so a truncated file is named), and the exact set and shapes of 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,21 +173,76 @@ def build_model(config: PretrainedConfig) -> DecoderLM:
     return model
 
 
-def load_model(
-    path: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
-) -> LoadedModel:
-    """Load and validate a checkpoint directory. Raises CheckpointError naming what is wrong."""
+# Config fields that count a checkpoint's multi-token-prediction layers (transformers' name, DeepSeek-V3 /
+# Qwen3-Next's, Qwen3.5's). Their tensors sit beside the model's and are read by drafters.mtp, not here.
+MTP_LAYER_FIELDS = ("num_mtp_layers", "num_nextn_predict_layers", "mtp_num_hidden_layers")
+
+
+def mtp_layer_count(config: PretrainedConfig) -> int:
+    """MTP layers the checkpoint's config declares (0 when it declares none)."""
+    for field in MTP_LAYER_FIELDS:
+        value = getattr(config, field, None)
+        if value:
+            return int(value)
+    return 0
+
+
+def is_mtp_tensor(name: str, num_layers: int) -> bool:
+    """An MTP tensor in either public layout: Qwen3.5/Qwen3-Next `mtp.*`, or DeepSeek-V3's extra decoder
+    layers `model.layers.{num_layers + i}.*`."""
+    match = re.match(r"model\.layers\.(\d+)\.", name)
+    return name.startswith("mtp.") or (match is not None and int(match.group(1)) >= num_layers)
+
+
+def checkpoint_tensors(path: str | Path) -> tuple[list[Path], dict[str, tuple[Path, tuple[int, ...]]]]:
+    """The checkpoint's weight files and name -> (file, shape) of every tensor, headers validated."""
     path = Path(path)
-    torch_dtype = parse_dtype(dtype)
-    config = load_config(path)
     files = weight_files(path)
     available = _read_headers(files)
     _check_index(path, available)
+    return files, available
+
+
+def read_into(
+    module: torch.nn.Module,
+    files: list[Path],
+    names: dict[str, str],
+    dtype: torch.dtype,
+    device: str | torch.device,
+) -> None:
+    """Load tensors into `module` (built on meta): names maps each of its checkpoint-layout names
+    (decoder.checkpoint_state's, fused projections unfused) to the name stored in the files."""
+    wanted = {stored: own for own, stored in names.items()}
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as handle:
+                for name in handle.keys():
+                    if name in wanted:
+                        state[wanted[name]] = handle.get_tensor(name).to(device=device, dtype=dtype)
+        except Exception as error:  # safetensors raises its own error types for corrupt data
+            raise CheckpointError(f"{file}: could not read tensors ({error})") from None
+    _fuse(module, state)
+    module.load_state_dict(state, strict=False, assign=True)
+
+
+def load_model(
+    path: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
+) -> LoadedModel:
+    """Load and validate a checkpoint directory. Raises CheckpointError naming what is wrong. MTP
+    tensors stored beside the model (see is_mtp_tensor) are left for the MTP drafter."""
+    path = Path(path)
+    torch_dtype = parse_dtype(dtype)
+    config = load_config(path)
+    files, available = checkpoint_tensors(path)
     model = build_model(config)
 
     expected = checkpoint_shapes(model)
     if model.spec.tie_word_embeddings:
         available.pop("lm_head.weight", None)  # some tied checkpoints still store it
+    if mtp_layer_count(config):
+        for name in [n for n in available if is_mtp_tensor(n, model.spec.num_layers)]:
+            available.pop(name)
     missing = sorted(set(expected) - set(available))
     unexpected = sorted(set(available) - set(expected))
     misshaped = sorted(
@@ -204,17 +260,7 @@ def load_model(
     if problems:
         raise CheckpointError(f"{path}: checkpoint does not match its config.json; " + "; ".join(problems))
 
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt", device="cpu") as handle:
-                for name in handle.keys():
-                    if name in expected:
-                        state[name] = handle.get_tensor(name).to(device=device, dtype=torch_dtype)
-        except Exception as error:  # safetensors raises its own error types for corrupt data
-            raise CheckpointError(f"{file}: could not read tensors ({error})") from None
-    _fuse(model, state)
-    model.load_state_dict(state, strict=False, assign=True)
+    read_into(model, files, {name: name for name in expected}, torch_dtype, device)
     if model.spec.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = model.inv_freq.to(device)

@@ -67,18 +67,27 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         )
         next_len, next_last = call(operator.getitem, commit, 0), call(operator.getitem, commit, 1)
         next_counter = call(torch.ops.aten.add.Tensor, values["step_counter"], 1)
-        committed = {"tokens": tokens}  # what a state's commit write (drafters.base.CommitWrite) can name
+        # What a state's commit write (drafters.base.CommitWrite) can name, and where it can land.
+        committed = {
+            "tokens": tokens,
+            "target_hidden": outputs.get("target_hidden"),
+            "committed_len": call(torch.ops.aten.unsqueeze.default, values["committed_len"], 1),
+        }
+        starts = {
+            "committed_len": values["committed_len"],
+            "start": call(torch.ops.aten.zeros_like.default, values["committed_len"]),
+        }
         states = {}
         for name, node in trace.state_inputs(gm).items():
             states[name] = outputs[name]
             if "gs_commit" in node.meta:  # e.g. the n-gram history gets the step's tokens at L .. L+K
-                value = committed[node.meta["gs_commit"]]
+                value, at = node.meta["gs_commit"]
                 states[name] = call(
                     torch.ops.graphspec.slot_update.default,
                     outputs[name],
                     values["slot_ids"],
-                    values["committed_len"],
-                    value,
+                    starts[at],
+                    committed[value],
                 )
     # These nodes are the step's "accept" region: after the target logits, up to the outputs.
     tag(created, NAME, region="accept")

@@ -17,6 +17,7 @@ import torch
 from graphspec import ops
 from graphspec.compiler import Compiled, compile
 from graphspec.counters import COUNTERS
+from graphspec.drafters.base import PrefillView
 from graphspec.errors import InputError
 from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, token_id
 from graphspec.runtime.buffers import StepBuffers, pick_bucket, split_batch
@@ -209,12 +210,13 @@ class Runtime:
         slots = torch.arange(rows, device=self.device)
         hidden, _ = self.target(tokens, start, slots, self.state[TARGET_CACHE], in_place=True)
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        self.drafter.prefill(tokens, slots, lengths, self.state)
         logits = self.target.logits(hidden[torch.arange(rows, device=self.device), lengths - 1])  # [rows, V]
-        COUNTERS.prefills += 1
-        return ops.sample(
+        first = ops.sample(
             logits, params["temperature"], params["top_k"], params["top_p"], params["seed"], params["step_counter"], 0
         )
+        self.drafter.prefill(PrefillView(tokens, slots, lengths, hidden, first), self.state)
+        COUNTERS.prefills += 1
+        return first
 
     def _run_chunk(
         self,

@@ -24,8 +24,9 @@ def no_weight_loading(monkeypatch):
     [
         ("ngram", {"ngram_max": 0}, "ngram_max must be an int between 1 and 16"),
         ("ngram", {"ngram_min": 4, "ngram_max": 2}, "must not exceed"),
-        ("ngram", {"ngram_size": 2}, "unknown n-gram option"),
-        ("mtp", {}, "not implemented yet"),
+        ("ngram", {"ngram_size": 2}, "unknown option"),
+        ("mtp", {}, "declares no MTP layers"),
+        ("mtp", {"ngram_max": 2}, "unknown option"),
         ("eagle3", {}, "not implemented yet"),
     ],
 )

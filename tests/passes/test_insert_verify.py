@@ -75,7 +75,7 @@ def drafter_stub(values, commit: bool) -> torch.fx.GraphModule:
         history = graphs._placeholder(graph, "token_history", torch.zeros(4, 32, dtype=torch.int64))
     history.meta["gs_state"] = "length"
     if commit:
-        history.meta["gs_commit"] = "tokens"
+        history.meta["gs_commit"] = ("tokens", "committed_len")
     names = (*output.meta["gs_outputs"], "draft_length", "token_history")
     output.args = ((*output.args[0], length, history),)
     output.meta["gs_outputs"] = names

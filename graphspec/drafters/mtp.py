@@ -1,0 +1,262 @@
+"""Multi-token-prediction (MTP) heads shipped with the target (DeepSeek-V3, Qwen3-Next, Qwen3.5 style).
+
+An MTP layer predicts the token after next from (the next token, the target's hidden state here):
+    out_t = post_norm(block(eh_proj([enorm(embed(x_{t+1})), hnorm(h_t)])))     logits = lm_head(out_t)
+with `block` one decoder layer of the target's family (its own KV cache) and the target's embedding and
+lm_head. Positions follow transformers' MtpModel: rotary at the token's position t+1, the KV entry at
+the hidden's position t (so the head's cache has no entry before the first pair).
+
+One step: (1) catch-up: the head runs over the previous verify's K+1 (token, hidden) pairs (the
+accepted ones are exact, the rest write dead KV) and its output at the accepted row gives d1; (2)
+drafts 2..K chain: draft i feeds d_{i-1} with the head's own post-norm output for d_{i-1}'s
+prediction, reusing layer (i-1) mod n_layers. That is transformers' MtpModel between layers, and for
+K <= n_layers the same drafts; K beyond the layer count reuses layers (vLLM's rule). Only checkpoints
+with one MTP layer are supported today (every public DeepSeek-V3/Qwen3.5/Qwen3-Next checkpoint).
+
+Checkpoint layouts (read from the target's own files): DeepSeek-V3 `model.layers.{L + i}.{enorm, hnorm,
+eh_proj, shared_head.norm, <decoder layer>}`; Qwen3.5/Qwen3-Next `mtp.{pre_fc_norm_embedding,
+pre_fc_norm_hidden, fc, norm, layers.{i}.<decoder layer>}`. Copies of the embedding or head stored
+beside them are not read: the target's are used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from graphspec import ops
+from graphspec.drafters.base import CommitWrite, Drafter, PrefillView, Proposal, State, StepView
+from graphspec.errors import CheckpointError, InputError
+from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state
+from graphspec.models.loading import LoadedModel, checkpoint_tensors, mtp_layer_count, read_into
+from graphspec.models.spec import ModelSpec
+
+# Per layout: own name (inside one MtpLayer) -> stored name; "block." maps onto the decoder layer's names.
+LAYOUTS = {
+    "deepseek_v3": {
+        "enorm.weight": "enorm.weight",
+        "hnorm.weight": "hnorm.weight",
+        "eh_proj.weight": "eh_proj.weight",
+        "post_norm.weight": "shared_head.norm.weight",
+        "block.": "",
+    },
+    "qwen3_next": {
+        "enorm.weight": "pre_fc_norm_embedding.weight",
+        "hnorm.weight": "pre_fc_norm_hidden.weight",
+        "eh_proj.weight": "fc.weight",
+        "post_norm.weight": "norm.weight",
+        "block.": "layers.{index}.",
+    },
+}
+
+
+class MtpLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, index: int) -> None:
+        super().__init__()
+        self.enorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.hnorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * spec.hidden_size, spec.hidden_size, bias=False)
+        self.block = DecoderLayer(spec, index)  # `index` is its layer in the head's own KV cache
+        self.post_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+class MtpHead(nn.Module):
+    """forward(layer, tokens [B, T], hidden [B, T, H], kv_start [B], slot_ids, cache, cos, sin) ->
+    (post-norm output [B, T, H], cache): layer `layer` over the pairs (tokens[t], hidden[t]), their KV
+    at kv_start + t. embed_tokens and lm_head are the target's modules (shared, not copied)."""
+
+    def __init__(self, target: DecoderLM, count: int) -> None:
+        super().__init__()
+        self.spec = target.spec
+        with torch.device("meta"):
+            self.layers = nn.ModuleList(MtpLayer(target.spec, index) for index in range(count))
+        self.embed_tokens = target.model.embed_tokens
+        self.lm_head = target.lm_head
+        self.register_buffer("inv_freq", target.inv_freq.clone(), persistent=False)
+
+    def forward(
+        self,
+        layer: int,
+        tokens: Tensor,
+        hidden: Tensor,
+        kv_start: Tensor,
+        slot_ids: Tensor,
+        cache: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        in_place: bool = False,
+    ) -> tuple[Tensor, Tensor]:
+        mtp, eps = self.layers[layer], self.spec.rms_norm_eps
+        embedded = self.embed_tokens(tokens)
+        pair = torch.cat(
+            (ops.rms_norm(embedded, mtp.enorm.weight, eps), ops.rms_norm(hidden, mtp.hnorm.weight, eps)), -1
+        )
+        residual = mtp.eh_proj(pair)  # [B, T, H]
+        block = mtp.block
+        x = ops.rms_norm(residual, block.input_layernorm.weight, eps)
+        attn_out, cache = block.self_attn(x, cos, sin, kv_start, slot_ids, cache, in_place)
+        x, residual = ops.add_rms_norm(attn_out, residual, block.post_attention_layernorm.weight, eps)
+        out, _ = ops.add_rms_norm(block.mlp(x), residual, mtp.post_norm.weight, eps)
+        return out, cache
+
+
+def layer_names(layout: str, index: int, num_layers: int, own: list[str]) -> dict[str, str]:
+    """Own parameter name (layers.{index}.*) -> stored checkpoint name, for one MTP layer."""
+    rules = LAYOUTS[layout]
+    prefix = f"model.layers.{num_layers + index}." if layout == "deepseek_v3" else "mtp."
+    names = {}
+    for name in own:
+        local = name.removeprefix(f"layers.{index}.")
+        if local.startswith("block."):
+            stored = rules["block."].format(index=index) + local.removeprefix("block.")
+        else:
+            stored = rules[local]
+        names[name] = prefix + stored
+    return names
+
+
+class Mtp(Drafter):
+    kind = "mtp"
+    reads_target_hidden = True
+
+    def __init__(self, target: LoadedModel, dtype: torch.dtype, device: str | torch.device) -> None:
+        count = check_mtp(target.path, target.config, target.model.spec)
+        files, available = checkpoint_tensors(target.path)
+        self.target = target.model
+        head = MtpHead(target.model, count)
+        own = [name for name in checkpoint_state(head) if name.startswith("layers.")]
+        layout = detect_layout(target.path, available, target.model.spec.num_layers)
+        names: dict[str, str] = {}
+        for index in range(count):
+            names.update(
+                layer_names(
+                    layout, index, target.model.spec.num_layers, [n for n in own if n.startswith(f"layers.{index}.")]
+                )
+            )
+        check_shapes(target.path, head, names, available)
+        read_into(head, files, names, dtype, device)
+        head.inv_freq = head.inv_freq.to(device)
+        head.eval().requires_grad_(False)
+        self.head = head
+        self.loaded = None  # its weights are the target checkpoint's: the artifact stores no second copy
+        self.settings = {}
+        self.layout = layout
+        # Tied embeddings appear once among the parameters, under the embedding's name.
+        self.head_weight = "embed_tokens.weight" if target.model.spec.tie_word_embeddings else "lm_head.weight"
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "layers": len(self.head.layers), "layout": self.layout}
+
+    @property
+    def model(self) -> nn.Module:
+        return self.head
+
+    def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
+        spec, count = self.head.spec, len(self.head.layers)
+        cache = (count, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)  # as DecoderLM.new_cache
+        return (
+            State("mtp_cache", cache, dtype, "length", slot_dim=2),
+            # The last verify's K+1 rows: hidden states, tokens (row j at position start + j), and start.
+            State(
+                "mtp_hidden",
+                (slots, k + 1, spec.hidden_size),
+                dtype,
+                "verified",
+                0,
+                CommitWrite("target_hidden", "start"),
+            ),
+            State("mtp_tokens", (slots, k + 1), torch.int64, "verified", 0, CommitWrite("tokens", "start")),
+            State("mtp_start", (slots, 1), torch.int64, "verified", 0, CommitWrite("committed_len", "start")),
+        )
+
+    def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
+        k, inputs = step.k, step.inputs
+        length, slot_ids = inputs["committed_len"], inputs["slot_ids"]  # L [B]
+        cache = state["mtp_cache"]
+        rows = torch.arange(length.shape[0], device=length.device)
+        offsets = torch.arange(k + 1, device=length.device)
+        hidden = state["mtp_hidden"].index_select(0, slot_ids)  # [B, K+1, H]
+        start = state["mtp_start"].index_select(0, slot_ids)[:, 0]  # [B]: position of tokens[:, 0]
+        accepted = (length - 1 - start).clamp(min=0, max=k)  # the previous step's accepted count
+        # Rows past it are dead; give them a valid token id (an embedding lookup must stay in range).
+        tokens = torch.where(offsets <= accepted[:, None], state["mtp_tokens"].index_select(0, slot_ids), 0)
+        # Clamped so even a never-written slot (padding rows read the spare one) writes inside the cache.
+        kv_start = (start - 1).clamp(min=0, max=cache.shape[4] - (k + 1))
+        positions = torch.cat((kv_start[:, None] + 1 + offsets, length[:, None] + offsets[: k - 1]), dim=1)
+        cos, sin = self.target.rope(positions, params["inv_freq"])  # [B, 2K, D]: catch-up rows, then chain
+
+        def head(tokens: Tensor, hidden: Tensor, kv: Tensor, cache: Tensor, rows: slice) -> tuple[Tensor, Tensor]:
+            args = (0, tokens, hidden, kv, slot_ids, cache, cos[:, rows], sin[:, rows])
+            return torch.func.functional_call(self.head, params, args)
+
+        # 1. Catch-up over the previous verify's rows; the accepted row's output predicts d1.
+        out, cache = head(tokens, hidden, kv_start, cache, slice(0, k + 1))  # [B, K+1, H]
+        chained = out[rows, accepted]  # [B, H]
+        logits = F.linear(chained, params[self.head_weight])  # [B, V]
+        proposals, proposal_logits = [step.pick(logits, 0)], [logits]
+        # 2. Drafts 2..K: d_{i-1} at position L + i - 2 (KV entry one before) with the head's own output.
+        for index in range(1, k):
+            kv = (length + index - 2).clamp(min=0)
+            out, cache = head(proposals[-1][:, None], chained[:, None], kv, cache, slice(k + index, k + index + 1))
+            chained = out[:, 0]
+            logits = F.linear(chained, params[self.head_weight])
+            proposals.append(step.pick(logits, index))
+            proposal_logits.append(logits)
+        states = {"mtp_cache": cache, **{name: state[name] for name in ("mtp_hidden", "mtp_tokens", "mtp_start")}}
+        return Proposal(torch.stack(proposals, dim=1), states, logits=torch.stack(proposal_logits, dim=1))
+
+    def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
+        tokens, hidden, slots, lengths = prompt.tokens, prompt.hidden, prompt.slot_ids, prompt.lengths
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        if tokens.shape[1] > 1:  # pairs (x_t, h_{t-1}) for t = 1 .. T-1; right padding writes dead KV
+            kv_start = torch.zeros_like(lengths)
+            positions = 1 + torch.arange(tokens.shape[1] - 1, device=tokens.device).expand(tokens.shape[0], -1)
+            cos, sin = self.target.rope(positions, self.head.inv_freq)
+            self.head(0, tokens[:, 1:], hidden[:, :-1], kv_start, slots, state["mtp_cache"], cos, sin, in_place=True)
+        # The first step's catch-up row 0: the first token (at position P) with the prompt's last hidden.
+        state["mtp_tokens"][slots, 0] = prompt.first
+        state["mtp_hidden"][slots, 0] = hidden[rows, lengths - 1].to(state["mtp_hidden"].dtype)
+        state["mtp_start"][slots, 0] = lengths
+
+
+def check_mtp(path: Path, config: Any, spec: ModelSpec) -> int:
+    """The number of MTP layers `path` declares; refuses a checkpoint without (or with unsupported) ones."""
+    count = mtp_layer_count(config)
+    if count == 0:
+        raise InputError(
+            f"draft='mtp' needs MTP weights, but {path}'s config declares no MTP layers (num_mtp_layers, "
+            f"num_nextn_predict_layers or mtp_num_hidden_layers); use a draft model or 'ngram'"
+        )
+    if count > 1:
+        raise InputError(f"{path} has {count} MTP layers; graphspec runs checkpoints with one MTP layer so far")
+    return count
+
+
+def detect_layout(path: Path, available: dict[str, Any], num_layers: int) -> str:
+    if any(name.startswith("mtp.") for name in available):
+        return "qwen3_next"
+    if any(name.startswith(f"model.layers.{num_layers}.") for name in available):
+        return "deepseek_v3"
+    raise CheckpointError(
+        f"{path}: the config declares MTP layers but the files hold no MTP tensors (neither mtp.* nor "
+        f"model.layers.{num_layers}.*); this checkpoint cannot be used with draft='mtp'"
+    )
+
+
+def check_shapes(path: Path, head: MtpHead, names: dict[str, str], available: dict[str, Any]) -> None:
+    own = {name: tuple(tensor.shape) for name, tensor in checkpoint_state(head).items()}
+    missing = sorted(stored for stored in names.values() if stored not in available)
+    misshaped = sorted(
+        f"{stored} (checkpoint {list(available[stored][1])}, expected {list(own[name])})"
+        for name, stored in names.items()
+        if stored in available and tuple(available[stored][1]) != own[name]
+    )
+    if missing or misshaped:
+        problems = ([f"missing MTP tensors: {', '.join(missing)}"] if missing else []) + (
+            [f"mis-shaped MTP tensors: {', '.join(misshaped)}"] if misshaped else []
+        )
+        raise CheckpointError(f"{path}: the MTP head does not fit the target: " + "; ".join(problems))
