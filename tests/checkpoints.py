@@ -66,3 +66,58 @@ def make_checkpoint(directory: Path, family: str = "llama", seed: int = 0, **ove
 def load_hf(directory: Path) -> transformers.PreTrainedModel:
     """The transformers model for a checkpoint, fp32, eval mode: the reference implementation."""
     return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def mtp_stored_names(hf_mtp: torch.nn.Module, num_layers: int, layout: str) -> dict[str, str]:
+    """transformers MtpModel parameter name -> the name a public checkpoint stores it under."""
+    names = {}
+    for name in hf_mtp.state_dict():
+        if not name.startswith("layers.0."):
+            continue  # embed_tokens / shared_head: the target's own
+        local = name.removeprefix("layers.0.")
+        if layout == "deepseek_v3":
+            local = local.removeprefix("mtp_block.").replace("post_norm.", "shared_head.norm.")
+            names[name] = f"model.layers.{num_layers}.{local}"
+        else:
+            renames = {"enorm.": "pre_fc_norm_embedding.", "hnorm.": "pre_fc_norm_hidden.", "eh_proj.": "fc."}
+            renames["post_norm."] = "norm."
+            for old, new in renames.items():
+                if local.startswith(old):
+                    local = new + local.removeprefix(old)
+            names[name] = "mtp." + local.replace("mtp_block.", "layers.0.")
+    return names
+
+
+def make_mtp_checkpoint(directory: Path, layout: str = "deepseek_v3", seed: int = 0, **overrides) -> Path:
+    """A tiny Qwen3 target whose checkpoint also holds one MTP layer in `layout` ("deepseek_v3":
+    model.layers.{L}.*, or "qwen3_next": mtp.*), with random weights; config num_mtp_layers = 1."""
+    from safetensors.torch import load_file, save_file
+    from transformers.modeling_layers import MtpModel
+
+    make_checkpoint(directory, "qwen3", seed, num_mtp_layers=1, mtp_layer_types=["full_attention"], **overrides)
+    model = load_hf(directory)
+    torch.manual_seed(seed + 1000)
+    mtp = MtpModel(model, 1)
+    with torch.no_grad():
+        for name, parameter in mtp.named_parameters():
+            if name.startswith("layers."):
+                parameter.copy_(torch.randn_like(parameter) * 0.1 + (1.0 if name.endswith("norm.weight") else 0.0))
+    state = load_file(directory / "model.safetensors")
+    weights = mtp.state_dict()
+    for name, stored in mtp_stored_names(mtp, model.config.num_hidden_layers, layout).items():
+        state[stored] = weights[name].contiguous()
+    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    return Path(directory)
+
+
+def load_hf_mtp(directory: Path, layout: str = "deepseek_v3") -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(transformers target, transformers MtpModel) with the checkpoint's MTP weights: the oracle."""
+    from safetensors.torch import load_file
+    from transformers.modeling_layers import MtpModel
+
+    model = load_hf(directory)
+    mtp = MtpModel(model, 1).eval()
+    stored = load_file(directory / "model.safetensors")
+    names = mtp_stored_names(mtp, model.config.num_hidden_layers, layout)
+    mtp.load_state_dict({name: stored[file_name] for name, file_name in names.items()}, strict=False)
+    return model, mtp

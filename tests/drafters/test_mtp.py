@@ -1,0 +1,103 @@
+"""The MTP drafter against transformers' MtpModel on the same weights (both checkpoint layouts): the
+head's logits, the drafts of one step (catch-up then chained drafts, the chaining convention pinned
+against a full-sequence transformers forward), and its refusals before any weight is read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import graphspec
+from graphspec.drafters.base import PrefillView, StepView
+from graphspec.drafters.mtp import Mtp
+from graphspec.errors import CheckpointError
+from graphspec.models.loading import load_model
+from tests.checkpoints import load_hf_mtp, make_mtp_checkpoint
+
+SLOTS, MAX_SEQ = 3, 64
+
+
+@pytest.fixture(scope="module", params=["deepseek_v3", "qwen3_next"])
+def mtp_case(request, tmp_path_factory):
+    layout = request.param
+    directory = make_mtp_checkpoint(tmp_path_factory.mktemp(f"mtp_{layout}"), layout, seed=3)
+    target = load_model(directory)
+    hf_target, hf_mtp = load_hf_mtp(directory, layout)
+    return layout, target, Mtp(target, torch.float32, "cpu"), hf_target, hf_mtp
+
+
+def hf_pairs_logits(hf_mtp, ids: torch.Tensor, hidden: torch.Tensor, first_position: int) -> tuple[torch.Tensor, ...]:
+    """transformers' MTP layer over pairs (ids[t], hidden[t]) at token positions first_position + t, no
+    cache (a plain causal forward): post-norm outputs and logits."""
+    positions = first_position + torch.arange(ids.shape[1])[None]
+    out = hf_mtp.forward_layer(0, hidden, positions, None, input_ids=ids)
+    return out, hf_mtp._project_to_logits(out)
+
+
+def test_head_logits_equal_transformers_mtp_model(mtp_case):
+    layout, target, drafter, _, hf_mtp = mtp_case
+    assert drafter.describe() == {"kind": "mtp", "layers": 1, "layout": layout}
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 128, (2, 9), generator=generator)
+    hidden = torch.randn(2, 9, 64, generator=generator)
+    want_out, want_logits = hf_pairs_logits(hf_mtp, ids, hidden, first_position=1)
+    cache = drafter.states(SLOTS, MAX_SEQ, 2, torch.float32)[0].allocate("cpu")
+    positions = 1 + torch.arange(9).expand(2, -1)
+    cos, sin = target.model.rope(positions)
+    out, _ = drafter.head(0, ids, hidden, torch.zeros(2, dtype=torch.int64), torch.arange(2), cache, cos, sin, True)
+    logits = torch.nn.functional.linear(out, drafter.params()[drafter.head_weight])
+    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_one_step_drafts_equal_a_full_sequence_transformers_forward(mtp_case, k):
+    """After prefill, a step's catch-up row gives d1 from (x_P, h_{P-1}); draft i >= 2 feeds d_{i-1} with
+    the head's own post-norm output (the chaining convention). transformers' MtpLayer over the whole
+    pair sequence (no cache) must give the same logits at every draft."""
+    _, _, drafter, hf_target, hf_mtp = mtp_case
+    generator = torch.Generator().manual_seed(k)
+    prompt = torch.randint(0, 128, (1, 11), generator=generator)
+    with torch.no_grad():
+        outputs = hf_target(prompt, output_hidden_states=True)
+    hidden = outputs.hidden_states[-1]  # [1, P, H]: the target's final (normed) hidden states
+    first = outputs.logits[:, -1].argmax(-1)  # x_P
+    state = {s.name: s.allocate("cpu") for s in drafter.states(SLOTS, MAX_SEQ, k, torch.float32)}
+    slots, lengths = torch.tensor([1]), torch.tensor([11])
+    drafter.prefill(PrefillView(prompt, slots, lengths, hidden, first), state)
+    inputs = {"committed_len": lengths + 1, "slot_ids": slots, "last_tokens": torch.stack((prompt[:, -1], first), 1)}
+    params = drafter.params()
+    proposal = drafter.propose(params, StepView(inputs, k, lambda logits, index: logits.argmax(-1)), state)
+    # The oracle: pairs (x_t, h_{t-1}) for t = 1..P, then (d_{i-1}, out_{i-1}) for the chained drafts.
+    ids, pairs_hidden = torch.cat((prompt[:, 1:], first[:, None]), 1), hidden
+    for index in range(k):
+        out, logits = hf_pairs_logits(hf_mtp, ids, pairs_hidden, first_position=1)
+        torch.testing.assert_close(proposal.logits[:, index], logits[:, -1], rtol=1e-4, atol=1e-4)
+        draft = proposal.tokens[:, index]
+        assert torch.equal(draft, logits[:, -1].argmax(-1))
+        ids, pairs_hidden = torch.cat((ids, draft[:, None]), 1), torch.cat((pairs_hidden, out[:, -1:]), 1)
+
+
+def test_mis_shaped_mtp_tensor_is_refused(tmp_path):
+    directory = make_mtp_checkpoint(tmp_path / "bad", "deepseek_v3", seed=4)
+    state = load_file(directory / "model.safetensors")
+    state["model.layers.2.eh_proj.weight"] = torch.zeros(64, 96)
+    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"mis-shaped MTP tensors: model\.layers\.2\.eh_proj\.weight"):
+        Mtp(load_model(directory), torch.float32, "cpu")
+
+
+def test_declared_but_absent_mtp_weights_are_refused_before_any_weight_is_read(tmp_path, monkeypatch):
+    directory = make_mtp_checkpoint(tmp_path / "none", "deepseek_v3", seed=5)
+    state = {
+        name: tensor for name, tensor in load_file(directory / "model.safetensors").items() if ".layers.2." not in name
+    }
+    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were loaded before the refusal")
+
+    monkeypatch.setattr("graphspec.compiler.load_model", refuse)
+    with pytest.raises(CheckpointError, match="hold no MTP tensors"):
+        graphspec.compile(directory, "mtp", k=2, dtype="float32", device="cpu", max_seq_len=64)

@@ -1,0 +1,139 @@
+"""The MTP drafter end to end on a tiny Qwen3 target with an MTP head (CPU, fp32): lossless against
+transformers' greedy generate, transformers' own MTP assisted generation accepting exactly as much
+at every step (K = 1, its only K), dead head state never read, and an artifact round trip."""
+
+import pytest
+import torch
+import transformers
+
+import graphspec
+from tests.checkpoints import load_hf, make_mtp_checkpoint
+
+MAX_SEQ = 128
+LENGTHS = [2, 9, 30, 5, 17]  # five prompts over buckets (1, 4): padding rows and a split batch
+
+
+def prompts(seed: int, lengths=LENGTHS, vocab: int = 8) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def mtp_dir(tmp_path_factory):
+    # A small vocabulary so a random head still gets drafts accepted now and then.
+    return make_mtp_checkpoint(tmp_path_factory.mktemp("mtp_e2e"), "deepseek_v3", seed=7, vocab_size=8)
+
+
+@pytest.fixture(scope="module")
+def mtp_runtime(mtp_dir):
+    cache = {}
+
+    def make(k: int) -> graphspec.Runtime:
+        if k not in cache:
+            cache[k] = graphspec.Runtime.from_pretrained(
+                mtp_dir, "mtp", k=k, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+                modes=("greedy", "sample"),
+            )  # fmt: skip
+        return cache[k]
+
+    return make
+
+
+def hf_greedy(model, prompt: list[int], new_tokens: int, **options) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        do_sample=False, eos_token_id=None, pad_token_id=0, **options,
+    )  # fmt: skip
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 6])
+def test_greedy_is_lossless_against_transformers(mtp_dir, mtp_runtime, k):
+    model = load_hf(mtp_dir)
+    runtime = mtp_runtime(k)
+    batch = prompts(seed=k)
+    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        assert result.token_ids == hf_greedy(model, prompt, 24)
+
+
+def test_accepted_counts_equal_transformers_mtp_generation(mtp_dir, mtp_runtime, monkeypatch):
+    """transformers' generate(use_mtp=True) drafts one token per step with the same head; its accepted
+    count per step (recorded where its assisted loop reports it) equals graphspec's at K = 1."""
+    from transformers.generation.candidate_generator import MTPCandidateGenerator
+
+    monkeypatch.setattr(transformers.Qwen3ForCausalLM, "_keys_to_ignore_on_load_unexpected", [r"model\.layers\.2\..*"])
+    model = load_hf(mtp_dir)
+    trace: list[int] = []
+    monkeypatch.setattr(
+        MTPCandidateGenerator,
+        "update_candidate_strategy",
+        lambda self, ids, logits, n: trace.append(int(n)),
+        raising=False,
+    )
+    runtime = mtp_runtime(1)
+    total = 0
+    for prompt in prompts(seed=21, lengths=[6, 19, 11, 3]):
+        trace.clear()
+        expected = hf_greedy(model, prompt, 30, use_mtp=True)
+        result = runtime.generate([prompt], max_new_tokens=30, stop_token_ids=[])[0]
+        assert result.token_ids == expected
+        # transformers' first iteration drafts nothing (its MTP needs the prompt's hidden states first)
+        # and emits the token graphspec's prefill emits; its later iterations are graphspec's steps.
+        # Its last iteration drafts nothing when one token is left to max_new_tokens (graphspec's step
+        # does not know the request's limit and drafts anyway), so the last step is left out.
+        assert trace[0] == 0
+        steps = len(result.stats.accepted_per_step)
+        assert len(trace) == steps + 1
+        assert result.stats.accepted_per_step[:-1] == trace[1:steps]
+        total += sum(trace[1:steps])
+    assert total > 0  # some drafts were accepted, so the comparison is not all zeros
+
+
+def test_dead_head_state_is_never_read(mtp_runtime):
+    """After every step: NaN into the head's KV at and past each row's committed length - 1 (its valid
+    entries end one before the tokens') and into the verify rows past the accepted count, ids no model
+    has into their tokens, and all of it in the spare slot: the output is unchanged."""
+    runtime = mtp_runtime(4)
+    batch = prompts(seed=3, lengths=[4, 17, 2])
+    clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    assert any(0 < a for r in clean for a in r.stats.accepted_per_step)
+    graph, state = runtime.graphs[("greedy", 4)], runtime.state
+    seen = {i: [] for i in range(len(batch))}
+    for index, item in runtime.stream(batch, max_new_tokens=30, stop_token_ids=[]):
+        if isinstance(item, int):
+            seen[index].append(item)
+        for row, length in enumerate(graph.buffers.inputs["committed_len"].tolist()):
+            accepted = length - 1 - int(state["mtp_start"][row, 0])
+            state["mtp_cache"][:, :, row, :, length - 1 :] = float("nan")
+            state["mtp_hidden"][row, accepted + 1 :] = float("nan")
+            state["mtp_tokens"][row, accepted + 1 :] = 10**9
+        for name in ("mtp_cache", "mtp_hidden"):
+            state[name].select(2 if name == "mtp_cache" else 0, -1).fill_(float("nan"))
+        state["mtp_tokens"][-1] = 10**9
+    assert [seen[i] for i in range(len(batch))] == [r.token_ids for r in clean]
+
+
+def test_sampling_is_reproducible_and_greedy_at_top_k_1(mtp_runtime):
+    runtime = mtp_runtime(2)
+    batch = prompts(seed=4, lengths=[6, 9, 3])
+    first = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
+    again = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
+    assert [r.token_ids for r in first] == [r.token_ids for r in again]
+    greedy_like = runtime.generate(batch, max_new_tokens=16, temperature=1.0, top_k=1, seed=5)
+    greedy = runtime.generate(batch, max_new_tokens=16, stop_token_ids=[])
+    assert [r.token_ids for r in greedy_like] == [r.token_ids for r in greedy]
+
+
+def test_artifact_round_trip_keeps_the_head(mtp_dir, mtp_runtime, tmp_path):
+    compiled = graphspec.compile(
+        mtp_dir, "mtp", k=2, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        modes=("greedy",), out=tmp_path / "art",
+    )  # fmt: skip
+    loaded = graphspec.Runtime.load(tmp_path / "art")
+    assert loaded.drafter.describe() == {"kind": "mtp", "layers": 1, "layout": "deepseek_v3"}
+    batch = prompts(seed=8, lengths=[7, 12])
+    expected = graphspec.Runtime(compiled).generate(batch, max_new_tokens=12, stop_token_ids=[])
+    got = loaded.generate(batch, max_new_tokens=12, stop_token_ids=[])
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
