@@ -1,7 +1,8 @@
 """Step time per drafter next to graphspec's own target-only forwards, in one run.
 
-On random bf16 checkpoints shaped like Llama-3.1-8B (target) and Llama-3.2-1B (draft model), or the
-tiny stand-ins with --preset tiny-llama, this compiles the speculation step for every drafter in
+On random bf16 checkpoints shaped like Llama-3.1-8B (target, with one random MTP layer in the
+DeepSeek-V3 layout) and Llama-3.2-1B (draft model), or the tiny stand-ins with --preset tiny-llama, this
+compiles the speculation step for every drafter in
 --drafters (greedy, K, buckets --batch-sizes) and times one captured step per bucket with every row
 real at committed length about --context. Next to them, per bucket:
 - the target-only decode step: graphspec's target forward over one token per row, same passes and
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
+from safetensors.torch import load_file, save_file
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,9 +36,30 @@ import graphspec
 from benchmarks import common, target_only
 from benchmarks.bench_step import PRESETS, fill_caches, time_step, timed, write_checkpoint
 from graphspec.compiler import device_sm
+from graphspec.drafters.mtp import MtpHead, layer_names
+from graphspec.models.decoder import checkpoint_state
+from graphspec.models.loading import build_model
 from graphspec.trace import model_inputs
 
-DRAFTERS = ("draft_model", "ngram")
+DRAFTERS = ("draft_model", "ngram", "mtp")
+
+
+def add_mtp_head(directory: Path, device: str, seed: int) -> None:
+    """Give the target checkpoint one random MTP layer in the DeepSeek-V3 layout (model.layers.{L}.*)
+    and num_mtp_layers = 1 in its config, as a checkpoint that ships an MTP head has."""
+    config = transformers.AutoConfig.from_pretrained(directory)
+    config.num_mtp_layers = 1
+    config.save_pretrained(directory)
+    head = MtpHead(build_model(config), 1)
+    own = [name for name in checkpoint_state(head) if name.startswith("layers.")]
+    names = layer_names("deepseek_v3", 0, config.num_hidden_layers, own)
+    state = load_file(str(directory / "model.safetensors"))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, tensor in checkpoint_state(head).items():
+        if name in names:
+            weight = torch.randn(tensor.shape, generator=generator, device=device, dtype=torch.bfloat16).mul_(0.02)
+            state[names[name]] = (weight.add_(1.0) if name.endswith("norm.weight") else weight).cpu()
+    save_file(state, str(directory / "model.safetensors"))
 
 
 def time_target_forward(model: torch.nn.Module, batch: int, positions: int, args: argparse.Namespace) -> float:
@@ -98,11 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
         target_dir = write_checkpoint(Path(workdir) / "target", target_shape, args.device, seed=1)
         draft_dir = write_checkpoint(Path(workdir) / "draft", draft_shape, args.device, seed=2)
+        if "mtp" in drafters:
+            add_mtp_head(target_dir, args.device, seed=3)
         steps: dict[str, dict[int, float]] = {}
         target = None
         for name in drafters:
             begin = time.perf_counter()
-            draft = str(draft_dir) if name == "draft_model" else name
+            draft = str(draft_dir) if name == "draft_model" else name  # "ngram", "mtp": no checkpoint of their own
             runtime = graphspec.Runtime.from_pretrained(target_dir, draft, batch_sizes=buckets, **options)
             print(f"[bench] {name}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
             fill_caches(runtime, 0)
