@@ -152,10 +152,10 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
 
 def _check_writable(out: Path, compiled: Compiled, copy_weights: bool) -> None:
     if out.exists() and not out.is_dir():
-        raise ArtifactError(f"--out {out} exists and is not a directory; choose another path")
+        raise ArtifactError(f"out {out} exists and is not a directory; choose another path")
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise ArtifactError(
-            f"--out {out} is a non-empty directory that is not a graphspec artifact; refusing to overwrite it: "
+            f"out {out} is a non-empty directory that is not a graphspec artifact; refusing to overwrite it: "
             f"choose a new or empty directory"
         )
     if not copy_weights:
@@ -163,8 +163,8 @@ def _check_writable(out: Path, compiled: Compiled, copy_weights: bool) -> None:
             source = loaded.path.absolute()
             if source == out or out in source.parents:
                 raise ArtifactError(
-                    f"--reference-weights would reference {source}, inside --out {out}, which is replaced; "
-                    f"copy the weights (drop --reference-weights) or write to another directory"
+                    f"referencing the weights (copy_weights=False, --reference-weights) would reference {source}, "
+                    f"inside out {out}, which is replaced; copy the weights or write to another directory"
                 )
 
 
