@@ -368,26 +368,30 @@ def run_compile(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     progress = Progress(sys.stderr, len(set(args.batch_sizes)) * len(set(args.modes)))
     try:
-        compiled = graphspec.compile(
-            args.target,
-            args.draft,
-            k=args.k,
-            batch_sizes=args.batch_sizes,
-            dtype=args.dtype,
-            device=args.device,
-            out=args.out,
-            dump_dir=args.dump_dir,
-            max_seq_len=args.max_seq_len,
-            capture=args.capture,
-            lowering=args.lowering,
-            stop_after=args.stop_after,
-            skip=skip,
-            copy_weights=not args.reference_weights,
-            modes=args.modes,
-            on_progress=progress,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")  # each warning once per place, as without catching
+            compiled = graphspec.compile(
+                args.target,
+                args.draft,
+                k=args.k,
+                batch_sizes=args.batch_sizes,
+                dtype=args.dtype,
+                device=args.device,
+                out=args.out,
+                dump_dir=args.dump_dir,
+                max_seq_len=args.max_seq_len,
+                capture=args.capture,
+                lowering=args.lowering,
+                stop_after=args.stop_after,
+                skip=skip,
+                copy_weights=not args.reference_weights,
+                modes=args.modes,
+                on_progress=progress,
+            )
     finally:
         progress.done()
+    for warning in caught:  # e.g. a partial folder of an interrupted compile it could not remove
+        print(f"warning: {warning.message}", file=sys.stderr)
     graphs = len(compiled.graphs)
     if args.out:
         out = Path(args.out).absolute()
