@@ -2,9 +2,11 @@
 
 An artifact directory holds:
     manifest.json                        what was compiled, for which machine and software, and the
-                                         sha256 of every file the artifact contains or references
-    graphs/<graph>.json                  the step graph, one record per node: what loading rebuilds
-    graphs/<graph>.py                    the same graph as generated Python (root, then submodules), to read
+                                         sha256 of every file the artifact loads (contains or references)
+    graphs/<graph>.json                  the step graph, one record per node: what loading rebuilds; its
+                                         inputs and outputs carry the shapes they were traced with
+    graphs/<graph>.py                    the same graph as generated Python (root, then submodules), for
+                                         people only: not hashed, never read, may be edited or deleted
     graphs/<graph>.constants.safetensors tensors the graph reads through get_attr (only when it has any)
     kernels.json                         node -> kernel chosen by lower_kernels, per graph
     target/, draft/                      checkpoint copies (config, safetensors, tokenizer files), or,
@@ -16,25 +18,34 @@ the generated code instead (what torch.save of a GraphModule does) would fold te
 such as aten.arange into tensor constants, so the loaded graph would differ from the one compiled.
 
 Loading checks everything before it builds anything: structure and format version, software versions
-and GPU SM, the sha256 of every file, the model configs against the checkpoints' config.json, and the
-schemas of the custom ops the graphs call. Each refusal is an ArtifactError that says what differs
-and how to fix it.
+and GPU SM, the sha256 of every file, the model configs against the checkpoints' config.json, the
+schemas of the custom ops the graphs call, and every manifest value the runtime acts on (k, buckets,
+dtype, device, max_seq_len, modes, capture, input names) against what the hashed graphs were traced
+with. Each refusal is an ArtifactError that says what differs and how to fix it.
+
+The artifact is assembled in a hidden sibling folder `.NAME.partial-HOST-PID-TOKEN` and renamed into
+place; a compile killed before the rename (SIGKILL, the OOM killer) leaves that folder behind, and the
+next compile into the same path removes it once its process is gone.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib
 import importlib.metadata
 import inspect
 import json
 import math
+import os
 import pkgutil
 import platform
+import re
+import secrets
 import shlex
 import shutil
+import socket
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import asdict
@@ -57,7 +68,10 @@ from graphspec.pipeline import PIPELINE
 from graphspec.trace import model_inputs
 
 FORMAT = "graphspec-artifact"
-FORMAT_VERSION = 2  # 2: fused qkv_proj and gate_up_proj parameters, token-major attention output
+# 2: fused qkv_proj and gate_up_proj parameters, token-major attention output
+# 3: graphs record their example input/output shapes (loading checks the manifest against them);
+#    graphs/*.py are no longer hashed
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 KERNELS = "kernels.json"
 ROLES = ("target", "draft")  # checkpoints an artifact can hold; "draft" only for drafters with weights
@@ -104,7 +118,9 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
     out = Path(out).expanduser().absolute()
     _check_writable(out, compiled, copy_weights)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    remove_stale_partials(out)
+    staging = out.parent / f".{out.name}.partial-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    staging.mkdir(mode=0o777)  # the umask applies, as to every file written below (tempfile would force 0700)
     try:
         files: dict[str, dict[str, Any]] = {}
         graphs, kernels = [], {}
@@ -152,12 +168,48 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
     return out
 
 
+def remove_stale_partials(out: Path) -> list[Path]:
+    """Remove the staging folders (`.NAME.partial-HOST-PID-TOKEN`) that compiles into `out` left when
+    they were killed before finishing, as far as this machine can tell they are dead (same host, no
+    such process). Warn about the ones it cannot judge. Returns what it removed."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.partial-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{{8}}")
+    removed = []
+    for folder in sorted(out.parent.glob(f".{glob.escape(out.name)}.partial-*")):
+        match = pattern.fullmatch(folder.name)
+        if match and match["host"] == socket.gethostname() and not _process_alive(int(match["pid"])):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+            continue
+        if match and match["host"] == socket.gethostname():
+            why = f"process {match['pid']} is still running (another compile into {out}?)"
+        elif match:
+            why = f"written from host {match['host']}"
+        else:
+            why = "written by an older graphspec"
+        warnings.warn(
+            f"{folder} looks like a compile into {out} that did not finish ({why}); if no compile is writing "
+            f"{out}, remove it: rm -rf {shlex.quote(str(folder))}",
+            stacklevel=3,
+        )
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another account's process
+        return True
+    return True
+
+
 def _check_writable(out: Path, compiled: Compiled, copy_weights: bool) -> None:
     if out.exists() and not out.is_dir():
-        raise ArtifactError(f"--out {out} exists and is not a directory; choose another path")
+        raise ArtifactError(f"out {out} exists and is not a directory; choose another path")
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise ArtifactError(
-            f"--out {out} is a non-empty directory that is not a graphspec artifact; refusing to overwrite it: "
+            f"out {out} is a non-empty directory that is not a graphspec artifact; refusing to overwrite it: "
             f"choose a new or empty directory"
         )
     if not copy_weights:
@@ -165,8 +217,8 @@ def _check_writable(out: Path, compiled: Compiled, copy_weights: bool) -> None:
             source = loaded.path.absolute()
             if source == out or out in source.parents:
                 raise ArtifactError(
-                    f"--reference-weights would reference {source}, inside --out {out}, which is replaced; "
-                    f"copy the weights (drop --reference-weights) or write to another directory"
+                    f"referencing the weights (copy_weights=False, --reference-weights) would reference {source}, "
+                    f"inside out {out}, which is replaced; copy the weights or write to another directory"
                 )
 
 
@@ -177,8 +229,8 @@ def _save_graph(
     modules, constants = encode_graph_module(gm, name)
     entry: dict[str, Any] = {"name": name, "mode": mode, "bucket": bucket, "graph": f"graphs/{name}.json"}
     _write(staging / entry["graph"], json.dumps({"name": name, "modules": modules}) + "\n", files, entry["graph"])
-    entry["code"] = f"graphs/{name}.py"
-    _write(staging / entry["code"], graph_source(gm, name), files, entry["code"])
+    entry["code"] = f"graphs/{name}.py"  # for people: not in `files`, so editing or deleting it is harmless
+    _write(staging / entry["code"], graph_source(gm, name))
     if constants:
         entry["constants"] = f"graphs/{name}.constants.safetensors"
         save_file(constants, str(staging / entry["constants"]))
@@ -402,7 +454,23 @@ def _encode_node(node: fx.Node, graph: str) -> dict[str, Any]:
                 pass  # graphspec meta that is not plain data is dump material; the graph runs without it
     if meta:
         record["meta"] = meta
+    if node.op in ("placeholder", "output") and "val" in node.meta:
+        record["example"] = _example(node.meta["val"])
     return record
+
+
+def _example(value: Any) -> Any:
+    """Shape, dtype and device of a traced example value (node.meta["val"]), or a list of them for a
+    tuple: what loading checks the manifest against (see compiled_for)."""
+    if isinstance(value, torch.Tensor):
+        try:
+            shape = [int(size) for size in value.shape]
+        except (TypeError, ValueError):  # a symbolic size: nothing fixed to check against
+            return None
+        return {"shape": shape, "dtype": str(value.dtype).removeprefix("torch."), "device": str(value.device)}
+    if isinstance(value, (tuple, list)):
+        return [_example(item) for item in value]
+    return None
 
 
 def _encode_target(node: fx.Node) -> Any:
@@ -757,6 +825,8 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ArtifactError(f"{graph_file}: not valid JSON ({error}); recompile with `{command}`") from None
 
+    traced = _check_against_graphs(path, manifest, graph_docs, command)
+
     # Everything is verified; build. load_model reads weights, it does not trace.
     try:
         config = SpecConfig(**{**manifest["config"], "batch_sizes": tuple(manifest["config"]["batch_sizes"])})
@@ -787,6 +857,15 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
                 f"the {role} weights built from {weights.get(role, kind)} are other parameters than the compiled "
                 f"graphs take (the model code changed since compile): recompile with `{command}`"
             )
+        for name, tensor in params.items():
+            example = traced["examples"].get(f"{role}.{name}")
+            got = (list(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+            if example and (example["shape"], example["dtype"]) != got:
+                raise ArtifactError(
+                    f"models.{role}: {role}.{name} is {got[0]} {got[1]} in the weights at "
+                    f"{weights.get(role, weights['target'])}, the graphs were compiled for {example['shape']} "
+                    f"{example['dtype']}: recompile with `{command}`"
+                )
     if tuple(manifest["signature"]["step_inputs"]) != signature.step_inputs:
         raise ArtifactError(f"the graphs take other step inputs than this runtime provides: recompile with `{command}`")
     graphs, records = {}, {}
@@ -812,6 +891,122 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     if missing:
         raise ArtifactError(f"{path / MANIFEST}: no graph for (mode, bucket) {missing}; recompile with `{command}`")
     return Compiled(config, target, drafter, graphs, signature, manifest["device"].get("sm"), records)
+
+
+def compiled_for(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """What one stored graph was compiled for, read from the shapes its inputs and outputs were traced
+    with (never from the manifest): k and the bucket from tokens [B, K+1]; dtype, device, cache slots
+    and max_seq_len from target_cache [L, 2, SLOTS, Hkv, S, D]; input names in placeholder order."""
+    nodes = doc["modules"][""]["nodes"]
+    placeholders = [node for node in nodes if node["op"] == "placeholder"]
+    names = [node.get("meta", {}).get("gs_input") for node in placeholders]
+    examples = {name: node.get("example") for name, node in zip(names, placeholders, strict=True)}
+    output = next(node for node in nodes if node["op"] == "output")
+    output_names = _decode_value(output.get("meta", {}).get("gs_outputs", []), {})
+    outputs = dict(zip(output_names, output.get("example") or [], strict=False))
+    tokens, cache = outputs.get("tokens"), examples.get("target_cache")
+    if not tokens or not cache:
+        raise ArtifactError(f"{where} records no traced shapes for its tokens output and target_cache input")
+    return {
+        "inputs": tuple(names),
+        "examples": examples,
+        "bucket": tokens["shape"][0],
+        "k": tokens["shape"][1] - 1,
+        "tokens": tokens["shape"],
+        "cache": cache["shape"],
+        "dtype": cache["dtype"],
+        "device": cache["device"],
+        "slots": cache["shape"][2],
+        "max_seq_len": cache["shape"][4],
+        "split": any(node["op"] == "call_module" for node in nodes),  # split_attention's pieces
+    }
+
+
+def _check_against_graphs(
+    path: Path, manifest: dict[str, Any], graph_docs: dict[str, Any], command: str
+) -> dict[str, Any]:
+    """Every manifest value the runtime acts on must be what the (hashed) graphs were compiled for:
+    refuse, naming the field, otherwise. Returns the first graph's compiled_for()."""
+    config, problems = manifest["config"], []
+    facts = []
+    for index, entry in enumerate(manifest["graphs"]):
+        stored = graph_docs[entry["name"]].get("name")
+        if not entry["name"] == stored == graph_name(entry["mode"], entry["bucket"]):
+            problems.append(
+                f"graphs[{index}] says name {entry['name']!r}, mode {entry['mode']!r}, bucket {entry['bucket']!r}, "
+                f"but {entry['graph']} holds graph {stored!r}"
+            )
+            continue
+        fact = compiled_for(graph_docs[stored], str(path / entry["graph"]))
+        if fact["bucket"] != entry["bucket"]:
+            problems.append(
+                f"graphs[{index}].bucket is {entry['bucket']!r}, {entry['graph']} runs {fact['bucket']} rows"
+            )
+        facts.append((entry, fact))
+    if problems:
+        raise ArtifactError(
+            f"{path / MANIFEST} disagrees with its graphs: {'; '.join(problems)}: recompile with `{command}`"
+        )
+    first_entry, first = facts[0]
+    where = first_entry["graph"]
+    buckets = sorted({entry["bucket"] for entry, _ in facts})
+    expected = {
+        "config.k": (config["k"], first["k"], f"{where} emits tokens {first['tokens']}, k+1 per row"),
+        "config.batch_sizes": (sorted(config["batch_sizes"]), buckets, "the buckets of the graphs it lists"),
+        "config.max_seq_len": (config["max_seq_len"], first["max_seq_len"], f"{where} takes caches {first['cache']}"),
+        "config.dtype": (config["dtype"], first["dtype"], f"{where} takes {first['dtype']} caches"),
+        "config.device": (config["device"], manifest["device"]["device"], "device.device"),
+        "device.device": (
+            torch.device(manifest["device"]["device"]).type,
+            torch.device(first["device"]).type,
+            f"{where} takes tensors on {first['device']}",
+        ),
+        "modes": (
+            sorted(manifest.get("modes", []), key=SAMPLING_MODES.index),
+            sorted({entry["mode"] for entry, _ in facts}, key=SAMPLING_MODES.index),
+            "the modes of the graphs it lists",
+        ),
+        "signature": (
+            [
+                *(f"target.{name}" for name in manifest["signature"]["target_params"]),
+                *(f"draft.{name}" for name in manifest["signature"]["draft_params"]),
+                *manifest["signature"]["step_inputs"],
+            ],
+            list(first["inputs"]),
+            f"the inputs of {where}",
+        ),
+    }
+    for field, (recorded, actual, evidence) in expected.items():
+        if recorded != actual:
+            problems.append(
+                f"{field} is {_short(recorded)} but the graphs were compiled for {_short(actual)} ({evidence})"
+            )
+    # capture decides whether attention runs eagerly between captured pieces: only split graphs can.
+    if (config["capture"] == "piecewise") != first["split"]:
+        compiled = "'piecewise'" if first["split"] else "'auto', 'full' or 'none'"
+        problems.append(
+            f"config.capture is {config['capture']!r} but the graphs were compiled for {compiled} "
+            f"({where} is {'split into pieces around attention' if first['split'] else 'not split'})"
+        )
+    # Every graph must agree with the first on what the runtime allocates once for all of them.
+    for entry, fact in facts[1:]:
+        for key in ("k", "dtype", "device", "max_seq_len", "slots", "inputs", "split"):
+            if fact[key] != first[key]:
+                problems.append(
+                    f"{entry['graph']} was compiled for {key} {_short(fact[key])}, {where} for {_short(first[key])}"
+                )
+    if first["slots"] != max(buckets) + 1:
+        problems.append(f"the graphs' caches have {first['slots']} slots, not largest bucket + 1 = {max(buckets) + 1}")
+    if problems:
+        raise ArtifactError(
+            f"{path / MANIFEST} disagrees with its graphs: {'; '.join(problems)}: recompile with `{command}`"
+        )
+    return first
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(value)} items)"
 
 
 def _weights_dir(path: Path, model: dict[str, Any]) -> Path:

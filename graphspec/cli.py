@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -89,6 +90,18 @@ def token_ids(text: str) -> list[int]:
     if not all(re.fullmatch(r"\d+", part) for part in parts):
         raise argparse.ArgumentTypeError(f"expected token ids (integers >= 0) separated by commas, got {text!r}")
     return [int(part) for part in parts]
+
+
+def stop_ids(text: str) -> list[int]:
+    """Token ids like token_ids, or `none` for no stop tokens at all."""
+    if text.strip().lower() == "none":
+        return []
+    try:
+        return token_ids(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected token ids (integers >= 0) separated by commas, or none, got {text!r}"
+        ) from None
 
 
 def non_negative_float(text: str) -> float:
@@ -269,7 +282,9 @@ def build_parser() -> Parser:
         metavar="ID,ID,...",
         help="a prompt as token ids, e.g. 1,2,3 (repeat for a batch)",
     )
-    generate_parser.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N")
+    generate_parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=64, metavar="N", help="tokens to generate per prompt at most"
+    )
     generate_parser.add_argument(
         "--temperature", type=non_negative_float, default=0.0, metavar="T", help="0 = greedy (exact)"
     )
@@ -277,7 +292,11 @@ def build_parser() -> Parser:
     generate_parser.add_argument("--top-p", type=probability, default=None, metavar="P", help="nucleus mass, (0, 1]")
     generate_parser.add_argument("--seed", type=non_negative_int, default=None, metavar="S", help="sampling seed")
     generate_parser.add_argument(
-        "--stop-ids", type=token_ids, default=None, metavar="ID,ID,...", help="stop tokens; default: the EOS ids"
+        "--stop-ids",
+        type=stop_ids,
+        default=None,
+        metavar="ID,ID,...",
+        help="stop tokens; default: the EOS ids; `none`: no stop tokens (always max-new-tokens)",
     )
     generate_parser.add_argument("--ids", action="store_true", help="print token ids even when there is a tokenizer")
     generate_parser.add_argument("--stream", action="store_true", help="print tokens as they are committed")
@@ -304,8 +323,8 @@ def build_parser() -> Parser:
         help="run the side-by-side benchmark against peer systems (needs a GPU and a source checkout)",
         description="Runs benchmarks/bench_systems.py from the source checkout: graphspec vs target-only, "
         "transformers generate (eager and static cache + torch.compile) and transformers assisted generation "
-        "on real-shaped random models, with the memory-bandwidth floor. Arguments after `bench` are passed "
-        "through; `graphspec bench -- --help` lists them.",
+        "on real-shaped random models, with the memory-bandwidth floor. Every argument after `bench` is passed "
+        "through (`graphspec bench --small` is the CPU smoke run); `graphspec bench --help` lists them.",
     )
     bench_parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for bench_systems.py")
     bench_parser.set_defaults(run=run_bench, subparser=bench_parser)
@@ -375,28 +394,32 @@ def run_compile(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     progress = Progress(sys.stderr, len(set(args.batch_sizes)) * len(set(args.modes)))
     try:
-        compiled = graphspec.compile(
-            args.target,
-            args.draft,
-            k=args.k,
-            batch_sizes=args.batch_sizes,
-            dtype=args.dtype,
-            device=args.device,
-            out=args.out,
-            dump_dir=args.dump_dir,
-            max_seq_len=args.max_seq_len,
-            capture=args.capture,
-            lowering=args.lowering,
-            stop_after=args.stop_after,
-            skip=skip,
-            copy_weights=not args.reference_weights,
-            modes=args.modes,
-            on_progress=progress,
-            drafter=args.drafter,
-            **drafter_options,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")  # each warning once per place, as without catching
+            compiled = graphspec.compile(
+                args.target,
+                args.draft,
+                k=args.k,
+                batch_sizes=args.batch_sizes,
+                dtype=args.dtype,
+                device=args.device,
+                out=args.out,
+                dump_dir=args.dump_dir,
+                max_seq_len=args.max_seq_len,
+                capture=args.capture,
+                lowering=args.lowering,
+                stop_after=args.stop_after,
+                skip=skip,
+                copy_weights=not args.reference_weights,
+                modes=args.modes,
+                on_progress=progress,
+                drafter=args.drafter,
+                **drafter_options,
+            )
     finally:
         progress.done()
+    for warning in caught:  # e.g. a partial folder of an interrupted compile it could not remove
+        print(f"warning: {warning.message}", file=sys.stderr)
     graphs = len(compiled.graphs)
     if args.out:
         out = Path(args.out).absolute()
@@ -624,18 +647,33 @@ def human_size(size: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `graphspec` console script and `python -m graphspec`; returns the exit status."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        # Everything after `bench` is bench_systems.py's: argparse's REMAINDER would refuse `bench --small`
+        # as an unknown flag of ours. "--" makes argparse pass it all on (run_bench drops the "--").
+        argv = ["bench", "--", *argv[1:]]
     try:
         args = parser.parse_args(argv)
         run: Callable[[argparse.Namespace], int] = args.run
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        # The reader went away (`graphspec inspect --json | head`): stop quietly, as a tool killed by
+        # SIGPIPE does. stdout goes to /dev/null so the interpreter's final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except UsageError as error:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
     except (GraphspecError, OSError) as error:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return 1
-    except SystemExit as exit_:  # --help and --version exit through argparse
-        return exit_.code if isinstance(exit_.code, int) else 0
+    except SystemExit as exit_:  # --help and --version exit through argparse; bench_systems.py exits with messages
+        if exit_.code is None or isinstance(exit_.code, int):
+            return exit_.code or 0
+        print(f"error: {' '.join(str(exit_.code).split())}", file=sys.stderr)  # sys.exit("message") exits 1
+        return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -20,3 +20,8 @@ class ArtifactError(GraphspecError):
 
 class PassError(GraphspecError):
     """A compiler pass failed; the message names the pass, the passes before it and the last dump."""
+
+
+class RuntimeBusyError(GraphspecError):
+    """A Runtime was asked to generate while it is already generating (another thread, or an open
+    stream() iterator); it runs one call at a time."""

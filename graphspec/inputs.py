@@ -28,8 +28,9 @@ def token_id(value: object, what: str) -> int:
 
 def check_prompts(prompts: object, vocab_size: int, tokenizer: object | None = None) -> list[list[int]]:
     """Prompts as lists of in-vocabulary int ids. Strings are encoded with `tokenizer` (a transformers
-    tokenizer) and refused when there is none; a 2-D integer tensor is one prompt per row."""
-    if isinstance(prompts, torch.Tensor) and prompts.dim() == 2:
+    tokenizer) and refused when there is none; a 2-D integer tensor or numpy array is one prompt per row."""
+    # Duck-typed (ndim + tolist) so numpy stays optional; a 1-D array is one prompt, refused below.
+    if getattr(prompts, "ndim", None) == 2 and callable(getattr(prompts, "tolist", None)):
         prompts = prompts.tolist()
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise InputError("prompts must be a non-empty list of token-id lists (or of strings, with a tokenizer)")
@@ -54,6 +55,37 @@ def check_prompts(prompts: object, vocab_size: int, tokenizer: object | None = N
             raise InputError(f"prompt {index} has token ids outside [0, {vocab_size}): {bad[:5]}")
         checked.append(ids)
     return checked
+
+
+def check_stop_token_ids(stop_token_ids: object, vocab_size: int) -> set[int]:
+    """A collection of in-vocabulary int ids (empty: no stop tokens) as a set. A bare id is refused
+    rather than guessed at: stop_token_ids=5 is most likely a slip for [5]."""
+    if isinstance(stop_token_ids, (str, bytes)) or not (
+        isinstance(stop_token_ids, (Sequence, set, frozenset)) or hasattr(stop_token_ids, "__array__")
+    ):
+        raise InputError(
+            f"stop_token_ids must be a list of token ids (or None for the EOS ids, [] for none), "
+            f"got {stop_token_ids!r}{'; for one id write [id]' if _is_int(stop_token_ids) else ''}"
+        )
+    try:
+        items = list(stop_token_ids)
+    except TypeError:  # a 0-d tensor or array
+        raise InputError(f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}") from None
+    ids = {token_id(t, "stop_token_ids") for t in items}
+    bad = sorted(t for t in ids if not 0 <= t < vocab_size)
+    if bad:
+        raise InputError(
+            f"stop_token_ids has ids outside the vocabulary [0, {vocab_size}): {bad[:5]}; they could never stop a row"
+        )
+    return ids
+
+
+def _is_int(value: object) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return not isinstance(value, bool)
 
 
 def check_max_new_tokens(max_new_tokens: object) -> int:

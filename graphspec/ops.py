@@ -20,6 +20,8 @@ state, is reproducible per row whatever the batch composition, and replays insid
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -363,15 +365,23 @@ def uniform(seed: Tensor, counter: Tensor, lane: Tensor | int) -> Tensor:
     return (high.to(torch.float64) * 2.0**27 + low.to(torch.float64)) * 2.0**-53
 
 
-def row_seeds(seed: int | None, count: int) -> Tensor:
-    """[count] int64 per-row seeds: row i of a request seeded `seed` always gets the same stream,
-    whatever batch it lands in. seed None draws a fresh random seed."""
+def row_seeds(seed: int | Sequence[int] | None, count: int) -> Tensor:
+    """[count] int64 per-row seeds. A seed belongs to its request, not to a row: an int seeds every
+    row alike and a sequence gives one seed per row, so a request's stream is the same at any row index
+    and beside any other requests. seed None draws a fresh random seed for each row."""
     if seed is None:
-        seed = int(torch.randint(0, 2**62, ()).item())
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise InputError(f"seed must be None or an int in [0, 2**63), got {seed!r}")
-    rows = torch.arange(count, dtype=torch.int64)
-    return _fmix32((rows * 0x9E3779B1 + (seed & _MASK32)) & _MASK32) | (((seed >> 32) & _MASK32) << 32)
+        seeds = torch.randint(0, 2**62, (count,), dtype=torch.int64).tolist()
+    elif isinstance(seed, (str, bytes)) or not isinstance(seed, Sequence):
+        seeds = [seed] * count
+    elif len(seed) != count:
+        raise InputError(f"seed must be None, an int, or one int per prompt ({count}), got {len(seed)} seeds")
+    else:
+        seeds = list(seed)
+    for value in seeds:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise InputError(f"seed must be None or an int in [0, 2**63) (or a list of them), got {value!r}")
+    values = torch.tensor(seeds, dtype=torch.int64).reshape(count)
+    return _fmix32(values & _MASK32) | (((values >> 32) & _MASK32) << 32)
 
 
 def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:

@@ -23,9 +23,9 @@ from graphspec.models.decoder import DecoderLM
 # Seeds become int64 tensors holding the seed's high 32 bits in the top word, so they must fit in 63 bits.
 
 
-def row_seeds(seed: int | None, count: int) -> torch.Tensor:
-    """[count] int64 per-row seeds, a pure function of (seed, row index): row i gets the same stream
-    whatever the batch size. seed None draws a fresh random seed. Same function the runtime uses."""
+def row_seeds(seed: int | Sequence[int] | None, count: int) -> torch.Tensor:
+    """[count] int64 per-row seeds, a pure function of the request's seed (an int for every row, or
+    one per row), never of the row index. seed None draws fresh random seeds. Same function the runtime uses."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise InputError(f"count must be an int >= 0, got {count!r}")
     return ops.row_seeds(seed, count)
@@ -40,7 +40,7 @@ def reference_generate(
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
     stop_token_ids: Sequence[int] = (),
     max_seq_len: int | None = None,
 ) -> list[list[int]]:

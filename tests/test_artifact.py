@@ -9,8 +9,12 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
+import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,7 +22,7 @@ import torch
 import torch.fx as fx
 
 import graphspec
-from graphspec.artifact import ArtifactMismatchWarning, load_artifact, save_artifact
+from graphspec.artifact import ArtifactMismatchWarning, file_record, load_artifact, save_artifact
 from graphspec.counters import COUNTERS
 from graphspec.errors import ArtifactError
 from graphspec.runtime.runtime import Runtime
@@ -149,11 +153,11 @@ def test_kernel_choices_are_saved_and_restored(compiled, tmp_path):
     gm = copy.deepcopy(result.graphs[("greedy", 1)])
     attention = next(n for n in gm.graph.nodes if n.op == "call_function" and "attention" in str(n.target))
     attention.meta["gs_kernel"] = "attention_sm90"
-    config = dataclasses.replace(result.config, batch_sizes=(1,))
-    only = dataclasses.replace(result, graphs={("greedy", 1): gm}, config=config)
-    save_artifact(only, tmp_path / "art")
+    greedy = dataclasses.replace(result, graphs={("greedy", 1): gm, ("greedy", 2): result.graphs[("greedy", 2)]})
+    save_artifact(greedy, tmp_path / "art")
     assert json.loads((tmp_path / "art" / "kernels.json").read_text()) == {
-        "step_b1_greedy": {attention.name: "attention_sm90"}
+        "step_b1_greedy": {attention.name: "attention_sm90"},
+        "step_b2_greedy": {},
     }
     loaded = load_artifact(tmp_path / "art").graphs[("greedy", 1)]
     assert {n.name: n.meta["gs_kernel"] for n in loaded.graph.nodes if "gs_kernel" in n.meta} == {
@@ -290,6 +294,153 @@ def test_refuses_model_config_edited_in_manifest(compiled, tmp_path):
     edit_manifest(artifact, lambda m: m["models"]["target"]["config"].update(num_hidden_layers=7))
     with pytest.raises(ArtifactError, match=r"target model config .*num_hidden_layers 7 \(manifest\) vs 2"):
         load_artifact(artifact)
+
+
+# --------------------------------------------------------------------------------------------------
+# Manifest values the runtime acts on must be what the graphs were compiled for (k=3, buckets 1,2,
+# float32 on cpu, max_seq_len 64, not split)
+# --------------------------------------------------------------------------------------------------
+
+
+def set_field(dotted: str, value):
+    """An edit_manifest edit: manifest[a][b]... = value, list indices as digits ("graphs.0.bucket")."""
+
+    def edit(manifest):
+        *parents, last = (int(part) if part.isdigit() else part for part in dotted.split("."))
+        for part in parents:
+            manifest = manifest[part]
+        manifest[last] = value
+
+    return edit
+
+
+REFUSED_EDITS = {
+    "k_smaller": ("config.k", 2, r"config\.k is 2 but the graphs were compiled for 3"),
+    "k_larger": ("config.k", 8, r"config\.k is 8 but the graphs were compiled for 3"),
+    "max_seq_len_larger": ("config.max_seq_len", 128, r"config\.max_seq_len is 128 but .* compiled for 64"),
+    "max_seq_len_smaller": ("config.max_seq_len", 32, r"config\.max_seq_len is 32 but .* compiled for 64"),
+    "dtype": ("config.dtype", "bfloat16", r"config\.dtype is 'bfloat16' but .* compiled for 'float32'"),
+    "device": ("config.device", "cuda", r"config\.device is 'cuda' but .* compiled for 'cpu'"),
+    "batch_sizes_more": ("config.batch_sizes", [1, 2, 4], r"config\.batch_sizes is \[1, 2, 4\] but .* \[1, 2\]"),
+    "batch_sizes_fewer": ("config.batch_sizes", [1], r"config\.batch_sizes is \[1\] but .* \[1, 2\]"),
+    "modes": ("modes", ["greedy"], r"modes is \['greedy'\] but .* \['greedy', 'sample'\]"),
+    "capture_piecewise": ("config.capture", "piecewise", r"config\.capture is 'piecewise' but .* not split"),
+    "graph_bucket": ("graphs.0.bucket", 2, r"graphs\[0\] says .* bucket 2, but graphs/step_b1_greedy.json holds"),
+    "graph_mode": ("graphs.0.mode", "sample", r"graphs\[0\] says .* mode 'sample'"),
+    "graph_file": ("graphs.0.graph", "graphs/step_b2_greedy.json", r"graphs\[0\] says .* holds graph 'step_b2"),
+    "signature": ("signature.draft_params", [], r"signature is \["),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_EDITS))
+def test_refuses_a_manifest_value_the_graphs_disagree_with(compiled, tmp_path, case):
+    field, value, message = REFUSED_EDITS[case]
+    artifact = damaged(compiled, tmp_path)
+    edit_manifest(artifact, set_field(field, value))
+    with pytest.raises(ArtifactError, match=message):
+        load_artifact(artifact)
+
+
+def test_refuses_weights_of_other_shapes_than_the_graphs_take(compiled, checkpoint_factory, tmp_path):
+    artifact = damaged(compiled, tmp_path)
+    # Same architecture and parameter names, wider MLP: config.json and weights edited consistently.
+    wider = checkpoint_factory("llama", 1, num_hidden_layers=1, intermediate_size=192)
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(wider / name, artifact / "draft" / name)
+        manifest["files"][f"draft/{name}"] = file_record(artifact / "draft" / name)
+    manifest["models"]["draft"]["config"]["intermediate_size"] = 192
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    message = r"models\.draft: .*gate_up_proj\.weight is \[384, 64\] float32 .* compiled for \[256, 64\]"
+    with pytest.raises(ArtifactError, match=message):
+        load_artifact(artifact)
+
+
+HARMLESS_EDITS = (
+    # Read by nobody at run time: compile-time choices, shown by inspect.
+    ("config.lowering", "reference"),
+    ("created", "1970-01-01T00:00:00+0000"),
+    ("device.name", "another CPU"),
+    ("graphs.0.nodes", 1),
+    ("graphs.0.passes", []),
+    # Capture on or off: replays compute what eager steps do (tests/runtime/test_graphs.py), and CPU never captures.
+    ("config.capture", "none"),
+)
+
+
+def test_manifest_values_the_runtime_does_not_act_on_change_nothing(compiled, expected, tmp_path):
+    artifact = damaged(compiled, tmp_path)
+    for field, value in HARMLESS_EDITS:
+        edit_manifest(artifact, set_field(field, value))
+    runtime = Runtime.load(artifact)
+    assert [r.token_ids for r in runtime.generate(PROMPTS, max_new_tokens=NEW_TOKENS)] == expected["greedy"]
+    assert [r.token_ids for r in runtime.generate(PROMPTS, max_new_tokens=NEW_TOKENS, **SAMPLING)] == expected["sample"]
+
+
+def test_the_readable_graph_code_may_be_edited_or_deleted(compiled, expected, tmp_path):
+    artifact = damaged(compiled, tmp_path)
+    (artifact / "graphs" / "step_b1_greedy.py").unlink()
+    (artifact / "graphs" / "step_b2_greedy.py").write_text("# notes\n")
+    runtime = Runtime.load(artifact)
+    assert [r.token_ids for r in runtime.generate(PROMPTS, max_new_tokens=NEW_TOKENS)] == expected["greedy"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Files on disk: permissions, interrupted compiles
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_artifact_permissions_follow_the_umask(compiled, tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        out = save_artifact(compiled[0], tmp_path / "art")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((out / "graphs").stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((out / "manifest.json").stat().st_mode) == 0o666 & ~umask
+
+
+KILLED_SAVE = """
+import os, signal, sys
+from graphspec import artifact
+
+compiled = artifact.load_artifact(sys.argv[1])
+def killed(*args, **kwargs):  # SIGKILL (the OOM killer) while copying the weights: no cleanup runs
+    os.kill(os.getpid(), signal.SIGKILL)
+artifact._copy_hashed = killed
+artifact.save_artifact(compiled, sys.argv[2])
+"""
+
+
+def test_a_killed_compile_leaves_a_partial_folder_the_next_one_removes(compiled, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    out = tmp_path / "art"
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_SAVE, str(compiled[1]), str(out)], capture_output=True, timeout=300, env=env
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    partials = list(tmp_path.glob(".art.partial-*"))
+    assert len(partials) == 1 and not out.exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a dead process's folder is removed without a word
+        save_artifact(compiled[0], out)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["art"]
+    load_artifact(out)
+
+
+def test_partial_folders_it_cannot_judge_are_reported_with_how_to_remove_them(compiled, tmp_path):
+    running = tmp_path / f".art.partial-{socket.gethostname()}-{os.getpid()}-0123abcd"  # this process: alive
+    other_host = tmp_path / ".art.partial-elsewhere-12345-0123abcd"
+    older = tmp_path / ".art.partial-x8_kq2vb"  # tempfile's naming, before the pid was in the name
+    for folder in (running, other_host, older):
+        folder.mkdir()
+    with pytest.warns(UserWarning, match="rm -rf") as caught:
+        save_artifact(compiled[0], tmp_path / "art")
+    reported = " ".join(str(warning.message) for warning in caught)
+    for folder, reason in ((running, "still running"), (other_host, "from host elsewhere"), (older, "older")):
+        assert folder.is_dir() and str(folder) in reported and reason in reported
 
 
 # --------------------------------------------------------------------------------------------------

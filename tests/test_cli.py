@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from graphspec.cli import main
 from graphspec.pipeline import describe
@@ -95,6 +96,13 @@ def runs(checkpoints, tmp_path_factory):
         "generate", artifact, "--prompt-ids", "3,4,5", "--ids", "--max-new-tokens", "10", "--stream"
     )
     started["inspect"] = start("inspect", artifact)
+    # `inspect --json | head`: the reader is gone before graphspec writes a byte.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    started["inspect_json_closed_pipe"] = subprocess.Popen(
+        command("inspect", artifact, "--json"), stdout=write_end, stderr=subprocess.PIPE, text=True, env=ENV
+    )
+    os.close(write_end)
     results.update({name: finish(process) for name, process in started.items()})
     return {"results": results, "artifact": artifact, "dumps": dumps, "bisect": bisect}
 
@@ -219,6 +227,26 @@ def test_inspect_json_prints_the_manifest(artifact, capsys):
     assert json.loads(capsys.readouterr().out) == json.loads((artifact / "manifest.json").read_text())
 
 
+def test_inspect_json_into_a_closed_pipe_stops_quietly(runs):
+    result = runs["results"]["inspect_json_closed_pipe"]
+    assert (result.returncode, result.stderr) == (141, "")  # what a tool killed by SIGPIPE reports
+
+
+def test_generate_help_shows_the_max_new_tokens_default(capsys):
+    assert main(["generate", "--help"]) == 0
+    assert "--max-new-tokens N tokens to generate per prompt at most (default: 64)" in " ".join(
+        capsys.readouterr().out.split()
+    )
+
+
+def test_stop_ids_none_turns_stop_tokens_off(artifact, runtime, capsys):
+    args = ["generate", str(artifact), "--prompt-ids", "3,4,5", "--ids", "--max-new-tokens", "12"]
+    assert main([*args, "--stop-ids", "none"]) == 0
+    expected = runtime.generate([[3, 4, 5]], max_new_tokens=12, stop_token_ids=[])[0].token_ids
+    assert len(expected) == 12
+    assert capsys.readouterr().out == ",".join(map(str, expected)) + "\n"
+
+
 def test_allow_mismatch_turns_an_sm_mismatch_into_a_warning(artifact, tmp_path, capsys):
     copy = Path(shutil.copytree(artifact, tmp_path / "art"))
     manifest = json.loads((copy / "manifest.json").read_text())
@@ -257,6 +285,11 @@ IN_PROCESS_ERRORS = {
     "stream_two_prompts": (["generate", "{art}", "--prompt-ids", "1", "--prompt-ids", "2", "--stream"], "one prompt"),
     "prompt_too_long": (["generate", "{art}", "--prompt-ids", "3", "--max-new-tokens", "100"], "max_seq_len 64"),
     "prompt_ids_outside_vocab": (["generate", "{art}", "--prompt-ids", "500"], "outside [0, 128)"),
+    "stop_ids_outside_vocab": (
+        ["generate", "{art}", "--prompt-ids", "3", "--max-new-tokens", "4", "--stop-ids", "500"],
+        "outside the vocab",
+    ),
+    "stop_ids_words": (["generate", "{art}", "--prompt-ids", "3", "--stop-ids", "eos"], "or none, got 'eos'"),
     "inspect_missing": (["inspect", "{tmp}/no_art"], "no_art does not exist"),
 }
 
@@ -268,3 +301,26 @@ def test_main_reports_user_errors_in_one_line(case, checkpoints, artifact, tmp_p
     status = main([arg.format(**values) for arg in args])
     captured = capsys.readouterr()
     assert_user_error(subprocess.CompletedProcess(args, status, captured.out, captured.err), fragment)
+
+
+# --------------------------------------------------------------------------------------------------
+# bench: every argument after `bench` is the benchmark's
+# --------------------------------------------------------------------------------------------------
+
+
+def test_bench_without_cuda_exits_non_zero_with_the_reason(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status = main(["bench"])
+    captured = capsys.readouterr()
+    result = subprocess.CompletedProcess(["bench"], status, captured.out, captured.err)
+    assert_user_error(result, "CUDA is not available")
+
+
+@pytest.mark.parametrize("args", [["--small", "--pairs", "llama"], ["--", "--small", "--pairs", "llama"]])
+def test_bench_passes_its_flags_through(monkeypatch, args):
+    from benchmarks import bench_systems
+
+    seen = []
+    monkeypatch.setattr(bench_systems, "main", lambda argv: seen.append(argv) or 0)
+    assert main(["bench", *args]) == 0
+    assert seen == [["--small", "--pairs", "llama"]]

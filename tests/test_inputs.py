@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from graphspec.errors import InputError
-from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, token_id
+from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, check_stop_token_ids, token_id
 
 
 class WordTokenizer:
@@ -26,6 +26,12 @@ def test_integer_ids_from_python_numpy_and_torch_are_accepted() -> None:
     assert check_prompts(torch.tensor([[1, 2], [3, 4]]), 10) == [[1, 2], [3, 4]]  # one prompt per row
 
 
+def test_a_2d_numpy_array_is_one_prompt_per_row() -> None:
+    assert check_prompts(np.array([[1, 2], [3, 4]]), 10) == [[1, 2], [3, 4]]
+    with pytest.raises(InputError, match="int token ids"):
+        check_prompts(np.array([[1.0, 2.0]]), 10)
+
+
 def test_strings_are_encoded_with_the_tokenizer() -> None:
     assert check_prompts(["ab cde", [7]], 10, WordTokenizer()) == [[2, 3], [7]]
 
@@ -36,6 +42,7 @@ def test_strings_are_encoded_with_the_tokenizer() -> None:
         ([], "non-empty list"),
         ("hello", "non-empty list"),
         (torch.tensor([1, 2]), "non-empty list"),  # a 1-D tensor is one prompt, not a list of them
+        (np.array([1, 2]), "non-empty list"),
         ([[5], []], "prompt 1 is empty"),
         ([[5, 10]], "outside [0, 10): [10]"),
         ([[-1]], "outside [0, 10): [-1]"),
@@ -80,3 +87,28 @@ def test_good_sampling_settings_and_lengths_pass() -> None:
     for bad in (0, -1, 2.0, True, "3"):
         with pytest.raises(InputError, match="max_new_tokens"):
             check_max_new_tokens(bad)
+
+
+def test_stop_token_ids_from_python_numpy_and_torch_are_accepted() -> None:
+    assert check_stop_token_ids([2, np.int64(3), torch.tensor(4)], 10) == {2, 3, 4}
+    assert check_stop_token_ids(np.array([5]), 10) == {5}
+    assert check_stop_token_ids((), 10) == set()  # no stop tokens
+
+
+@pytest.mark.parametrize(
+    ("stop_token_ids", "words"),
+    [
+        (5, "for one id write [id]"),
+        (np.int64(5), "list of token ids"),
+        ("5", "list of token ids"),
+        ([10], "outside the vocabulary [0, 10): [10]"),
+        ([-1, 3], "outside the vocabulary [0, 10): [-1]"),
+        ([1.5], "int token ids"),
+        ([True], "int token ids"),
+    ],
+    ids=lambda value: None,
+)
+def test_bad_stop_token_ids_are_refused_with_the_reason(stop_token_ids, words: str) -> None:
+    with pytest.raises(InputError) as info:
+        check_stop_token_ids(stop_token_ids, 10)
+    assert words in str(info.value)

@@ -140,10 +140,12 @@ def test_uniform_is_deterministic_uniform_and_distinct_per_lane():
     assert abs(torch.corrcoef(torch.stack((u, other)))[0, 1]) < 0.01
 
 
-def test_row_seeds_depend_on_seed_and_row_only():
-    assert torch.equal(ops.row_seeds(7, 5)[:3], ops.row_seeds(7, 3))
+def test_row_seeds_depend_on_the_request_seed_only():
+    assert set(ops.row_seeds(7, 5).tolist()) == set(ops.row_seeds(7, 1).tolist())  # every row alike
+    assert ops.row_seeds([8, 7], 2)[1] == ops.row_seeds(7, 1)[0]  # at any index, beside any seed
     assert not torch.equal(ops.row_seeds(7, 3), ops.row_seeds(8, 3))
-    assert len(set(ops.row_seeds(7, 1000).tolist())) == 1000
+    assert len(set(ops.row_seeds(list(range(1000)), 1000).tolist())) == 1000
+    assert len(set(ops.row_seeds(None, 1000).tolist())) == 1000  # unseeded rows draw independently
 
 
 def test_process_logits_top_k_top_p_and_greedy():

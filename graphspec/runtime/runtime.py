@@ -7,6 +7,7 @@ clearing their row_valid flag; nothing inside the step waits for the host.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,8 +19,8 @@ from graphspec import ops
 from graphspec.compiler import Compiled, compile
 from graphspec.counters import COUNTERS
 from graphspec.drafters.base import PrefillView
-from graphspec.errors import InputError
-from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, token_id
+from graphspec.errors import InputError, RuntimeBusyError
+from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, check_stop_token_ids, token_id
 from graphspec.runtime.buffers import StepBuffers, pick_bucket, split_batch
 from graphspec.runtime.graphs import StepGraph
 from graphspec.trace import FEEDBACK, TARGET_CACHE
@@ -85,7 +86,15 @@ class RuntimeStats:
 
 class Runtime:
     """Runs a Compiled speculative program. Build with Runtime.from_pretrained(target, draft, ...),
-    Runtime.load(artifact_dir), or Runtime(graphspec.compile(...))."""
+    Runtime.load(artifact_dir), or Runtime(graphspec.compile(...)).
+
+    One request batch at a time: every bucket's step buffers and the KV caches are shared state, so
+    a generate() or stream() started while another is running (another thread, or an unfinished
+    stream() iterator in this one) is refused with RuntimeBusyError instead of corrupting both.
+    Refusing, not waiting: two stream() iterators advanced in turn by one thread would wait on each
+    other forever, and a server should queue requests where it can see the queue. Run batches one
+    after another, pass all prompts to one call, or use one Runtime per thread.
+    """
 
     def __init__(self, compiled: Compiled) -> None:
         self.compiled = compiled
@@ -109,6 +118,7 @@ class Runtime:
             for (mode, bucket), gm in compiled.graphs.items()
         }
         self.stats = RuntimeStats(self.k)
+        self._busy = threading.Lock()  # held from a call's first token to its last (see the class docstring)
 
     @classmethod
     def from_pretrained(cls, target: str | Path, draft: str | Path, **options: object) -> Runtime:
@@ -147,14 +157,15 @@ class Runtime:
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         stop_token_ids: Sequence[int] | None = None,
     ) -> list[GenerationResult]:
         """Generate for every prompt; one GenerationResult per prompt, in order.
 
         Output includes the stop token (default: the checkpoint's EOS ids) and nothing after it,
-        even when it falls inside an accepted block. Sampling is reproducible for a given seed,
-        whatever batch the request lands in."""
+        even when it falls inside an accepted block. A seed belongs to the request: an int seeds every
+        prompt alike, a list gives one seed per prompt, and a (prompt, seed) pair gives the same
+        tokens at any index and beside any other prompts."""
         results: dict[int, GenerationResult] = {}
         for index, token in self.stream(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids):
             if isinstance(token, GenerationResult):
@@ -168,19 +179,43 @@ class Runtime:
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         stop_token_ids: Sequence[int] | None = None,
     ) -> Iterator[tuple[int, int | GenerationResult]]:
         """Like generate(), but yields (prompt index, token id) as tokens are committed, and
-        (prompt index, GenerationResult) when a prompt finishes."""
+        (prompt index, GenerationResult) when a prompt finishes. The Runtime is busy from the
+        first next() until the iterator is exhausted or closed."""
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeBusyError(
+                "this Runtime is already generating (in another thread, or an unfinished stream() iterator): "
+                "a Runtime runs one generate()/stream() at a time; wait for it, close() the open stream, "
+                "pass all prompts to one call, or use one Runtime per thread"
+            )
+        try:
+            yield from self._stream(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
+        finally:
+            self._busy.release()
+
+    def _stream(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        seed: int | Sequence[int] | None,
+        stop_token_ids: Sequence[int] | None,
+    ) -> Iterator[tuple[int, int | GenerationResult]]:
         encoded = check_prompts(prompts, self.vocab_size, self.tokenizer)
         self._check_limits(encoded, max_new_tokens)
         check_sampling(temperature, top_k, top_p)
         mode = "greedy" if temperature == 0 else "sample"
         if not any(m == mode for m, _ in self.graphs):
             raise InputError(f"this runtime was compiled without the {mode!r} step; recompile with modes including it")
-        stop_ids = self.eos_token_ids if stop_token_ids is None else stop_token_ids
-        stops = {token_id(t, "stop_token_ids") for t in stop_ids}
+        if stop_token_ids is None:
+            stops = {token_id(t, "the checkpoint's EOS ids") for t in self.eos_token_ids}
+        else:
+            stops = check_stop_token_ids(stop_token_ids, self.vocab_size)
         seeds = ops.row_seeds(seed, len(encoded))
         largest = max(self.config.batch_sizes)
         for chunk in split_batch(len(encoded), largest):
