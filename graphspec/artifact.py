@@ -204,7 +204,10 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def _check_writable(out: Path, compiled: Compiled, copy_weights: bool) -> None:
+def check_out(out: str | Path) -> None:
+    """Refuse an artifact path that cannot be written or would overwrite something that is not an
+    artifact; compile() calls it before any work, save_artifact again before writing."""
+    out = Path(out).expanduser().absolute()
     if out.exists() and not out.is_dir():
         raise ArtifactError(f"out {out} exists and is not a directory; choose another path")
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
@@ -212,6 +215,10 @@ def _check_writable(out: Path, compiled: Compiled, copy_weights: bool) -> None:
             f"out {out} is a non-empty directory that is not a graphspec artifact; refusing to overwrite it: "
             f"choose a new or empty directory"
         )
+
+
+def _check_writable(out: Path, compiled: Compiled, copy_weights: bool) -> None:
+    check_out(out)
     if not copy_weights:
         for loaded in checkpoints(compiled).values():
             source = loaded.path.absolute()

@@ -117,6 +117,11 @@ def compile(
     if not modes or any(mode not in SAMPLING_MODES for mode in modes):
         raise InputError(f"modes must be a non-empty subset of {SAMPLING_MODES}, got {modes!r}")
     device = resolve_device(device)
+    if out is not None:
+        # HACK(import cycle): artifact imports compiler; remove when writing the artifact moves out of compile().
+        from graphspec.artifact import check_out
+
+        check_out(out)
     progress = on_progress or (lambda message: log.info(message))
     # Configs first: every mismatch a config can show is refused before minutes of weight loading.
     kind = drafter_kind(draft, drafter)

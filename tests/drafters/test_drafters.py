@@ -59,3 +59,16 @@ def test_draft_and_drafter_must_agree(checkpoint_factory, no_weight_loading, dra
     target = checkpoint_factory("llama", seed=0)
     with pytest.raises(InputError, match=message):
         graphspec.compile(target, draft, drafter=drafter, k=2, dtype="float32", device="cpu", max_seq_len=64)
+
+
+def test_out_that_is_not_an_artifact_is_refused_before_any_weight_is_read(
+    checkpoint_factory, no_weight_loading, tmp_path
+):
+    from graphspec.errors import ArtifactError
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    target = checkpoint_factory("llama", seed=0)
+    with pytest.raises(ArtifactError, match="not a graphspec artifact"):
+        graphspec.compile(target, "ngram", k=2, dtype="float32", device="cpu", max_seq_len=64, out=tmp_path / "notes")
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
