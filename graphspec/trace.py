@@ -74,7 +74,7 @@ class StepSignature:
 
     target_params: tuple[str, ...]
     draft_params: tuple[str, ...]
-    states: tuple[str, ...] = (TARGET_CACHE, "draft_cache")
+    states: tuple[str, ...]  # the target's KV cache, then the drafter's declared states
 
     @property
     def step_inputs(self) -> tuple[str, ...]:
@@ -87,11 +87,6 @@ class StepSignature:
             + tuple(f"draft.{n}" for n in self.draft_params)
             + self.step_inputs
         )
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        """The compiled (verified) step's outputs."""
-        return ROW_OUTPUTS + self.states
 
 
 def model_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
