@@ -1,4 +1,4 @@
-"""Swap hot reference ops (attention, norms, rotary, SwiGLU, KV writes, verify) for ctx.sm's Triton kernels.
+"""Swap hot reference ops (attention, norms, rotary, SwiGLU, KV writes, verify) for ctx.sm's kernels.
 
 Input:  a flat, in-place step graph (after defunctionalize_kv and fuse_rotary_kv) whose hot ops are
         graphspec reference ops, each carrying fake tensors in its arguments' meta["val"].
@@ -8,9 +8,12 @@ Output: each such node whose kernel fits (lowering/registry.py) calls graphspec:
         tagged meta["gs_pass"] and meta["gs_kernel"]. Other nodes are untouched. Nodes are retargeted
         in place, never moved or erased, and no dead-code elimination runs: an in-place kv_write has
         no users, and its kernel op (mutates_args=("cache",)) keeps its position and its effect.
-        On CPU (ctx.sm None) or with ctx.lowering == "reference" nothing changes;
+        On the CPU (ctx.sm None, ctx.device "cpu") the CPU table's kernels are chosen instead
+        (registry.CPU_KERNELS: attention that reads only what each row can see), except under
+        capture="piecewise", whose CPU emulation cuts the graph at the reference attention ops.
+        With ctx.lowering == "reference", or no SM on another device, nothing changes;
         ctx.options["force_sm"] (an int) lowers for that SM anyway, which is how the interpreter tests
-        (TRITON_INTERPRET=1) run kernels on CPU.
+        (TRITON_INTERPRET=1) run the Triton kernels on CPU.
 
     rms_norm(x, w, 1e-05)   becomes   rms_norm_triton(x, w, 1e-05, 4096, 4)
 """
@@ -25,15 +28,20 @@ from graphspec.lowering import registry
 
 NAME = "lower_kernels"
 
-# Reference op target -> op name, for the ops the registry has kernels for.
-REFERENCE_OPS = {target: name for name, target in ops.OPS.items() if name in registry.KERNELS}
+# Reference op target -> op name, for the ops the registry has kernels for (Triton or CPU).
+REFERENCE_OPS = {
+    target: name for name, target in ops.OPS.items() if name in registry.KERNELS or name in registry.CPU_KERNELS
+}
 
 
-def target_sm(ctx: PassContext) -> int | None:
-    """The SM to lower for: options["force_sm"] when it is an int, else ctx.sm (None on CPU)."""
+def target_sm(ctx: PassContext) -> int | str | None:
+    """The SM to lower for: options["force_sm"] when it is an int, else ctx.sm; on the CPU (no SM)
+    registry.CPU, unless the graph will be cut for piecewise capture (see the module docstring)."""
     forced = ctx.options.get("force_sm")
     if isinstance(forced, int) and not isinstance(forced, bool):
         return forced
+    if ctx.sm is None and ctx.device.startswith("cpu") and ctx.capture != "piecewise":
+        return registry.CPU
     return ctx.sm
 
 

@@ -5,7 +5,10 @@ StepGraph.mode records what a bucket runs as:
   host-sync free, so capture="auto" and "full" both end here).
 - "piecewise": split_attention cut the graph (capture="piecewise"); every non-attention piece is its
   own CUDA graph and the attention pieces run eagerly between them.
-- "eager": nothing is captured (CPU, or capture="none").
+- "eager": nothing is captured (CPU, or capture="none"). With compile_cpu=True a CPU step runs through
+  torch.compile (Inductor) instead of the GraphModule's own code: elementwise ops and views fuse into
+  a few C++ kernels around the GEMMs and the opaque attention ops; compiled on the first call (the
+  FX graph cache on disk makes later processes quick), outputs the same tokens.
 
 What stays static across replays: the weights, the bucket's StepBuffers and the KV caches (the
 graph's placeholders: captured against their addresses and never copied), the outputs of every
@@ -199,8 +202,11 @@ class StepGraph:
         capture: bool,
         pool: object | None = None,
         recorder: Callable[[object | None], Recorder] | None = None,
+        compile_cpu: bool = False,
     ) -> None:
         self.gm = gm
+        self.compile_cpu = compile_cpu and not capture
+        self._compiled: Callable[..., Any] | None = None
         self.params = params
         self.buffers = buffers
         self.caches = caches
@@ -229,7 +235,10 @@ class StepGraph:
     def sibling(self, gm: fx.GraphModule) -> StepGraph:
         """Another compiled graph of the same step over this one's weights, buffers and caches, run the
         same way (captured or eager, same recorder) but captured on its own, into its own pool."""
-        return StepGraph(gm, self.params, self.buffers, self.caches, self.capture, recorder=self.new_recorder)
+        return StepGraph(
+            gm, self.params, self.buffers, self.caches, self.capture, recorder=self.new_recorder,
+            compile_cpu=self.compile_cpu,
+        )  # fmt: skip
 
     @property
     def cuda_graph(self) -> torch.cuda.CUDAGraph | None:
@@ -368,9 +377,23 @@ class StepGraph:
 
     # ---------------------------------------------------------------------------------------------
 
+    def _eager(self) -> Callable[..., Any]:
+        """What an uncaptured step calls: the GraphModule, or its Inductor compilation (compile_cpu)."""
+        if not self.compile_cpu:
+            return self.gm
+        if self._compiled is None:
+            # Static shapes (one graph per bucket), the whole step as one graph: a break would mean
+            # something in the step is not traceable, which is a bug to see, not to run around.
+            self._compiled = torch.compile(self.gm, dynamic=False, fullgraph=True)
+            COUNTERS.cpu_compiles += 1
+        return self._compiled
+
     def __call__(self) -> dict[str, torch.Tensor]:
         if not self.capture:
-            outputs = self.gm(*self.args)
+            # Nothing here needs autograd; inference mode skips its per-op bookkeeping (version
+            # counters, view tracking), which on the CPU is a sixth of a small model's step.
+            with torch.inference_mode():
+                outputs = self._eager()(*self.args)
             COUNTERS.eager_steps += 1
         else:
             if not self.recorders:

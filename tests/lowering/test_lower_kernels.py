@@ -31,12 +31,47 @@ def ctx(sm: int | None = None, **overrides) -> PassContext:
     return PassContext(k=2, batch=2, mode="sample", sm=sm, **overrides)
 
 
-def test_nothing_to_do_on_cpu() -> None:
+CPU_OPS = ("rms_norm", "add_rms_norm", "silu_mul", "attention", "argmax")  # the hot ops the CPU table has
+
+
+def test_cpu_lowers_to_the_cpu_table() -> None:
+    """No SM on the CPU: the CPU table's kernels (attention over each row's prefix; the small ops
+    without custom_op's per-call cost), config-less; the other hot ops keep their references."""
+    result = lower_kernels.run(traced(hot_inputs()), ctx(sm=None))
+    assert result.changed and result.note == "sm=cpu"
+    assert result.stats == {"lowered": len(CPU_OPS), "fallback": len(HOT_OPS) - len(CPU_OPS)}
+    rows = lower_kernels.kernel_table(result.gm)
+    assert sorted(kernel for _, kernel, _ in rows) == sorted(f"graphspec::{op}_cpu" for op in CPU_OPS)
+    assert {config for _, _, config in rows} == {"sm=cpu"}
+    targets = {n.target for n in result.gm.graph.nodes}
+    assert torch.ops.graphspec.attention_cpu.default in targets and ops.OPS["attention"] not in targets
+
+
+@pytest.mark.parametrize("overrides", [{"capture": "piecewise"}, {"device": "meta"}])
+def test_nothing_to_do_without_a_gpu_off_the_cpu_table(overrides: dict) -> None:
+    """Piecewise capture cuts at the reference attention ops (its CPU emulation included), and no SM
+    on another device means no table at all: both keep every reference."""
     gm = traced(hot_inputs())
     before = gm.code
-    result = lower_kernels.run(gm, ctx(sm=None))
-    assert not result.changed and "no GPU" in result.note
+    result = lower_kernels.run(gm, ctx(sm=None, **overrides))
+    assert not result.changed and "sm=None" in result.note
     assert result.gm.code == before and lower_kernels.kernel_table(result.gm) == []
+
+
+def test_cpu_lowered_graph_matches_reference_graph_fp32() -> None:
+    """The CPU kernels compute what the references do: norms, SwiGLU and argmax bit for bit, attention
+    to fp32 rounding, and the cache is left the same."""
+    inputs = hot_inputs()
+    gm = traced(inputs)
+    reference_inputs = [x.clone() for x in inputs]
+    expected = gm(*reference_inputs)
+    lowered = lower_kernels.run(gm, ctx(sm=None)).gm
+    lowered_inputs = [x.clone() for x in inputs]
+    got = lowered(*lowered_inputs)
+    for index, (g, e) in enumerate(zip(got, expected, strict=True)):
+        tolerance = 1e-5 if index == 4 else 0  # output 4 is attention's
+        torch.testing.assert_close(g, e, rtol=tolerance, atol=tolerance, msg=f"output {index}")
+    assert torch.equal(lowered_inputs[CACHE], reference_inputs[CACHE])
 
 
 def test_reference_lowering_changes_nothing() -> None:
