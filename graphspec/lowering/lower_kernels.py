@@ -1,4 +1,4 @@
-"""Swap hot reference ops (attention, norms, rotary, SwiGLU, KV writes, verify) for ctx.sm's kernels.
+"""Swap hot reference ops (attention, norms, rotary, SwiGLU, KV writes, verify) for ctx.sm's Triton kernels.
 
 Input:  a flat, in-place step graph (after defunctionalize_kv and fuse_rotary_kv) whose hot ops are
         graphspec reference ops, each carrying fake tensors in its arguments' meta["val"].
@@ -8,12 +8,13 @@ Output: each such node whose kernel fits (lowering/registry.py) calls graphspec:
         tagged meta["gs_pass"] and meta["gs_kernel"]. Other nodes are untouched. Nodes are retargeted
         in place, never moved or erased, and no dead-code elimination runs: an in-place kv_write has
         no users, and its kernel op (mutates_args=("cache",)) keeps its position and its effect.
-        On the CPU (ctx.sm None, ctx.device "cpu") the CPU table's kernels are chosen instead
-        (registry.CPU_KERNELS: attention that reads only what each row can see), except under
-        capture="piecewise", whose CPU emulation cuts the graph at the reference attention ops.
-        With ctx.lowering == "reference", or no SM on another device, nothing changes;
+        On CPU (ctx.sm None) or with ctx.lowering == "reference" nothing changes;
         ctx.options["force_sm"] (an int) lowers for that SM anyway, which is how the interpreter tests
-        (TRITON_INTERPRET=1) run the Triton kernels on CPU.
+        (TRITON_INTERPRET=1) run kernels on CPU.
+
+The CPU table (registry.CPU_KERNELS) is applied by the runtime, not here: lower_for_cpu() rewrites the
+copy of a step that a CPU StepGraph runs (runtime/graphs.py). Compiled graphs and artifacts keep the
+reference ops on the CPU, so they stay the test oracle and compare bit for bit with the traced program.
 
     rms_norm(x, w, 1e-05)   becomes   rms_norm_triton(x, w, 1e-05, 4096, 4)
 """
@@ -28,20 +29,16 @@ from graphspec.lowering import registry
 
 NAME = "lower_kernels"
 
-# Reference op target -> op name, for the ops the registry has kernels for (Triton or CPU).
-REFERENCE_OPS = {
-    target: name for name, target in ops.OPS.items() if name in registry.KERNELS or name in registry.CPU_KERNELS
-}
+# Reference op target -> op name, for the ops the registry has kernels for (Triton; CPU).
+REFERENCE_OPS = {target: name for name, target in ops.OPS.items() if name in registry.KERNELS}
+CPU_REFERENCE_OPS = {target: name for name, target in ops.OPS.items() if name in registry.CPU_KERNELS}
 
 
-def target_sm(ctx: PassContext) -> int | str | None:
-    """The SM to lower for: options["force_sm"] when it is an int, else ctx.sm; on the CPU (no SM)
-    registry.CPU, unless the graph will be cut for piecewise capture (see the module docstring)."""
+def target_sm(ctx: PassContext) -> int | None:
+    """The SM to lower for: options["force_sm"] when it is an int, else ctx.sm (None on CPU)."""
     forced = ctx.options.get("force_sm")
     if isinstance(forced, int) and not isinstance(forced, bool):
         return forced
-    if ctx.sm is None and ctx.device.startswith("cpu") and ctx.capture != "piecewise":
-        return registry.CPU
     return ctx.sm
 
 
@@ -102,3 +99,25 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     gm.graph.lint()
     gm.recompile()
     return PassResult(gm, changed=True, stats=stats, note=f"sm={sm}")
+
+
+def lower_for_cpu(gm: fx.GraphModule) -> int:
+    """Retarget, in place, every reference op of `gm` (nested pieces included) that the CPU table has
+    a kernel for; return how many. The CPU kernels take exactly the reference's arguments (and
+    whatever the reference accepts), so no fake values are needed: artifacts do not store them.
+    For graphs that run on the CPU only; nodes keep names, positions, users and meta["val"]."""
+    lowered = 0
+    for _, module in gm.named_modules():
+        if not isinstance(module, fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op != "call_function" or node.target not in CPU_REFERENCE_OPS:
+                continue
+            entry = registry.resolve(CPU_REFERENCE_OPS[node.target], registry.CPU)
+            node.args = positional_args(node)
+            node.kwargs = {}
+            node.target = entry.kernel
+            node.meta["gs_kernel"] = {"kernel": entry.name, "sm": entry.sm, "config": {}}
+            lowered += 1
+        module.recompile()
+    return lowered

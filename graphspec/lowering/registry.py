@@ -290,9 +290,11 @@ def fits_on_cpu(node: fx.Node) -> bool:
 
 
 # The CPU table: reference op name -> fits predicate; the kernel module is graphspec.kernels.<op>_cpu and
-# its op torch.ops.graphspec.<op>_cpu. Attention reads only what each row can see (the reference reads
-# the whole cache); the others are the reference's arithmetic without custom_op's per-call cost, which
-# is more than their work at decode sizes (kernels/cpu_library.py). Ops called once per step stay.
+# its op torch.ops.graphspec.<op>_cpu. The runtime applies it to the step it runs on the CPU
+# (lower_kernels.lower_for_cpu); compiled graphs keep the references there. Attention reads only what
+# each row can see (the reference reads the whole cache); the others are the reference's arithmetic
+# without custom_op's per-call cost, more than their work at decode sizes (kernels/cpu_library.py).
+# Ops called once per step stay references.
 CPU = "cpu"
 CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "attention": fits_attention_cpu,

@@ -5,10 +5,14 @@ StepGraph.mode records what a bucket runs as:
   host-sync free, so capture="auto" and "full" both end here).
 - "piecewise": split_attention cut the graph (capture="piecewise"); every non-attention piece is its
   own CUDA graph and the attention pieces run eagerly between them.
-- "eager": nothing is captured (CPU, or capture="none"). With compile_cpu=True a CPU step runs through
-  torch.compile (Inductor) instead of the GraphModule's own code: elementwise ops and views fuse into
-  a few C++ kernels around the GEMMs and the opaque attention ops; compiled on the first call (the
-  FX graph cache on disk makes later processes quick), outputs the same tokens.
+- "eager": nothing is captured (CPU, or capture="none").
+
+On the CPU an uncaptured step runs a copy of the graph with the CPU table's kernels in place of the
+reference ops (lowering/lower_kernels.py lower_for_cpu: attention over each row's visible prefix, the
+small ops without custom_op's per-call cost). With compile_cpu=True that copy runs through
+torch.compile (Inductor): elementwise ops and views fuse into a few C++ kernels around the GEMMs and
+the opaque attention ops; it compiles on the first call (Inductor's cache on disk makes later
+processes quicker) and gives the same tokens.
 
 What stays static across replays: the weights, the bucket's StepBuffers and the KV caches (the
 graph's placeholders: captured against their addresses and never copied), the outputs of every
@@ -22,6 +26,7 @@ into its static buffer right before the next captured piece replays.
 
 from __future__ import annotations
 
+import copy
 import logging
 import operator
 from collections.abc import Callable, Sequence
@@ -33,6 +38,7 @@ from torch.utils._pytree import tree_flatten
 
 from graphspec import trace
 from graphspec.counters import COUNTERS
+from graphspec.lowering import lower_kernels
 from graphspec.passes.split_attention import is_attention
 from graphspec.runtime.buffers import StepBuffers
 
@@ -214,6 +220,12 @@ class StepGraph:
         self.capture = capture
         self.mode = capture_mode(gm, capture)
         self.on_cuda = caches["target_cache"].is_cuda
+        # What an uncaptured CPU step runs: its own copy with the CPU table's kernels (module docstring).
+        self.cpu_gm: fx.GraphModule | None = None
+        self.cpu_kernels = 0
+        if not capture and not self.on_cuda:
+            self.cpu_gm = copy.deepcopy(gm)
+            self.cpu_kernels = lower_kernels.lower_for_cpu(self.cpu_gm)
         if capture and recorder is None and not self.on_cuda:
             raise ValueError("CUDA-graph capture needs CUDA tensors; pass recorder=HostRecorder to emulate it")
         self.new_recorder = recorder or CudaGraphRecorder
@@ -261,6 +273,7 @@ class StepGraph:
             "eager_pieces": sum(eager for _, eager in split),
             "graphs": len(self.recorders),
             "compiles_during_capture": self.compiles_during_capture,
+            "cpu_kernels": self.cpu_kernels,
         }
 
     # ---------------------------------------------------------------------------------------------
@@ -378,13 +391,16 @@ class StepGraph:
     # ---------------------------------------------------------------------------------------------
 
     def _eager(self) -> Callable[..., Any]:
-        """What an uncaptured step calls: the GraphModule, or its Inductor compilation (compile_cpu)."""
-        if not self.compile_cpu:
+        """What an uncaptured step calls: the GraphModule (on the CPU its CPU-table copy), or that
+        copy's Inductor compilation (compile_cpu)."""
+        if self.cpu_gm is None:
             return self.gm
+        if not self.compile_cpu:
+            return self.cpu_gm
         if self._compiled is None:
             # Static shapes (one graph per bucket), the whole step as one graph: a break would mean
             # something in the step is not traceable, which is a bug to see, not to run around.
-            self._compiled = torch.compile(self.gm, dynamic=False, fullgraph=True)
+            self._compiled = torch.compile(self.cpu_gm, dynamic=False, fullgraph=True)
             COUNTERS.cpu_compiles += 1
         return self._compiled
 

@@ -31,47 +31,12 @@ def ctx(sm: int | None = None, **overrides) -> PassContext:
     return PassContext(k=2, batch=2, mode="sample", sm=sm, **overrides)
 
 
-CPU_OPS = ("rms_norm", "add_rms_norm", "silu_mul", "attention", "argmax")  # the hot ops the CPU table has
-
-
-def test_cpu_lowers_to_the_cpu_table() -> None:
-    """No SM on the CPU: the CPU table's kernels (attention over each row's prefix; the small ops
-    without custom_op's per-call cost), config-less; the other hot ops keep their references."""
-    result = lower_kernels.run(traced(hot_inputs()), ctx(sm=None))
-    assert result.changed and result.note == "sm=cpu"
-    assert result.stats == {"lowered": len(CPU_OPS), "fallback": len(HOT_OPS) - len(CPU_OPS)}
-    rows = lower_kernels.kernel_table(result.gm)
-    assert sorted(kernel for _, kernel, _ in rows) == sorted(f"graphspec::{op}_cpu" for op in CPU_OPS)
-    assert {config for _, _, config in rows} == {"sm=cpu"}
-    targets = {n.target for n in result.gm.graph.nodes}
-    assert torch.ops.graphspec.attention_cpu.default in targets and ops.OPS["attention"] not in targets
-
-
-@pytest.mark.parametrize("overrides", [{"capture": "piecewise"}, {"device": "meta"}])
-def test_nothing_to_do_without_a_gpu_off_the_cpu_table(overrides: dict) -> None:
-    """Piecewise capture cuts at the reference attention ops (its CPU emulation included), and no SM
-    on another device means no table at all: both keep every reference."""
+def test_nothing_to_do_on_cpu() -> None:
     gm = traced(hot_inputs())
     before = gm.code
-    result = lower_kernels.run(gm, ctx(sm=None, **overrides))
-    assert not result.changed and "sm=None" in result.note
+    result = lower_kernels.run(gm, ctx(sm=None))
+    assert not result.changed and "no GPU" in result.note
     assert result.gm.code == before and lower_kernels.kernel_table(result.gm) == []
-
-
-def test_cpu_lowered_graph_matches_reference_graph_fp32() -> None:
-    """The CPU kernels compute what the references do: norms, SwiGLU and argmax bit for bit, attention
-    to fp32 rounding, and the cache is left the same."""
-    inputs = hot_inputs()
-    gm = traced(inputs)
-    reference_inputs = [x.clone() for x in inputs]
-    expected = gm(*reference_inputs)
-    lowered = lower_kernels.run(gm, ctx(sm=None)).gm
-    lowered_inputs = [x.clone() for x in inputs]
-    got = lowered(*lowered_inputs)
-    for index, (g, e) in enumerate(zip(got, expected, strict=True)):
-        tolerance = 1e-5 if index == 4 else 0  # output 4 is attention's
-        torch.testing.assert_close(g, e, rtol=tolerance, atol=tolerance, msg=f"output {index}")
-    assert torch.equal(lowered_inputs[CACHE], reference_inputs[CACHE])
 
 
 def test_reference_lowering_changes_nothing() -> None:
@@ -290,3 +255,46 @@ def test_lowered_real_step_matches_unlowered(real_step: StepCase) -> None:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
     for name in ("target_cache", "draft_cache"):
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+CPU_OPS = ("rms_norm", "add_rms_norm", "silu_mul", "attention", "argmax")  # the hot ops the CPU table has
+
+
+def test_lower_for_cpu_retargets_the_cpu_table_only() -> None:
+    """The runtime's CPU copy: the CPU table's kernels (attention over each row's prefix; the small ops
+    without custom_op's per-call cost), config-less, tagged; the other hot ops keep their references."""
+    gm = traced(hot_inputs())
+    order = [node.name for node in gm.graph.nodes]
+    assert lower_kernels.lower_for_cpu(gm) == len(CPU_OPS)
+    assert [node.name for node in gm.graph.nodes] == order
+    rows = lower_kernels.kernel_table(gm)
+    assert sorted(kernel for _, kernel, _ in rows) == sorted(f"graphspec::{op}_cpu" for op in CPU_OPS)
+    assert {config for _, _, config in rows} == {"sm=cpu"}
+    targets = {n.target for n in gm.graph.nodes}
+    assert torch.ops.graphspec.attention_cpu.default in targets and ops.OPS["attention"] not in targets
+    assert ops.OPS["rotary"] in targets and ops.OPS["verify_greedy"] in targets
+
+
+def test_lower_for_cpu_needs_no_fake_values() -> None:
+    """Artifacts store no meta["val"]; the CPU table still applies (its kernels take what the
+    reference takes)."""
+    gm = traced(hot_inputs())
+    for node in gm.graph.nodes:
+        node.meta.pop("val", None)
+    assert lower_kernels.lower_for_cpu(gm) == len(CPU_OPS)
+
+
+def test_cpu_lowered_graph_matches_reference_graph_fp32() -> None:
+    """The CPU kernels compute what the references do: norms, SwiGLU and argmax bit for bit, attention
+    to fp32 rounding, and the cache is left the same."""
+    inputs = hot_inputs()
+    gm = traced(inputs)
+    reference_inputs = [x.clone() for x in inputs]
+    expected = gm(*reference_inputs)
+    lower_kernels.lower_for_cpu(gm)
+    lowered_inputs = [x.clone() for x in inputs]
+    got = gm(*lowered_inputs)
+    for index, (g, e) in enumerate(zip(got, expected, strict=True)):
+        tolerance = 1e-5 if index == 4 else 0  # output 4 is attention's
+        torch.testing.assert_close(g, e, rtol=tolerance, atol=tolerance, msg=f"output {index}")
+    assert torch.equal(lowered_inputs[CACHE], reference_inputs[CACHE])
