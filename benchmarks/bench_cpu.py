@@ -76,6 +76,7 @@ class Transformers:
         import transformers
 
         transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
         load = transformers.AutoModelForCausalLM.from_pretrained
         self.target = load(DEMO_TARGET, dtype=torch.float32).eval()
         self.draft = load(DEMO_DRAFT, dtype=torch.float32).eval()
