@@ -32,23 +32,33 @@ CONFIGS: dict[str, dict[str, int]] = {"cpu": {}}
 
 def attend_rows(q: Tensor, cache: Tensor, layer: int, slots: list[int], starts: list[int], scale: float) -> Tensor:
     """Attention of q [B, Hq, T, D] for rows whose slots and start positions the host already has;
-    returns [B, T, Hq, D] contiguous. Row b reads cache positions [0, starts[b] + T) only."""
-    batch, q_heads, t, head_dim = q.shape
+    returns [B, T, Hq, D] contiguous. Row b reads cache positions [0, starts[b] + T) only.
+    At decode sizes each torch call here costs more than its arithmetic, so the loop makes few."""
+    batch, q_heads, t, _ = q.shape
     kv_heads, max_len = cache.shape[3], cache.shape[4]
-    out = q.new_empty((batch, t, q_heads, head_dim))
-    query = q.to(torch.float32)  # the reference's compute dtype; free for fp32
+    gqa = q_heads != kv_heads
+    query = q if q.dtype == torch.float32 else q.float()  # the reference computes in fp32
+    keys_all, values_all = cache[layer]  # [SLOTS, Hkv, S, D] each
+    if cache.dtype != torch.float32:
+        keys_all, values_all = keys_all.float(), values_all.float()  # 16-bit caches (not the CPU's usual case)
+    outputs = []
     for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
         length = min(start + t, max_len)  # the row's last query sees positions < start + T
-        keys = cache[layer, 0, slot, :, :length].to(torch.float32)  # [Hkv, length, D]: a view in fp32
-        values = cache[layer, 1, slot, :, :length].to(torch.float32)
         # Query t sees key j iff j <= start + t: the lower triangle shifted right by start. One query
         # (every draft forward) sees the whole prefix, so it needs no mask.
         mask = None if t == 1 else torch.ones(t, length, dtype=torch.bool).tril(start)
-        rows = scaled_dot_product_attention(
-            query[row : row + 1], keys[None], values[None], attn_mask=mask, scale=scale, enable_gqa=q_heads != kv_heads
+        outputs.append(
+            scaled_dot_product_attention(
+                query[row : row + 1],
+                keys_all[slot : slot + 1, :, :length],  # [1, Hkv, length, D]: a view
+                values_all[slot : slot + 1, :, :length],
+                attn_mask=mask,
+                scale=scale,
+                enable_gqa=gqa,
+            )
         )  # [1, Hq, T, D]
-        out[row] = rows[0].transpose(0, 1)
-    return out
+    out = outputs[0] if batch == 1 else torch.cat(outputs)
+    return out.transpose(1, 2).to(q.dtype).contiguous()  # [B, T, Hq, D]
 
 
 def attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:

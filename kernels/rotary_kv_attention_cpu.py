@@ -34,9 +34,10 @@ def kv_attention(
     reference's indexed write stores), then attention of q [B, Hq, T, D] -> [B, T, Hq, D]."""
     slots, starts = slot_ids.tolist(), start_pos.tolist()  # one host read each serves write and attention
     t = k.shape[2]
+    keys_all, values_all = cache[layer]  # [SLOTS, Hkv, S, D] views
     for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):
-        cache[layer, 0, slot, :, start : start + t] = k[row]
-        cache[layer, 1, slot, :, start : start + t] = v[row]
+        keys_all[slot, :, start : start + t] = k[row]
+        values_all[slot, :, start : start + t] = v[row]
     return attend_rows(q, cache, layer, slots, starts, scale)
 
 
