@@ -7,12 +7,12 @@ StepGraph.mode records what a bucket runs as:
   own CUDA graph and the attention pieces run eagerly between them.
 - "eager": nothing is captured (CPU, or capture="none").
 
-On the CPU an uncaptured step runs a copy of the graph with the CPU table's kernels in place of the
-reference ops (lowering/lower_kernels.py lower_for_cpu: attention over each row's visible prefix, the
-small ops without custom_op's per-call cost). With compile_cpu=True that copy runs through
-torch.compile (Inductor): elementwise ops and views fuse into a few C++ kernels around the GEMMs and
-the opaque attention ops; it compiles on the first call (Inductor's cache on disk makes later
-processes quicker) and gives the same tokens.
+On the CPU a flat step (eager, or captured through HostRecorder) runs a copy of the graph with the
+CPU table's kernels in place of the reference ops (lowering/lower_kernels.py lower_for_cpu: attention
+over each row's visible prefix, the small ops without custom_op's per-call cost). With
+compile_cpu=True an eager CPU step runs that copy through torch.compile (Inductor): elementwise ops
+and views fuse into a few C++ kernels around the GEMMs and the opaque attention ops; it compiles on
+the first call (Inductor's cache on disk makes later processes quicker) and gives the same tokens.
 
 What stays static across replays: the weights, the bucket's StepBuffers and the KV caches (the
 graph's placeholders: captured against their addresses and never copied), the outputs of every
@@ -220,12 +220,13 @@ class StepGraph:
         self.capture = capture
         self.mode = capture_mode(gm, capture)
         self.on_cuda = caches["target_cache"].is_cuda
-        # What an uncaptured CPU step runs: its own copy with the CPU table's kernels (module docstring).
+        # What a CPU step runs, eager or emulating a full capture: its own copy with the CPU table's
+        # kernels (module docstring). A piecewise graph keeps its references: its pieces are cut at
+        # the reference attention ops, and its eager and captured runs must stay the same.
+        # Made on the first call (cpu_step): a Runtime builds a StepGraph per (mode, bucket) up front.
         self.cpu_gm: fx.GraphModule | None = None
         self.cpu_kernels = 0
-        if not capture and not self.on_cuda:
-            self.cpu_gm = copy.deepcopy(gm)
-            self.cpu_kernels = lower_kernels.lower_for_cpu(self.cpu_gm)
+        self._on_cpu_table = not self.on_cuda and not pieces(gm)
         if capture and recorder is None and not self.on_cuda:
             raise ValueError("CUDA-graph capture needs CUDA tensors; pass recorder=HostRecorder to emulate it")
         self.new_recorder = recorder or CudaGraphRecorder
@@ -273,7 +274,6 @@ class StepGraph:
             "eager_pieces": sum(eager for _, eager in split),
             "graphs": len(self.recorders),
             "compiles_during_capture": self.compiles_during_capture,
-            "cpu_kernels": self.cpu_kernels,
         }
 
     # ---------------------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ class StepGraph:
                 self._capture_pieces()
             else:
                 recorder = self.new_recorder(self.pool)
-                self.outputs = recorder.capture(self.gm, self.args)
+                self.outputs = recorder.capture(self.cpu_step() or self.gm, self.args)
                 self.recorders.append(recorder)
                 COUNTERS.captures += 1
             self.compiles_during_capture = TRITON_COMPILES.count - compiles
@@ -390,10 +390,17 @@ class StepGraph:
 
     # ---------------------------------------------------------------------------------------------
 
+    def cpu_step(self) -> fx.GraphModule | None:
+        """The CPU-table copy of a flat step on the CPU (made on first use), None elsewhere."""
+        if self.cpu_gm is None and self._on_cpu_table:
+            self.cpu_gm = copy.deepcopy(self.gm)
+            self.cpu_kernels = lower_kernels.lower_for_cpu(self.cpu_gm)
+        return self.cpu_gm
+
     def _eager(self) -> Callable[..., Any]:
         """What an uncaptured step calls: the GraphModule (on the CPU its CPU-table copy), or that
         copy's Inductor compilation (compile_cpu)."""
-        if self.cpu_gm is None:
+        if self.cpu_step() is None:
             return self.gm
         if not self.compile_cpu:
             return self.cpu_gm
