@@ -260,7 +260,8 @@ def build_parser() -> Parser:
     generate_parser.add_argument(
         "--compile-cpu",
         action="store_true",
-        help="on the CPU, run each step through torch.compile (Inductor): compiles on first use, faster after",
+        help="on the CPU, run each step through torch.compile (Inductor): the first step compiles (counted in the "
+        "stats line), later ones run about 1.5x faster; pays off for long generations",
     )
     generate_parser.add_argument(
         "--allow-mismatch",
