@@ -301,6 +301,12 @@ def build_parser() -> Parser:
     generate_parser.add_argument("--ids", action="store_true", help="print token ids even when there is a tokenizer")
     generate_parser.add_argument("--stream", action="store_true", help="print tokens as they are committed")
     generate_parser.add_argument(
+        "--compile-cpu",
+        action="store_true",
+        help="on the CPU, run each step through torch.compile (Inductor): the first step compiles (counted in the "
+        "stats line), later ones run about 1.5x faster; pays off for long generations",
+    )
+    generate_parser.add_argument(
         "--allow-mismatch",
         action="store_true",
         help="load an artifact compiled for another GPU or software version (a warning, not an error); "
@@ -452,7 +458,7 @@ def run_generate(args: argparse.Namespace) -> int:
         args.subparser.error("--stream takes one prompt (give one --prompt or --prompt-ids)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runtime = Runtime.load(args.artifact, allow_mismatch=args.allow_mismatch)
+        runtime = Runtime.load(args.artifact, allow_mismatch=args.allow_mismatch, compile_cpu=args.compile_cpu)
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
     options = dict(

@@ -12,6 +12,7 @@ class Counters:
     captures: int = 0  # CUDA graphs captured
     replays: int = 0  # CUDA graph replays
     eager_steps: int = 0  # steps run without a captured graph (CPU, or capture disabled)
+    cpu_compiles: int = 0  # CPU steps handed to torch.compile (Runtime(compile_cpu=True))
     prefills: int = 0
 
     def expect(self, **expected: int) -> None:

@@ -53,4 +53,6 @@ class DraftModel(Drafter):
 
     def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
         start = torch.zeros_like(prompt.slot_ids)
-        self.model(prompt.tokens, start, prompt.slot_ids, state["draft_cache"], in_place=True)
+        # The cache cut to the prompt (a view): reference attention scores T positions, not max_seq_len.
+        cache = state["draft_cache"][..., : prompt.tokens.shape[1], :]
+        self.model(prompt.tokens, start, prompt.slot_ids, cache, in_place=True)

@@ -216,7 +216,8 @@ class Mtp(Drafter):
             kv_start = torch.zeros_like(lengths)
             positions = 1 + torch.arange(tokens.shape[1] - 1, device=tokens.device).expand(tokens.shape[0], -1)
             cos, sin = self.target.rope(positions, self.head.inv_freq)
-            self.head(0, tokens[:, 1:], hidden[:, :-1], kv_start, slots, state["mtp_cache"], cos, sin, in_place=True)
+            cache = state["mtp_cache"][..., : tokens.shape[1] - 1, :]  # a view cut to the pairs, as the target's
+            self.head(0, tokens[:, 1:], hidden[:, :-1], kv_start, slots, cache, cos, sin, in_place=True)
         # The first step's catch-up row 0: the first token (at position P) with the prompt's last hidden.
         state["mtp_tokens"][slots, 0] = prompt.first
         state["mtp_hidden"][slots, 0] = hidden[rows, lengths - 1].to(state["mtp_hidden"].dtype)

@@ -12,6 +12,10 @@ Output: each such node whose kernel fits (lowering/registry.py) calls graphspec:
         ctx.options["force_sm"] (an int) lowers for that SM anyway, which is how the interpreter tests
         (TRITON_INTERPRET=1) run kernels on CPU.
 
+The CPU table (registry.CPU_KERNELS) is applied by the runtime, not here: lower_for_cpu() rewrites the
+copy of a step that a CPU StepGraph runs (runtime/graphs.py). Compiled graphs and artifacts keep the
+reference ops on the CPU, so they stay the test oracle and compare bit for bit with the traced program.
+
     rms_norm(x, w, 1e-05)   becomes   rms_norm_triton(x, w, 1e-05, 4096, 4)
 """
 
@@ -25,8 +29,9 @@ from graphspec.lowering import registry
 
 NAME = "lower_kernels"
 
-# Reference op target -> op name, for the ops the registry has kernels for.
+# Reference op target -> op name, for the ops the registry has kernels for (Triton; CPU).
 REFERENCE_OPS = {target: name for name, target in ops.OPS.items() if name in registry.KERNELS}
+CPU_REFERENCE_OPS = {target: name for name, target in ops.OPS.items() if name in registry.CPU_KERNELS}
 
 
 def target_sm(ctx: PassContext) -> int | None:
@@ -94,3 +99,25 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     gm.graph.lint()
     gm.recompile()
     return PassResult(gm, changed=True, stats=stats, note=f"sm={sm}")
+
+
+def lower_for_cpu(gm: fx.GraphModule) -> int:
+    """Retarget, in place, every reference op of `gm` (nested pieces included) that the CPU table has
+    a kernel for; return how many. The CPU kernels take exactly the reference's arguments (and
+    whatever the reference accepts), so no fake values are needed: artifacts do not store them.
+    For graphs that run on the CPU only; nodes keep names, positions, users and meta["val"]."""
+    lowered = 0
+    for _, module in gm.named_modules():
+        if not isinstance(module, fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op != "call_function" or node.target not in CPU_REFERENCE_OPS:
+                continue
+            entry = registry.resolve(CPU_REFERENCE_OPS[node.target], registry.CPU)
+            node.args = positional_args(node)
+            node.kwargs = {}
+            node.target = entry.kernel
+            node.meta["gs_kernel"] = {"kernel": entry.name, "sm": entry.sm, "config": {}}
+            lowered += 1
+        module.recompile()
+    return lowered

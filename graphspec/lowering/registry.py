@@ -1,5 +1,6 @@
 """Kernel table: (op, SM arch) -> Triton kernel entry, with fallbacks: the exact SM, then "default", then
-None (the graph keeps the torch reference op).
+None (the graph keeps the torch reference op). On the CPU (no SM) a second, smaller table, CPU_KERNELS,
+holds the ops whose reference does work the CPU need not do (attention over the whole cache).
 
 Each kernel file (kernels/<op>.py, installed as graphspec.kernels.<op>) registers the custom op
 graphspec::<op>_triton (the reference op's arguments plus its config as trailing ints) and holds its
@@ -7,6 +8,8 @@ per-SM configs as data in CONFIGS. This module adds what the table needs on top 
 kernels, the oldest SM they run on, and a `fits(node)` predicate per op that reads the node's fake
 tensors (node.meta["val"] of its tensor arguments) to check the shapes and dtypes the kernel supports.
 A node without fake values does not fit: the reference is always correct, a kernel only where checked.
+A CPU kernel file (kernels/<op>_cpu.py) registers graphspec::<op>_cpu with exactly the reference op's
+arguments and holds CONFIGS = {"cpu": {}}; it imports torch only.
 Kernel modules are imported on first use, so importing the pipeline never creates Triton functions
 (tests choose TRITON_INTERPRET before that).
 """
@@ -256,9 +259,56 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
 }
 
 
+def fits_attention_cpu(node: fx.Node) -> bool:
+    values = _vals(node, 2)
+    return values is not None and _attention_cpu_fits(*values)
+
+
+def _attention_cpu_fits(q: torch.Tensor, cache: torch.Tensor) -> bool:
+    return (
+        q.dim() == 4
+        and cache.dim() == 6
+        and q.device.type == "cpu"
+        and cache.device.type == "cpu"
+        and q.dtype in FLOAT_DTYPES
+        and cache.dtype in FLOAT_DTYPES
+        and cache.shape[5] == q.shape[3]
+        and q.shape[1] % cache.shape[3] == 0
+    )
+
+
+def fits_rotary_kv_attention_cpu(node: fx.Node) -> bool:
+    # The rotary and the cache write are the reference's own code; only the attention part is new.
+    values = _vals_at(node, (0, 5))
+    return values is not None and len(node.args) >= 10 and _attention_cpu_fits(*values)
+
+
+def fits_on_cpu(node: fx.Node) -> bool:
+    """CPU kernels that run the reference's own arithmetic take whatever it takes, on the CPU."""
+    values = _vals(node, 1)
+    return values is not None and values[0].device.type == "cpu"
+
+
+# The CPU table: reference op name -> fits predicate; the kernel module is graphspec.kernels.<op>_cpu and
+# its op torch.ops.graphspec.<op>_cpu. The runtime applies it to the step it runs on the CPU
+# (lower_kernels.lower_for_cpu); compiled graphs keep the references there. Attention reads only what
+# each row can see (the reference reads the whole cache); the others are the reference's arithmetic
+# without custom_op's per-call cost, more than their work at decode sizes (kernels/cpu_library.py).
+# Ops called once per step stay references.
+CPU = "cpu"
+CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
+    "attention": fits_attention_cpu,
+    "rotary_kv_attention": fits_rotary_kv_attention_cpu,
+    "rms_norm": fits_on_cpu,
+    "add_rms_norm": fits_on_cpu,
+    "silu_mul": fits_on_cpu,
+    "argmax": fits_on_cpu,
+}
+
+
 @dataclass(frozen=True)
 class KernelEntry:
-    """One row of the table: the kernel op for `op` on `sm` (an SM or "default") with its config."""
+    """One row of the table: the kernel op for `op` on `sm` (an SM, "default", or "cpu") with its config."""
 
     op: str
     sm: int | str
@@ -268,7 +318,7 @@ class KernelEntry:
 
     @property
     def name(self) -> str:
-        return f"graphspec::{self.op}_triton"
+        return self.kernel._schema.name  # graphspec::<op>_triton, or graphspec::<op>_cpu
 
     @property
     def config_args(self) -> tuple[int, ...]:
@@ -287,17 +337,32 @@ def _entry(op: str, key: int | str) -> KernelEntry:
     return KernelEntry(op, key, kernel, dict(module.CONFIGS[key]), KERNELS[op])
 
 
+def _cpu_entry(op: str) -> KernelEntry:
+    module = _module(f"{op}_cpu")
+    kernel = getattr(torch.ops.graphspec, f"{op}_cpu").default
+    return KernelEntry(op, CPU, kernel, dict(module.CONFIGS[CPU]), CPU_KERNELS[op])
+
+
 def entries() -> Iterator[KernelEntry]:
-    """Every (op, SM key) row of the table, "default" rows included."""
+    """Every (op, SM key) row of the Triton table, "default" rows included."""
     for op in KERNELS:
         for key in _module(op).CONFIGS:
             yield _entry(op, key)
 
 
-def resolve(op: str, sm: int | None, node: fx.Node | None = None) -> KernelEntry | None:
+def cpu_entries() -> Iterator[KernelEntry]:
+    """Every row of the CPU table."""
+    for op in CPU_KERNELS:
+        yield _cpu_entry(op)
+
+
+def resolve(op: str, sm: int | str | None, node: fx.Node | None = None) -> KernelEntry | None:
     """The kernel for `op` on `sm`: the exact SM's config, else the "default" config; None (keep the
     reference) when the op has no kernel, there is no GPU (sm None), the SM is older than MIN_SM, or
-    `node` is given and its shapes/dtypes do not fit the kernel."""
+    `node` is given and its shapes/dtypes do not fit the kernel. sm "cpu" looks in the CPU table."""
+    if sm == CPU:
+        entry = _cpu_entry(op) if op in CPU_KERNELS else None
+        return None if entry is None or (node is not None and not entry.fits(node)) else entry
     if op not in KERNELS or sm is None or sm < MIN_SM:
         return None
     configs = _module(op).CONFIGS

@@ -7,6 +7,13 @@ StepGraph.mode records what a bucket runs as:
   own CUDA graph and the attention pieces run eagerly between them.
 - "eager": nothing is captured (CPU, or capture="none").
 
+On the CPU a flat step (eager, or captured through HostRecorder) runs a copy of the graph with the
+CPU table's kernels in place of the reference ops (lowering/lower_kernels.py lower_for_cpu: attention
+over each row's visible prefix, the small ops without custom_op's per-call cost). With
+compile_cpu=True an eager CPU step runs that copy through torch.compile (Inductor): elementwise ops
+and views fuse into a few C++ kernels around the GEMMs and the opaque attention ops; it compiles on
+the first call (Inductor's cache on disk makes later processes quicker) and gives the same tokens.
+
 What stays static across replays: the weights, the bucket's StepBuffers and the KV caches (the
 graph's placeholders: captured against their addresses and never copied), the outputs of every
 captured graph (referenced for the StepGraph's lifetime, so no later capture into the shared memory
@@ -19,6 +26,7 @@ into its static buffer right before the next captured piece replays.
 
 from __future__ import annotations
 
+import copy
 import logging
 import operator
 from collections.abc import Callable, Sequence
@@ -30,6 +38,7 @@ from torch.utils._pytree import tree_flatten
 
 from graphspec import trace
 from graphspec.counters import COUNTERS
+from graphspec.lowering import lower_kernels
 from graphspec.passes.split_attention import is_attention
 from graphspec.runtime.buffers import StepBuffers
 
@@ -199,8 +208,11 @@ class StepGraph:
         capture: bool,
         pool: object | None = None,
         recorder: Callable[[object | None], Recorder] | None = None,
+        compile_cpu: bool = False,
     ) -> None:
         self.gm = gm
+        self.compile_cpu = compile_cpu and not capture
+        self._compiled: Callable[..., Any] | None = None
         self.params = params
         self.buffers = buffers
         self.state = state
@@ -211,6 +223,13 @@ class StepGraph:
         self.capture = capture
         self.mode = capture_mode(gm, capture)
         self.on_cuda = state[trace.TARGET_CACHE].is_cuda
+        # What a CPU step runs, eager or emulating a full capture: its own copy with the CPU table's
+        # kernels (module docstring). A piecewise graph keeps its references: its pieces are cut at
+        # the reference attention ops, and its eager and captured runs must stay the same.
+        # Made on the first call (cpu_step): a Runtime builds a StepGraph per (mode, bucket) up front.
+        self.cpu_gm: fx.GraphModule | None = None
+        self.cpu_kernels = 0
+        self._on_cpu_table = not self.on_cuda and not pieces(gm)
         if capture and recorder is None and not self.on_cuda:
             raise ValueError("CUDA-graph capture needs CUDA tensors; pass recorder=HostRecorder to emulate it")
         self.new_recorder = recorder or CudaGraphRecorder
@@ -232,7 +251,10 @@ class StepGraph:
     def sibling(self, gm: fx.GraphModule) -> StepGraph:
         """Another compiled graph of the same step over this one's weights, buffers and caches, run the
         same way (captured or eager, same recorder) but captured on its own, into its own pool."""
-        return StepGraph(gm, self.params, self.buffers, self.state, self.capture, recorder=self.new_recorder)
+        return StepGraph(
+            gm, self.params, self.buffers, self.state, self.capture, recorder=self.new_recorder,
+            compile_cpu=self.compile_cpu,
+        )  # fmt: skip
 
     @property
     def cuda_graph(self) -> torch.cuda.CUDAGraph | None:
@@ -278,7 +300,7 @@ class StepGraph:
                 self._capture_pieces()
             else:
                 recorder = self.new_recorder(self.pool)
-                self.outputs = recorder.capture(self.gm, self.args)
+                self.outputs = recorder.capture(self.cpu_step() or self.gm, self.args)
                 self.recorders.append(recorder)
                 COUNTERS.captures += 1
             self.compiles_during_capture = TRITON_COMPILES.count - compiles
@@ -371,9 +393,33 @@ class StepGraph:
 
     # ---------------------------------------------------------------------------------------------
 
+    def cpu_step(self) -> fx.GraphModule | None:
+        """The CPU-table copy of a flat step on the CPU (made on first use), None elsewhere."""
+        if self.cpu_gm is None and self._on_cpu_table:
+            self.cpu_gm = copy.deepcopy(self.gm)
+            self.cpu_kernels = lower_kernels.lower_for_cpu(self.cpu_gm)
+        return self.cpu_gm
+
+    def _eager(self) -> Callable[..., Any]:
+        """What an uncaptured step calls: the GraphModule (on the CPU its CPU-table copy), or that
+        copy's Inductor compilation (compile_cpu)."""
+        if self.cpu_step() is None:
+            return self.gm
+        if not self.compile_cpu:
+            return self.cpu_gm
+        if self._compiled is None:
+            # Static shapes (one graph per bucket), the whole step as one graph: a break would mean
+            # something in the step is not traceable, which is a bug to see, not to run around.
+            self._compiled = torch.compile(self.cpu_gm, dynamic=False, fullgraph=True)
+            COUNTERS.cpu_compiles += 1
+        return self._compiled
+
     def __call__(self) -> dict[str, torch.Tensor]:
         if not self.capture:
-            outputs = self.gm(*self.args)
+            # Nothing here needs autograd; inference mode skips its per-op bookkeeping (version
+            # counters, view tracking), which on the CPU is a sixth of a small model's step.
+            with torch.inference_mode():
+                outputs = self._eager()(*self.args)
             COUNTERS.eager_steps += 1
         else:
             if not self.recorders:

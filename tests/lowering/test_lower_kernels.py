@@ -255,3 +255,46 @@ def test_lowered_real_step_matches_unlowered(real_step: StepCase) -> None:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
     for name in ("target_cache", "draft_cache"):
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+CPU_OPS = ("rms_norm", "add_rms_norm", "silu_mul", "attention", "argmax")  # the hot ops the CPU table has
+
+
+def test_lower_for_cpu_retargets_the_cpu_table_only() -> None:
+    """The runtime's CPU copy: the CPU table's kernels (attention over each row's prefix; the small ops
+    without custom_op's per-call cost), config-less, tagged; the other hot ops keep their references."""
+    gm = traced(hot_inputs())
+    order = [node.name for node in gm.graph.nodes]
+    assert lower_kernels.lower_for_cpu(gm) == len(CPU_OPS)
+    assert [node.name for node in gm.graph.nodes] == order
+    rows = lower_kernels.kernel_table(gm)
+    assert sorted(kernel for _, kernel, _ in rows) == sorted(f"graphspec::{op}_cpu" for op in CPU_OPS)
+    assert {config for _, _, config in rows} == {"sm=cpu"}
+    targets = {n.target for n in gm.graph.nodes}
+    assert torch.ops.graphspec.attention_cpu.default in targets and ops.OPS["attention"] not in targets
+    assert ops.OPS["rotary"] in targets and ops.OPS["verify_greedy"] in targets
+
+
+def test_lower_for_cpu_needs_no_fake_values() -> None:
+    """Artifacts store no meta["val"]; the CPU table still applies (its kernels take what the
+    reference takes)."""
+    gm = traced(hot_inputs())
+    for node in gm.graph.nodes:
+        node.meta.pop("val", None)
+    assert lower_kernels.lower_for_cpu(gm) == len(CPU_OPS)
+
+
+def test_cpu_lowered_graph_matches_reference_graph_fp32() -> None:
+    """The CPU kernels compute what the references do: norms, SwiGLU and argmax bit for bit, attention
+    to fp32 rounding, and the cache is left the same."""
+    inputs = hot_inputs()
+    gm = traced(inputs)
+    reference_inputs = [x.clone() for x in inputs]
+    expected = gm(*reference_inputs)
+    lower_kernels.lower_for_cpu(gm)
+    lowered_inputs = [x.clone() for x in inputs]
+    got = gm(*lowered_inputs)
+    for index, (g, e) in enumerate(zip(got, expected, strict=True)):
+        tolerance = 1e-5 if index == 4 else 0  # output 4 is attention's
+        torch.testing.assert_close(g, e, rtol=tolerance, atol=tolerance, msg=f"output {index}")
+    assert torch.equal(lowered_inputs[CACHE], reference_inputs[CACHE])

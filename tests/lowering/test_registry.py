@@ -150,3 +150,27 @@ def test_mixed_dtypes_fall_back_to_reference() -> None:
     nodes = {n.target: n for n in traced(inputs).graph.nodes}
     assert registry.resolve("rms_norm", 90, nodes[torch.ops.graphspec.rms_norm.default]) is None
     assert registry.resolve("verify_rejection", 90, nodes[torch.ops.graphspec.verify_rejection.default]) is None
+
+
+@pytest.mark.parametrize("entry", list(registry.cpu_entries()), ids=lambda e: e.op)
+def test_cpu_entry_takes_the_reference_schema(entry: registry.KernelEntry) -> None:
+    """A CPU kernel op is the reference op under another name: same arguments, returns and mutation,
+    no config; resolving "cpu" gives it back, and only where the node's tensors are on the CPU."""
+    reference = ops.OPS[entry.op]._schema
+    assert [a.name for a in entry.kernel._schema.arguments] == [a.name for a in reference.arguments]
+    assert [str(r.type) for r in entry.kernel._schema.returns] == [str(r.type) for r in reference.returns]
+    assert entry.kernel._schema.is_mutable == reference.is_mutable
+    assert entry.name == f"graphspec::{entry.op}_cpu" and entry.config == {} and entry.sm == registry.CPU
+    assert registry.resolve(entry.op, registry.CPU) == entry
+
+
+def test_cpu_table_resolves_on_cpu_nodes_only() -> None:
+    nodes = hot_nodes()
+    assert registry.resolve("attention", registry.CPU, nodes["attention"]) is not None
+    assert registry.resolve("rms_norm", registry.CPU, nodes["rms_norm"]) is not None
+    assert registry.resolve("verify_greedy", registry.CPU, nodes["verify_greedy"]) is None  # not in the table
+    meta = make_fx(lambda q, cache: ops.attention(q, cache, 0, torch.tensor([0]), torch.tensor([0]), 0.1))(
+        torch.zeros(1, 2, 1, 8, device="meta"), torch.zeros(1, 2, 2, 2, 4, 8, device="meta")
+    )
+    node = next(n for n in meta.graph.nodes if n.target == ops.OPS["attention"])
+    assert registry.resolve("attention", registry.CPU, node) is None

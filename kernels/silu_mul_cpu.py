@@ -1,0 +1,20 @@
+"""graphspec::silu_mul on the CPU: the reference's arithmetic (the same bits), registered without
+custom_op's per-call wrappers (kernels/cpu_library.py)."""
+
+from __future__ import annotations
+
+from graphspec.kernels import cpu_library
+from torch import Tensor
+
+from graphspec.ops import silu_mul_reference
+
+__all__ = ["CONFIGS", "silu_mul", "silu_mul_cpu", "silu_mul_reference"]
+
+CONFIGS: dict[str, dict[str, int]] = {"cpu": {}}
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    return silu_mul_reference(gate_up).contiguous()
+
+
+silu_mul_cpu = cpu_library.define("silu_mul", silu_mul)

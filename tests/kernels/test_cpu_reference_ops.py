@@ -1,0 +1,34 @@
+"""The CPU table's norm, SwiGLU and argmax ops (kernels/rms_norm_cpu.py, add_rms_norm_cpu.py,
+silu_mul_cpu.py, argmax_cpu.py): the reference's arithmetic, so the same bits as the reference op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from graphspec.kernels import add_rms_norm_cpu, argmax_cpu, rms_norm_cpu, silu_mul_cpu
+
+from graphspec import ops
+from tests.kernels.helpers import bits, generator
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_reference_ops_equal_the_reference_ops(dtype: torch.dtype) -> None:
+    g = generator(0)
+    x, residual = (torch.randn(2, 3, 64, generator=g).to(dtype) for _ in range(2))
+    weight = (1 + 0.1 * torch.randn(64, generator=g)).to(dtype)
+    gate_up = torch.randn(2, 3, 96, generator=g).to(dtype)[..., 8:]  # a column slice, strided rows
+    pairs = [
+        (rms_norm_cpu.rms_norm_cpu(x, weight, 1e-5), ops.rms_norm(x, weight, 1e-5)),
+        *zip(
+            add_rms_norm_cpu.add_rms_norm_cpu(x, residual, weight, 1e-5),
+            ops.add_rms_norm(x, residual, weight, 1e-5),
+            strict=True,
+        ),
+        (silu_mul_cpu.silu_mul_cpu(gate_up), ops.silu_mul(gate_up)),
+        (argmax_cpu.argmax_cpu(x), ops.argmax(x)),
+    ]
+    for got, expected in pairs:
+        assert got.shape == expected.shape and got.dtype == expected.dtype and got.is_contiguous()
+        if got.is_floating_point():
+            got, expected = bits(got), bits(expected)
+        assert torch.equal(got, expected)
