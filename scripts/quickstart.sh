@@ -15,6 +15,11 @@ graphspec inspect artifacts/demo
 graphspec generate artifacts/demo --prompt "def fibonacci(n):" --max-new-tokens 96
 graphspec generate artifacts/demo --prompt "class Stack:
     def __init__(self):" --max-new-tokens 96 --temperature 0.7 --seed 0
+# Another drafter on the same target: n-gram prompt lookup (no draft model; proposes what followed the
+# text's last few tokens where they first occurred earlier), for its tokens per step next to the draft model's.
+graphspec compile "$DEMO/target" --draft ngram -k 4 --batch-sizes 1 \
+    --dtype float32 --device cpu --max-seq-len 512 --out artifacts/demo_ngram
+graphspec generate artifacts/demo_ngram --prompt "def fibonacci(n):" --max-new-tokens 96
 # The same prompt, greedy, side by side in one process: transformers' greedy (the target alone) and
 # assisted generation (same draft) against graphspec's compiled step (Inductor on the CPU: the first
 # call compiles it, about a minute, cached on disk afterwards); tokens/s, tokens per step, same output.
