@@ -78,17 +78,7 @@ def time_target_forward(model: torch.nn.Module, batch: int, positions: int, args
     def step() -> None:
         gm(*weights, tokens, start, slots, cache)
 
-    run = step
-    if common.is_cuda(device):
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            step()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        run = graph.replay
+    run = common.capture(step, device).replay if common.is_cuda(device) else step
     for _ in range(args.warmup):
         run()
     return statistics.median(timed(run, args.replays, device))

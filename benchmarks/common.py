@@ -296,6 +296,20 @@ def is_cuda(device: str | torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def capture(step: Callable[[], None], device: str | torch.device) -> torch.cuda.CUDAGraph:
+    """Warm `step` up once on a side stream (Triton compiles, cuBLAS handles), then capture it into a
+    CUDA graph. Both run `step` once: reset what it advances before replaying."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def sync(device: str | torch.device) -> None:
     if is_cuda(device):
         torch.cuda.synchronize(torch.device(device))

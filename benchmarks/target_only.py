@@ -101,14 +101,7 @@ def generate(model: DecoderLM, prompts: list[list[int]], new_tokens: int, max_se
     graph = None
     if cuda:  # warm up on a side stream (Triton compiles, cuBLAS handles), then capture one step
         saved = (tokens.clone(), start.clone(), column.clone(), history.clone())
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            step()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+        graph = common.capture(step, device)
         for buffer, value in zip((tokens, start, column, history), saved, strict=True):
             buffer.copy_(value)  # the warm-up and capture each ran one step; start over
     common.sync(device)
