@@ -324,3 +324,18 @@ def test_bench_passes_its_flags_through(monkeypatch, args):
     monkeypatch.setattr(bench_systems, "main", lambda argv: seen.append(argv) or 0)
     assert main(["bench", *args]) == 0
     assert seen == [["--small", "--pairs", "llama"]]
+
+
+def test_compile_with_the_ngram_drafter_and_inspect_it(checkpoints, tmp_path, capsys):
+    target, _ = checkpoints
+    out = tmp_path / "ngram_art"
+    args = ["compile", str(target), "--draft", "ngram", "--ngram-max", "2", "-k", "2", "--batch-sizes", "1"]
+    assert main([*args, *COMPILE_FLAGS, "--modes", "greedy", "--out", str(out)]) == 0
+    assert main(["inspect", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "drafter    ngram  ngram_min 1  ngram_max 2" in printed
+    assert "\ndraft " not in printed  # no draft checkpoint in the artifact
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["drafter"] == {"kind": "ngram", "ngram_min": 1, "ngram_max": 2}
+    assert "--draft ngram" in manifest["command"] and "--ngram-max 2" in manifest["command"]
+    assert Runtime.load(out).generate([[5, 6, 5, 6, 5]], max_new_tokens=4, stop_token_ids=[])[0].token_ids
