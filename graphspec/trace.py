@@ -99,7 +99,7 @@ def model_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def target_state(target: DecoderLM, slots: int, max_seq_len: int, dtype: torch.dtype) -> State:
     spec = target.spec
     shape = (spec.num_layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)  # as DecoderLM.new_cache
-    return State(TARGET_CACHE, shape, dtype, rollback="length", slot_dim=2)
+    return State(TARGET_CACHE, shape, dtype, rollback="length")
 
 
 def step_states(

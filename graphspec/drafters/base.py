@@ -47,16 +47,15 @@ class State:
     shape: tuple[int, ...]
     dtype: torch.dtype
     rollback: str  # one of ROLLBACKS
-    slot_dim: int  # the dimension indexed by cache slot
     commit: CommitWrite | None = None
-    zeroed: bool = True  # allocate with zeros (else empty: only the shape matters)
 
     def __post_init__(self) -> None:
         assert self.rollback in ROLLBACKS, self.rollback
         assert self.commit is None or (self.commit.value in COMMIT_VALUES and self.commit.at in COMMIT_AT), self.commit
 
-    def allocate(self, device: torch.device | str, zeroed: bool | None = None) -> Tensor:
-        make = torch.zeros if (self.zeroed if zeroed is None else zeroed) else torch.empty
+    def allocate(self, device: torch.device | str, zeroed: bool = True) -> Tensor:
+        """The tensor, zeroed unless only its shape matters (tracing)."""
+        make = torch.zeros if zeroed else torch.empty
         return make(self.shape, dtype=self.dtype, device=device)
 
 

@@ -20,7 +20,7 @@ class DraftModel(Drafter):
     def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
         spec = self.model.spec
         shape = (spec.num_layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)  # as DecoderLM.new_cache
-        return (State("draft_cache", shape, dtype, rollback="length", slot_dim=2),)
+        return (State("draft_cache", shape, dtype, rollback="length"),)
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
         draft, k, inputs = self.model, step.k, step.inputs

@@ -159,18 +159,13 @@ class Mtp(Drafter):
         spec, count = self.head.spec, len(self.head.layers)
         cache = (count, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)  # as DecoderLM.new_cache
         return (
-            State("mtp_cache", cache, dtype, "length", slot_dim=2),
+            State("mtp_cache", cache, dtype, "length"),
             # The last verify's K+1 rows: hidden states, tokens (row j at position start + j), and start.
             State(
-                "mtp_hidden",
-                (slots, k + 1, spec.hidden_size),
-                dtype,
-                "verified",
-                0,
-                CommitWrite("target_hidden", "start"),
+                "mtp_hidden", (slots, k + 1, spec.hidden_size), dtype, "verified", CommitWrite("target_hidden", "start")
             ),
-            State("mtp_tokens", (slots, k + 1), torch.int64, "verified", 0, CommitWrite("tokens", "start")),
-            State("mtp_start", (slots, 1), torch.int64, "verified", 0, CommitWrite("committed_len", "start")),
+            State("mtp_tokens", (slots, k + 1), torch.int64, "verified", CommitWrite("tokens", "start")),
+            State("mtp_start", (slots, 1), torch.int64, "verified", CommitWrite("committed_len", "start")),
         )
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:

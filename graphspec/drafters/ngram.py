@@ -35,9 +35,7 @@ class NGram(Drafter):
     def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
         # Position p of a slot holds the token committed at p; the accept region writes the step's
         # tokens at committed_len onwards, so the history always holds every committed token.
-        history = State(
-            "token_history", (slots, max_seq_len), torch.int64, "length", slot_dim=0, commit=CommitWrite("tokens")
-        )
+        history = State("token_history", (slots, max_seq_len), torch.int64, "length", commit=CommitWrite("tokens"))
         return (history,)
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
