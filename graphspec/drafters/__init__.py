@@ -9,10 +9,10 @@ from typing import Any
 
 from graphspec.drafters.base import Drafter, Proposal, State, StepView
 from graphspec.drafters.draft_model import DraftModel
-from graphspec.drafters.mtp import Mtp, check_mtp, detect_layout
+from graphspec.drafters.mtp import Mtp, plan_head
 from graphspec.drafters.ngram import NGram
 from graphspec.errors import InputError
-from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, load_model
+from graphspec.models.loading import LoadedModel, build_model, load_config, load_model
 from graphspec.models.spec import ModelSpec
 
 # kind -> class. NAMED_KINDS: `draft` strings that name a kind with no checkpoint of its own (n-gram has
@@ -54,9 +54,8 @@ def check_drafter(
         return NGram(**settings)
     target_config = load_config(target)
     target_spec = ModelSpec.from_config(target_config)
-    if kind == "mtp":
-        check_mtp(Path(target), target_config, target_spec)
-        detect_layout(Path(target), checkpoint_tensors(target)[1], target_spec.num_layers)
+    if kind == "mtp":  # names and shapes from the headers, against a meta-device target
+        plan_head(Path(target), target_config, build_model(target_config))
         return None
     spec = ModelSpec.from_config(load_config(draft))
     if spec.vocab_size != target_spec.vocab_size:

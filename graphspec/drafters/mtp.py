@@ -124,27 +124,15 @@ class Mtp(Drafter):
     reads_target_hidden = True
 
     def __init__(self, target: LoadedModel, dtype: torch.dtype, device: str | torch.device) -> None:
-        count = check_mtp(target.path, target.config, target.model.spec)
-        files, available = checkpoint_tensors(target.path)
         self.target = target.model
-        head = MtpHead(target.model, count)
-        own = [name for name in checkpoint_state(head) if name.startswith("layers.")]
-        layout = detect_layout(target.path, available, target.model.spec.num_layers)
-        names: dict[str, str] = {}
-        for index in range(count):
-            names.update(
-                layer_names(
-                    layout, index, target.model.spec.num_layers, [n for n in own if n.startswith(f"layers.{index}.")]
-                )
-            )
-        check_shapes(target.path, head, names, available)
+        head, names, layout, files = plan_head(target.path, target.config, target.model)
+        self.layout = layout
         read_into(head, files, names, dtype, device)
         head.inv_freq = head.inv_freq.to(device)
         head.eval().requires_grad_(False)
         self.head = head
         self.loaded = None  # its weights are the target checkpoint's: the artifact stores no second copy
         self.settings = {}
-        self.layout = layout
         # Tied embeddings appear once among the parameters, under the embedding's name.
         self.head_weight = "embed_tokens.weight" if target.model.spec.tie_word_embeddings else "lm_head.weight"
 
@@ -217,6 +205,23 @@ class Mtp(Drafter):
         state["mtp_tokens"][slots, 0] = prompt.first
         state["mtp_hidden"][slots, 0] = hidden[rows, lengths - 1].to(state["mtp_hidden"].dtype)
         state["mtp_start"][slots, 0] = lengths
+
+
+def plan_head(path: Path, config: Any, target: DecoderLM) -> tuple[MtpHead, dict[str, str], str, list[Path]]:
+    """The head (on meta) for `target`, its parameter -> stored tensor names, the layout, and the weight
+    files, with every count, name and shape checked against the file headers; reads no weights, so it
+    also serves to refuse a bad checkpoint before the target's weights load (`target` may be on meta)."""
+    count = check_mtp(path, config, target.spec)
+    files, available = checkpoint_tensors(path)
+    layout = detect_layout(path, available, target.spec.num_layers)
+    head = MtpHead(target, count)
+    own = [name for name in checkpoint_state(head) if name.startswith("layers.")]
+    names: dict[str, str] = {}
+    for index in range(count):
+        layer = [name for name in own if name.startswith(f"layers.{index}.")]
+        names.update(layer_names(layout, index, target.spec.num_layers, layer))
+    check_shapes(path, head, names, available)
+    return head, names, layout, files
 
 
 def check_mtp(path: Path, config: Any, spec: ModelSpec) -> int:

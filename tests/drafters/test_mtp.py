@@ -79,13 +79,21 @@ def test_one_step_drafts_equal_a_full_sequence_transformers_forward(mtp_case, k)
         ids, pairs_hidden = torch.cat((ids, draft[:, None]), 1), torch.cat((pairs_hidden, out[:, -1:]), 1)
 
 
-def test_mis_shaped_mtp_tensor_is_refused(tmp_path):
+def test_mis_shaped_mtp_tensor_is_refused_before_any_weight_is_read(tmp_path, monkeypatch):
     directory = make_mtp_checkpoint(tmp_path / "bad", "deepseek_v3", seed=4)
     state = load_file(directory / "model.safetensors")
     state["model.layers.2.eh_proj.weight"] = torch.zeros(64, 96)
     save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=r"mis-shaped MTP tensors: model\.layers\.2\.eh_proj\.weight"):
+    message = r"mis-shaped MTP tensors: model\.layers\.2\.eh_proj\.weight"
+    with pytest.raises(CheckpointError, match=message):
         Mtp(load_model(directory), torch.float32, "cpu")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were loaded before the refusal")
+
+    monkeypatch.setattr("graphspec.compiler.load_model", refuse)
+    with pytest.raises(CheckpointError, match=message):
+        graphspec.compile(directory, "mtp", k=2, dtype="float32", device="cpu", max_seq_len=64)
 
 
 def test_declared_but_absent_mtp_weights_are_refused_before_any_weight_is_read(tmp_path, monkeypatch):
