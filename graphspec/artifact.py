@@ -841,7 +841,9 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
         raise ArtifactError(f"{path / MANIFEST}: bad config ({error}); recompile with `{command}`") from None
     target = load_model(weights["target"], config.dtype, config.device)
     settings = {name: value for name, value in drafter_record.items() if name in SETTINGS[kind]}
-    checked = check_drafter(weights.get("draft", kind), kind, weights["target"], config.max_seq_len, settings)
+    checked = check_drafter(
+        weights.get("draft", kind), kind, weights["target"], target.config, config.max_seq_len, settings
+    )
     drafter = open_drafter(weights.get("draft", kind), kind, target, config.dtype, config.device, checked)
     if drafter.describe() != {"kind": kind, **drafter_record}:
         raise ArtifactError(

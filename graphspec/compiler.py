@@ -125,9 +125,10 @@ def compile(
     progress = on_progress or (lambda message: log.info(message))
     # Configs first: every mismatch a config can show is refused before minutes of weight loading.
     kind = drafter_kind(draft, drafter)
-    target_spec = ModelSpec.from_config(load_config(target))
+    target_config = load_config(target)
+    target_spec = ModelSpec.from_config(target_config)
     check_context(target, target_spec, max_seq_len)
-    checked = check_drafter(draft, kind, target, max_seq_len, dict(drafter_options))
+    checked = check_drafter(draft, kind, target, target_config, max_seq_len, dict(drafter_options))
     progress(f"loading target {target}")
     target_model = load_model(target, dtype, device)
     if checked is None:  # the drafter has weights of its own

@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
 from graphspec.drafters.base import Drafter, State, StepView
-from graphspec.models.decoder import DecoderLM
+from graphspec.models.decoder import DecoderLM, kv_cache_shape
 
 # Per-row step inputs, all [B] unless noted. Validity is carried here, never in Python control flow.
 ROW_INPUTS = (
@@ -98,7 +98,7 @@ def model_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def target_state(target: DecoderLM, slots: int, max_seq_len: int, dtype: torch.dtype) -> State:
     spec = target.spec
-    shape = (spec.num_layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)  # as DecoderLM.new_cache
+    shape = kv_cache_shape(spec, spec.num_layers, slots, max_seq_len)
     return State(TARGET_CACHE, shape, dtype, rollback="length")
 
 

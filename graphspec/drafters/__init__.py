@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from transformers import PretrainedConfig
+
 from graphspec.drafters.base import Drafter, Proposal, State, StepView
 from graphspec.drafters.draft_model import DraftModel
 from graphspec.drafters.mtp import Mtp, plan_head
@@ -42,17 +44,22 @@ def drafter_kind(draft: str | Path, drafter: str | None = None) -> str:
 
 
 def check_drafter(
-    draft: str | Path, kind: str, target: str | Path, max_seq_len: int, settings: dict[str, Any]
+    draft: str | Path,
+    kind: str,
+    target: str | Path,
+    target_config: PretrainedConfig,
+    max_seq_len: int,
+    settings: dict[str, Any],
 ) -> Drafter | None:
-    """Validate the drafter against the target checkpoint from configs and file headers alone (no
-    weights read). Returns the drafter when it needs no weights, else None (open_drafter loads it)."""
+    """Validate the drafter against the target checkpoint (its directory and config) from configs and
+    file headers alone (no weights read). Returns the drafter when it needs no weights, else None
+    (open_drafter loads it)."""
     unknown = sorted(set(settings) - set(SETTINGS[kind]))
     if unknown:
         takes = ", ".join(SETTINGS[kind]) or "none"
         raise InputError(f"unknown option(s) {', '.join(unknown)} for drafter {kind!r} (it takes: {takes})")
     if kind == "ngram":
         return NGram(**settings)
-    target_config = load_config(target)
     target_spec = ModelSpec.from_config(target_config)
     if kind == "mtp":  # names and shapes from the headers, against a meta-device target
         plan_head(Path(target), target_config, build_model(target_config))

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from graphspec.drafters.base import Drafter, PrefillView, Proposal, State, StepView
+from graphspec.models.decoder import kv_cache_shape
 
 
 class DraftModel(Drafter):
@@ -19,7 +20,7 @@ class DraftModel(Drafter):
 
     def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
         spec = self.model.spec
-        shape = (spec.num_layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)  # as DecoderLM.new_cache
+        shape = kv_cache_shape(spec, spec.num_layers, slots, max_seq_len)
         return (State("draft_cache", shape, dtype, rollback="length"),)
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from graphspec import ops
 from graphspec.drafters.base import CommitWrite, Drafter, PrefillView, Proposal, State, StepView
 from graphspec.errors import CheckpointError, InputError
-from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state
+from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape
 from graphspec.models.loading import LoadedModel, checkpoint_tensors, mtp_layer_count, read_into
 from graphspec.models.spec import ModelSpec
 
@@ -145,7 +145,7 @@ class Mtp(Drafter):
 
     def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
         spec, count = self.head.spec, len(self.head.layers)
-        cache = (count, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)  # as DecoderLM.new_cache
+        cache = kv_cache_shape(spec, count, slots, max_seq_len)
         return (
             State("mtp_cache", cache, dtype, "length"),
             # The last verify's K+1 rows: hidden states, tokens (row j at position start + j), and start.

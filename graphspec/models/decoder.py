@@ -173,10 +173,13 @@ class DecoderLM(nn.Module):
         self, slots: int, max_seq_len: int, dtype: torch.dtype, device: torch.device | str, zeroed: bool = True
     ) -> Tensor:
         """KV cache [L, 2, SLOTS, Hkv, S, D]; zeroed unless only its shape matters (tracing)."""
-        spec = self.spec
-        shape = (spec.num_layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)
         make = torch.zeros if zeroed else torch.empty
-        return make(shape, dtype=dtype, device=device)
+        return make(kv_cache_shape(self.spec, self.spec.num_layers, slots, max_seq_len), dtype=dtype, device=device)
+
+
+def kv_cache_shape(spec: ModelSpec, layers: int, slots: int, max_seq_len: int) -> tuple[int, ...]:
+    """[L, 2, SLOTS, Hkv, S, D]: the KV cache layout every graphspec attention op reads (ops.py)."""
+    return (layers, 2, slots, spec.num_kv_heads, max_seq_len, spec.head_dim)
 
 
 def checkpoint_layout(model: nn.Module) -> dict[str, tuple[str, int, int]]:
