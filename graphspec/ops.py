@@ -277,6 +277,17 @@ def _(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor,
     return q.new_empty((batch, t, heads, head_dim))
 
 
+def qk_norm_reference(
+    q: Tensor, k: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor]:
+    """Qwen3's per-head rms_norm of q and of k over the head dim, each only where its weight is given."""
+    if q_norm is not None:
+        q = rms_norm_reference(q, q_norm, eps)
+    if k_norm is not None:
+        k = rms_norm_reference(k, k_norm, eps)
+    return q, k
+
+
 def rotary_kv_attention_reference(
     q: Tensor,
     k: Tensor,
@@ -293,10 +304,7 @@ def rotary_kv_attention_reference(
     norm_eps: float = 1e-6,
 ) -> Tensor:
     # Exactly [rms_norm of q and k,] rotary_kv_write, then attention: bit-identical to those ops.
-    if q_norm is not None:
-        q = rms_norm_reference(q, q_norm, norm_eps)
-    if k_norm is not None:
-        k = rms_norm_reference(k, k_norm, norm_eps)
+    q, k = qk_norm_reference(q, k, q_norm, k_norm, norm_eps)
     q_rot = rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos)
     return attention_reference(q_rot, cache, layer, slot_ids, start_pos, scale).contiguous()
 

@@ -19,7 +19,7 @@ from graphspec.kernels import cpu_library
 from graphspec.kernels.attention_cpu import attend_rows
 from torch import Tensor
 
-from graphspec.ops import rms_norm_reference, rotary_kv_attention_reference, rotary_reference
+from graphspec.ops import qk_norm_reference, rotary_kv_attention_reference, rotary_reference
 
 __all__ = ["CONFIGS", "kv_attention", "kv_attention_cpu", "rotary_kv_attention", "rotary_kv_attention_cpu"]
 __all__ += ["rotary_kv_attention_reference"]
@@ -71,10 +71,7 @@ def rotary_kv_attention(
 ) -> Tensor:
     """Same result as rotary_kv_attention_reference: the cache gets the same bits, the attention
     output matches to fp32 rounding."""
-    if q_norm is not None:  # the reference's own steps up to the cache write
-        q = rms_norm_reference(q, q_norm, norm_eps)
-    if k_norm is not None:
-        k = rms_norm_reference(k, k_norm, norm_eps)
+    q, k = qk_norm_reference(q, k, q_norm, k_norm, norm_eps)  # the reference's own steps up to the cache write
     q_rot, k_rot = rotary_reference(q, k, cos, sin)  # [B, Hq, T, D], [B, Hkv, T, D]
     return kv_attention_cpu(q_rot, k_rot, v, cache, layer, slot_ids, start_pos, scale)
 
