@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import graphspec
 from benchmarks import common, target_only
 from benchmarks.bench_step import PRESETS, fill_caches, time_step, timed, write_checkpoint
-from graphspec.compiler import device_sm
+from graphspec.compiled import device_sm
 from graphspec.drafters.mtp import MtpHead, layer_names
 from graphspec.models.decoder import checkpoint_state
 from graphspec.models.loading import build_model

@@ -47,7 +47,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import graphspec
 from benchmarks import common
-from graphspec.compiler import Compiled
+from graphspec.compiled import Compiled
 from graphspec.models.decoder import checkpoint_shapes
 from graphspec.models.loading import build_model
 from graphspec.runtime.graphs import StepGraph

@@ -18,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from benchmarks import common
 from graphspec import pipeline
-from graphspec.compiler import device_sm
+from graphspec.compiled import device_sm
 from graphspec.config import PassContext
 from graphspec.models.decoder import DecoderLM
 from graphspec.trace import model_inputs

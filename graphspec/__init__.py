@@ -4,6 +4,6 @@ from graphspec import ops as _ops  # noqa: F401 - registers the graphspec:: cust
 from graphspec.compiler import compile
 from graphspec.config import SpecConfig
 from graphspec.runtime.runtime import Runtime
+from graphspec.version import __version__
 
-__all__ = ["Runtime", "SpecConfig", "compile"]
-__version__ = "0.1.0"
+__all__ = ["Runtime", "SpecConfig", "__version__", "compile"]

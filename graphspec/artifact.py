@@ -56,9 +56,8 @@ import torch
 import torch.fx as fx
 from safetensors.torch import load_file, save_file
 
-import graphspec
 from graphspec import trace
-from graphspec.compiler import Compiled, device_sm
+from graphspec.compiled import Compiled, device_sm
 from graphspec.config import SAMPLING_MODES, SpecConfig
 from graphspec.drafters import NAMED_KINDS, SETTINGS, check_drafter, open_drafter
 from graphspec.dump import PassRecord
@@ -66,6 +65,7 @@ from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
 from graphspec.pipeline import PIPELINE
 from graphspec.trace import model_inputs
+from graphspec.version import __version__
 
 FORMAT = "graphspec-artifact"
 # 2: fused qkv_proj and gate_up_proj parameters, token-major attention output
@@ -353,7 +353,7 @@ def compile_command(compiled: Compiled, out: Path, copy_weights: bool) -> str:
 
 def software_versions() -> dict[str, str | None]:
     return {
-        "graphspec": graphspec.__version__,
+        "graphspec": __version__,
         "torch": torch.__version__,
         "triton": _distribution_version("triton"),
         "transformers": _distribution_version("transformers"),
@@ -710,7 +710,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise ArtifactError(
-            f"{manifest_path}: artifact format version {version!r}, this graphspec {graphspec.__version__} reads "
+            f"{manifest_path}: artifact format version {version!r}, this graphspec {__version__} reads "
             f"version {FORMAT_VERSION}: recompile with `{manifest.get('command') or fix}`"
         )
     for key in ("command", "versions", "device", "config", "models", "signature", "pipeline", "ops", "graphs", "files"):

@@ -324,28 +324,7 @@ def build_parser() -> Parser:
     inspect_parser.add_argument("--json", action="store_true", help="print manifest.json as is")
     inspect_parser.set_defaults(run=run_inspect, subparser=inspect_parser)
 
-    bench_parser = commands.add_parser(
-        "bench",
-        help="run the side-by-side benchmark against peer systems (needs a GPU and a source checkout)",
-        description="Runs benchmarks/bench_systems.py from the source checkout: graphspec vs target-only, "
-        "transformers generate (eager and static cache + torch.compile) and transformers assisted generation "
-        "on real-shaped random models, with the memory-bandwidth floor. Every argument after `bench` is passed "
-        "through (`graphspec bench --small` is the CPU smoke run); `graphspec bench --help` lists them.",
-    )
-    bench_parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for bench_systems.py")
-    bench_parser.set_defaults(run=run_bench, subparser=bench_parser)
     return parser
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_systems.py"
-    if not script.is_file():
-        raise GraphspecError(f"{script} not found: `graphspec bench` needs a source checkout (pip install -e .)")
-    sys.path.insert(0, str(script.parent.parent))
-    from benchmarks.bench_systems import main as bench_main
-
-    passthrough = [a for a in args.bench_args if a != "--"]
-    return int(bench_main(passthrough) or 0)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,62 +4,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.fx as fx
 
 from graphspec import trace
+from graphspec.artifact import check_out, save_artifact
+from graphspec.compiled import Compiled, device_sm
 from graphspec.config import SAMPLING_MODES, PassContext, SpecConfig
 from graphspec.counters import COUNTERS
-from graphspec.drafters import Drafter, State, check_context, check_drafter, drafter_kind, open_drafter
-from graphspec.dump import PassRecord
+from graphspec.drafters import Drafter, check_context, check_drafter, drafter_kind, open_drafter
 from graphspec.errors import InputError
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
 from graphspec.models.spec import ModelSpec
 from graphspec.pipeline import run_pipeline, validate_names
 
 log = logging.getLogger("graphspec")
-
-
-@dataclass
-class Compiled:
-    """An in-memory artifact: target, drafter, config and the compiled step graph per (mode, bucket)."""
-
-    config: SpecConfig
-    target: LoadedModel
-    drafter: Drafter
-    graphs: dict[tuple[str, int], fx.GraphModule]
-    signature: trace.StepSignature
-    sm: int | None
-    records: dict[str, list[PassRecord]] = field(default_factory=dict)
-
-    @property
-    def slots(self) -> int:
-        """Cache slots: one per row of the largest bucket plus the spare slot padded rows write to."""
-        return max(self.config.batch_sizes) + 1
-
-    def states(self) -> tuple[State, ...]:
-        """Every state tensor the step keeps (target KV cache, then the drafter's)."""
-        dtype = parse_dtype(self.config.dtype)
-        config = self.config
-        return trace.step_states(self.target.model, self.drafter, self.slots, config.max_seq_len, config.k, dtype)
-
-    def new_state(self) -> dict[str, torch.Tensor]:
-        """Freshly allocated state tensors on the compiled device, by name."""
-        return {state.name: state.allocate(self.config.device) for state in self.states()}
-
-    def weights(self) -> list[torch.Tensor]:
-        """The step graphs' weight inputs in placeholder order: the target's, then the drafter's."""
-        return [*trace.model_inputs(self.target.model).values(), *self.drafter.params().values()]
-
-
-def device_sm(device: str) -> int | None:
-    if not device.startswith("cuda"):
-        return None
-    major, minor = torch.cuda.get_device_capability(torch.device(device))
-    return major * 10 + minor
 
 
 def check_tokenizers(target: LoadedModel, drafter: Drafter) -> None:
@@ -118,9 +78,6 @@ def compile(
         raise InputError(f"modes must be a non-empty subset of {SAMPLING_MODES}, got {modes!r}")
     device = resolve_device(device)
     if out is not None:
-        # HACK(import cycle): artifact imports compiler; remove when writing the artifact moves out of compile().
-        from graphspec.artifact import check_out
-
         check_out(out)
     progress = on_progress or (lambda message: log.info(message))
     # Configs first: every mismatch a config can show is refused before minutes of weight loading.
@@ -174,8 +131,6 @@ def compile(
             records[name] = result.records
     compiled = Compiled(config, target_model, drafter_model, graphs, signature, sm, records)
     if out is not None:
-        from graphspec.artifact import save_artifact
-
         progress(f"writing artifact {out}")
         save_artifact(compiled, out, copy_weights=copy_weights)
     return compiled

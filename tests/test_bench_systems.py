@@ -161,3 +161,9 @@ def test_margin_aware_check_classifies_divergences():
 def test_parse_grid():
     assert parse_grid("2:1,4:1,4:16") == [(2, 1), (4, 1), (4, 16)]
     assert parse_grid("2/4:1/8") == [(2, 1), (2, 8), (4, 1), (4, 8)]
+
+
+def test_without_cuda_it_exits_with_the_reason(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="CUDA is not available"):
+        bench_systems.main([])

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from graphspec.cli import main
 from graphspec.pipeline import describe
@@ -301,29 +300,6 @@ def test_main_reports_user_errors_in_one_line(case, checkpoints, artifact, tmp_p
     status = main([arg.format(**values) for arg in args])
     captured = capsys.readouterr()
     assert_user_error(subprocess.CompletedProcess(args, status, captured.out, captured.err), fragment)
-
-
-# --------------------------------------------------------------------------------------------------
-# bench: every argument after `bench` is the benchmark's
-# --------------------------------------------------------------------------------------------------
-
-
-def test_bench_without_cuda_exits_non_zero_with_the_reason(monkeypatch, capsys):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    status = main(["bench"])
-    captured = capsys.readouterr()
-    result = subprocess.CompletedProcess(["bench"], status, captured.out, captured.err)
-    assert_user_error(result, "CUDA is not available")
-
-
-@pytest.mark.parametrize("args", [["--small", "--pairs", "llama"], ["--", "--small", "--pairs", "llama"]])
-def test_bench_passes_its_flags_through(monkeypatch, args):
-    from benchmarks import bench_systems
-
-    seen = []
-    monkeypatch.setattr(bench_systems, "main", lambda argv: seen.append(argv) or 0)
-    assert main(["bench", *args]) == 0
-    assert seen == [["--small", "--pairs", "llama"]]
 
 
 def test_compile_with_the_ngram_drafter_and_inspect_it(checkpoints, tmp_path, capsys):

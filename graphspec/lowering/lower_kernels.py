@@ -26,6 +26,7 @@ import torch.fx as fx
 from graphspec import ops
 from graphspec.config import PassContext, PassResult
 from graphspec.lowering import registry
+from graphspec.op_nodes import positional_args
 
 NAME = "lower_kernels"
 
@@ -40,21 +41,6 @@ def target_sm(ctx: PassContext) -> int | None:
     if isinstance(forced, int) and not isinstance(forced, bool):
         return forced
     return ctx.sm
-
-
-def positional_args(node: fx.Node) -> tuple:
-    """All schema arguments of a reference-op node as positional args (kwargs and defaults filled in),
-    so the config ints can follow them."""
-    schema = node.target._schema
-    args = list(node.args)
-    for argument in schema.arguments[len(args) :]:
-        if argument.name in node.kwargs:
-            args.append(node.kwargs[argument.name])
-        elif argument.has_default_value():
-            args.append(argument.default_value)
-        else:
-            raise ValueError(f"{node.name}: missing argument {argument.name!r} of {schema.name}")
-    return tuple(args)
 
 
 def kernel_table(gm: fx.GraphModule) -> list[tuple[str, str, str]]:

@@ -12,29 +12,13 @@ Output: with ctx.capture == "piecewise", a GraphModule whose body calls submodul
 from __future__ import annotations
 
 import networkx as nx
-import torch
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
 from graphspec.config import PassContext, PassResult
+from graphspec.op_nodes import is_attention
 
 NAME = "split_attention"
-
-
-# Ops that read the KV cache across a row's whole length (their kernels pick a split grid per launch);
-# each, reference or lowered (<op>_triton), is an eager-break point.
-ATTENTION_OPS = ("attention", "rotary_kv_attention")
-
-
-def is_attention(node: fx.Node) -> bool:
-    """An attention op of ATTENTION_OPS: the reference or its lowered kernel op."""
-    target = node.target
-    return (
-        node.op == "call_function"
-        and isinstance(target, torch._ops.OpOverload)
-        and target.namespace == "graphspec"
-        and target._opname.removesuffix("_triton") in ATTENTION_OPS
-    )
 
 
 def region_of_nodes(gm: fx.GraphModule) -> dict[fx.Node, int]:

@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten
 from graphspec import trace
 from graphspec.counters import COUNTERS
 from graphspec.lowering import lower_kernels
-from graphspec.passes.split_attention import is_attention
+from graphspec.op_nodes import is_attention
 from graphspec.runtime.buffers import StepBuffers
 
 log = logging.getLogger("graphspec")

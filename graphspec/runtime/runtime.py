@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from graphspec import ops
-from graphspec.compiler import Compiled, compile
+from graphspec.compiled import Compiled
+from graphspec.compiler import compile
 from graphspec.counters import COUNTERS
 from graphspec.drafters.base import PrefillView
 from graphspec.errors import InputError, RuntimeBusyError

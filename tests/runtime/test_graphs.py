@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import graphspec
-from graphspec.compiler import Compiled
+from graphspec.compiled import Compiled
 from graphspec.counters import COUNTERS
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.graphs import TRITON_COMPILES, HostRecorder, StepGraph, pieces

@@ -17,7 +17,7 @@ import torch.fx as fx
 
 import graphspec
 from graphspec import checks, trace
-from graphspec.compiler import Compiled
+from graphspec.compiled import Compiled
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.graphs import HostRecorder, StepGraph
 from graphspec.runtime.region_timing import Marks, instrument, region_starts, time_regions

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import graphspec
-from graphspec.compiler import Compiled
+from graphspec.compiled import Compiled
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.graphs import HostRecorder, StepGraph
 

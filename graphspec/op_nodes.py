@@ -1,0 +1,40 @@
+"""Questions about FX nodes that call graphspec ops, shared by the passes, the lowering and the runtime.
+
+They live below all three so none of them imports another's module for a helper (the runtime must not
+import a pass, a pass must not import the lowering).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+# Ops that read the KV cache across a row's whole length (their kernels pick a split grid per launch);
+# each, reference or lowered (<op>_triton), is an eager-break point of piecewise capture.
+ATTENTION_OPS = ("attention", "rotary_kv_attention")
+
+
+def is_attention(node: fx.Node) -> bool:
+    """An attention op of ATTENTION_OPS: the reference or its lowered kernel op."""
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and target.namespace == "graphspec"
+        and target._opname.removesuffix("_triton") in ATTENTION_OPS
+    )
+
+
+def positional_args(node: fx.Node) -> tuple:
+    """All schema arguments of a reference-op node as positional args (kwargs and defaults filled in),
+    so the config ints can follow them."""
+    schema = node.target._schema
+    args = list(node.args)
+    for argument in schema.arguments[len(args) :]:
+        if argument.name in node.kwargs:
+            args.append(node.kwargs[argument.name])
+        elif argument.has_default_value():
+            args.append(argument.default_value)
+        else:
+            raise ValueError(f"{node.name}: missing argument {argument.name!r} of {schema.name}")
+    return tuple(args)
