@@ -1,0 +1,124 @@
+"""Every Triton kernel the step launches also builds for real GPUs: sm_90 and sm_80 binaries from this
+CPU machine (`triton.compile` with a CUDA GPUTarget, ptxas from the Triton wheel). The interpreter runs
+kernels as Python and misses what only the compiler rejects (layouts, shared memory, types); this does not.
+
+The launches are recorded while the real traced step (both sampling modes, fused and unfused) runs
+lowered for sm 90 under the interpreter, so the argument types and constexprs are the ones the step uses;
+tests/lowering/gpu_binaries.py then builds them in a process without the interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphspec import pipeline
+from graphspec.lowering import registry
+from tests.step_case import StepCase
+
+SMS = (90, 80)
+# (mode, passes skipped): together they lower every kernel of the table, fused and unfused.
+VARIANTS = (
+    ("greedy", ()),
+    ("sample", ("fuse_rotary_kv", "fuse_kv_attention", "fuse_qk_norm")),
+    ("sample", ("fuse_kv_attention",)),
+)
+TRITON_TYPES = {
+    torch.float64: "fp64",
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "i1",
+}
+
+
+def launch_record(function, args: tuple, kwargs: dict) -> dict:
+    """What triton.compile needs to build this launch: argument types, constexpr values, options."""
+    from triton.runtime.jit import JITFunction
+
+    params = JITFunction(function.fn).params
+    signature, constexprs = {}, {}
+    for index, param in enumerate(params):
+        value = args[index] if index < len(args) else kwargs.get(param.name, param.default)
+        if param.is_constexpr or value is None:
+            signature[param.name], constexprs[param.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + TRITON_TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+        elif isinstance(value, float):
+            signature[param.name] = "fp32"
+        else:
+            raise TypeError(f"{function.fn.__name__}: argument {param.name} of type {type(value).__name__}")
+    options = {name: kwargs[name] for name in ("num_warps", "num_stages") if name in kwargs}
+    return {
+        "module": function.fn.__module__,
+        "kernel": function.fn.__name__,
+        "signature": signature,
+        "constexprs": constexprs,
+        "options": options,
+    }
+
+
+@pytest.fixture(scope="module")
+def recorded(checkpoint_factory) -> tuple[list[dict], set[str]]:
+    """Distinct Triton launches of the lowered step, recorded under the interpreter, and the ops lowered."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    target = checkpoint_factory("llama", seed=0, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    draft = checkpoint_factory("qwen3", seed=1, head_dim=64, num_attention_heads=2, num_key_value_heads=1)
+    case = StepCase(target, draft)
+    records: dict[str, dict] = {}
+    lowered: set[str] = set()
+    original = InterpretedFunction.run
+
+    def recording_run(self, *args, **kwargs):
+        record = launch_record(self, args, kwargs)
+        records[json.dumps(record, sort_keys=True)] = record
+        return original(self, *args, **kwargs)
+
+    InterpretedFunction.run = recording_run
+    try:
+        for mode, skip in VARIANTS:
+            context = case.context(mode, options={"force_sm": 90})
+            gm = pipeline.run_pipeline(case.traced(mode), context, stop_after="lower_kernels", skip=skip).gm
+            lowered |= {
+                node.target._opname.removesuffix("_triton")
+                for node in gm.graph.nodes
+                if node.op == "call_function" and str(node.target).startswith("graphspec.")
+            }
+            case.run_graph(gm)
+    finally:
+        InterpretedFunction.run = original
+    return list(records.values()), lowered
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the GPU tests build the real kernels")
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="records launches under the Triton interpreter"
+)
+def test_every_step_kernel_builds_for_sm90_and_sm80(recorded, tmp_path: Path) -> None:
+    launches, lowered = recorded
+    missing = sorted(set(registry.KERNELS) - lowered)
+    assert not missing, f"kernels the step never launched (add them to this test's step): {missing}"
+    recorded = tmp_path / "launches.json"
+    recorded.write_text(json.dumps(launches))
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    script = Path(__file__).with_name("gpu_binaries.py")
+    result = subprocess.run(
+        [sys.executable, str(script), str(recorded), *map(str, SMS)], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert result.stdout.count("ok ") == len(launches) * len(SMS)
