@@ -33,6 +33,7 @@ import platform
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import tokenizers
@@ -43,7 +44,18 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))  # demo_heads, train_demo_heads, measure_acceptance (also by file path)
+from train_demo_heads import train_heads  # noqa: E402
+
 SPECIAL = "<|endoftext|>"  # id 0: BOS, EOS and pad
+# Greedy completions of these (the quickstart's and bench_cpu.py's prompts) are recorded in the metadata.
+SAMPLE_PROMPTS = (
+    "def fibonacci(n):",
+    "class Stack:\n    def __init__(self):",
+    "import os\n\n\ndef list_files(path):",
+    "def parse_args(argv):",
+)
+SAMPLE_NEW_TOKENS = 96
 
 
 def load_examples_module():
@@ -72,27 +84,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--target-steps", type=int, default=1000)
-    parser.add_argument("--draft-steps", type=int, default=2500)
-    parser.add_argument("--target-lr", type=float, default=2e-3)
+    parser.add_argument("--target-steps", type=int, default=3000)
+    parser.add_argument("--draft-steps", type=int, default=3000)
+    parser.add_argument("--target-lr", type=float, default=1.5e-3)
     parser.add_argument("--draft-lr", type=float, default=3e-3)
-    parser.add_argument("--target-shape", default="256,6,704,4,2", help="hidden,layers,intermediate,heads,kv_heads")
-    parser.add_argument("--draft-shape", default="192,3,512,3,3", help="hidden,layers,intermediate,heads,kv_heads")
+    parser.add_argument("--target-shape", default="384,8,1024,6,2", help="hidden,layers,intermediate,heads,kv_heads")
+    parser.add_argument("--draft-shape", default="256,3,704,4,4", help="hidden,layers,intermediate,heads,kv_heads")
+    parser.add_argument("--target-seconds", type=float, default=200.0, help="target phase budget (caps its steps)")
+    parser.add_argument("--draft-seconds", type=float, default=90.0, help="draft phase budget (caps its steps)")
     parser.add_argument("--gen-sequences", type=int, default=16384, help="target-greedy sequences for the draft")
     parser.add_argument("--gen-prompt", type=int, default=64, help="prompt tokens of each generated sequence")
     parser.add_argument("--gen-new", type=int, default=192, help="greedy tokens of each generated sequence")
-    parser.add_argument("--gen-batch", type=int, default=1024)
+    parser.add_argument("--gen-batch", type=int, default=2048)
+    parser.add_argument("--heads", default="mtp,eagle3", help="heads to train for the target ('' for none)")
+    parser.add_argument("--head-steps", type=int, default=2000)
+    parser.add_argument("--head-lr", type=float, default=1e-3)
+    parser.add_argument("--head-batch-size", type=int, default=16, help="corpus windows per head step (x2 mixed)")
+    parser.add_argument("--head-unroll", type=int, default=4, help="chained drafts per training position")
+    parser.add_argument("--head-seconds", type=float, default=45.0, help="budget of each head (caps its steps)")
+    parser.add_argument("--eagle3-draft-vocab", type=int, default=2048, help="EAGLE-3's reduced draft vocabulary")
+    parser.add_argument("--eagle3-layers", default=None, help="aux layer ids (default vLLM's: 2, L/2, L-3)")
+    parser.add_argument("--accept-prompts", type=int, default=20, help="held-out prompts for the acceptance")
+    parser.add_argument("--accept-new-tokens", default="128,32", help="new tokens per prompt, per measurement")
     parser.add_argument("--stdlib-version", default=None, help="Python version of --stdlib (recorded only)")
     parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--time-budget", type=float, default=330.0, help="seconds; training stops early past it")
+    parser.add_argument("--time-budget", type=float, default=500.0, help="seconds; training stops outright past it")
     args = parser.parse_args(argv)
     if args.out is None and args.pack_corpus is None:
         parser.error("--out is required")
     if args.smoke:
         args.vocab_size, args.seq_len, args.batch_size = 512, 64, 4
-        args.target_steps, args.draft_steps, args.eval_every = 3, 3, 2
+        args.target_steps, args.draft_steps, args.head_steps, args.eval_every = 3, 3, 3, 2
         args.gen_sequences, args.gen_prompt, args.gen_new, args.gen_batch = 8, 16, 16, 4
-        args.target_shape, args.draft_shape = "64,2,128,4,2", "32,1,64,2,2"
+        args.target_shape, args.draft_shape = "64,4,128,4,2", "32,1,64,2,2"
+        args.head_batch_size, args.eagle3_draft_vocab, args.accept_prompts = 2, 256, 2
+        args.accept_new_tokens = "8"
     return args
 
 
@@ -153,11 +179,38 @@ def windows(stream: torch.Tensor, starts: torch.Tensor, length: int) -> tuple[to
 
 
 def lr_at(step: int, steps: int, peak: float) -> float:
+    """Linear warmup over the first 100 steps (a tenth of a short run), then cosine decay to 10% of peak."""
     warmup = max(1, min(100, steps // 10))
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class StepCap:
+    """A phase's step count, capped to fit its time budget on the machine at hand: after PROBE steps
+    (the first WARM ones excluded: allocator and kernel warm-up) the measured time per step fixes how
+    many steps fit, with a tenth of the budget left for evaluations. The LR schedule then runs to
+    that count, so a slower GPU trains fewer steps with a complete schedule instead of a cut one."""
+
+    WARM, PROBE = 5, 25
+
+    def __init__(self, steps: int, budget: float) -> None:
+        self.requested, self.steps, self.budget, self.capped = steps, steps, budget, False
+        self.began, self.warm_at = time.time(), None
+
+    def after_step(self, step: int) -> None:
+        if step == self.WARM:
+            self.warm_at = time.time()
+        elif step == self.PROBE and self.warm_at is not None:
+            per_step = (time.time() - self.warm_at) / (self.PROBE - self.WARM)
+            fit = self.PROBE + int((0.9 * self.budget - self.elapsed()) / per_step)
+            if fit < self.steps:
+                self.steps, self.capped = max(self.PROBE, fit), True
+                print(f"  {per_step * 1e3:.1f} ms/step: {self.steps} steps fit the {self.budget:.0f}s budget")
+
+    def elapsed(self) -> float:
+        return time.time() - self.began
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, device: str) -> torch.optim.Optimizer:
@@ -231,23 +284,25 @@ def generate_greedy(model, stream, args) -> torch.Tensor:
     return torch.cat(sequences)
 
 
-def train(name, model, stream, heldout, args, steps, lr, deadline, teacher=None, generated=None) -> dict:
+def train(name, model, stream, heldout, args, steps, lr, budget, deadline, teacher=None, generated=None) -> dict:
     """Cross-entropy training on random corpus windows; with `teacher`, distillation (forward KL over
     the vocabulary) instead, and with `generated` too, half of every batch's tokens are rows of
-    `generated` (the teacher's own greedy sequences) and half corpus windows."""
+    `generated` (the teacher's own greedy sequences) and half corpus windows. `steps` is capped to fit
+    `budget` seconds (StepCap); `deadline` (the whole run's) stops it outright, a last resort."""
     device = args.device
     generator = torch.Generator(device="cpu").manual_seed(args.seed + (1 if teacher is not None else 0))
     optimizer = make_optimizer(model, lr, device)
     corpus_rows = args.batch_size if generated is None else max(1, args.batch_size // 2)
     generated_rows = 0 if generated is None else max(1, corpus_rows * args.seq_len // (generated.shape[1] - 1))
     model.train()
-    log, start, done, stopped_early = [], time.time(), 0, False
-    for step in range(steps):
+    cap = StepCap(steps, budget)
+    log, done, stopped_early = [], 0, False
+    while done < cap.steps:
         if time.time() > deadline:
             stopped_early = True
             break
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, steps, lr)
+            group["lr"] = lr_at(done, cap.steps, lr)
         starts = torch.randint(0, len(stream) - args.seq_len - 1, (corpus_rows,), generator=generator)
         inputs, labels = windows(stream, starts.to(stream.device), args.seq_len)
         loss, ce = batch_loss(model, inputs, labels, device, teacher)
@@ -262,24 +317,26 @@ def train(name, model, stream, heldout, args, steps, lr, deadline, teacher=None,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        done = step + 1
-        if done % args.eval_every == 0 or done == steps:
-            entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": time.time() - start}
+        done += 1
+        cap.after_step(done)
+        if done % args.eval_every == 0 or done == cap.steps:
+            entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": cap.elapsed()}
             entry.update({k: v.item() for k, v in entry_extra.items()})
             entry.update(evaluate(model, heldout, args, teacher))
             log.append(entry)
             fields = (f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items())
             print(f"[{name}] " + " ".join(fields), flush=True)
     if not log or log[-1]["step"] != done:
-        entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": time.time() - start}
+        entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": cap.elapsed()}
         entry.update(evaluate(model, heldout, args, teacher))
         log.append(entry)
-    seconds = time.time() - start
     return {
         "steps_requested": steps,
         "steps_done": done,
-        "stopped_early_by_time_budget": stopped_early,
-        "seconds": seconds,
+        "steps_capped_by_budget": cap.capped,
+        "budget_seconds": budget,
+        "stopped_early_by_deadline": stopped_early,
+        "seconds": cap.elapsed(),
         "peak_lr": lr,
         "batch": {"corpus_rows": corpus_rows, "corpus_seq_len": args.seq_len, "generated_rows": generated_rows},
         "log": log,
@@ -295,6 +352,53 @@ def save(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, directory:
     model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=0, pad_token_id=0)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+
+
+def measure_saved(out: Path, drafters: list[str], stdlib: Path, args) -> tuple[dict, list[dict]]:
+    """Greedy acceptance of every drafter on held-out prompts (tools/measure_acceptance.py's replay, K=4,
+    fp32) and the target's greedy completions of SAMPLE_PROMPTS, all from the saved files."""
+    import measure_acceptance
+
+    target, draft, tokenizer, eos = measure_acceptance.load_pair(out / "target", out / "draft", args.device)
+    made = measure_acceptance.load_drafters(drafters, target, draft, out, args.device)
+    prompts = measure_acceptance.heldout_prompts(tokenizer, args.accept_prompts, 64, stdlib)
+    acceptance = {"k": 4, "prompts": args.accept_prompts, "prompt_tokens": 64, "dtype": "float32", "by_new_tokens": {}}
+    for new_tokens in (int(x) for x in args.accept_new_tokens.split(",")):
+        results = {}
+        for name, drafter in made.items():
+            result = measure_acceptance.measure(target, drafter, prompts, 4, new_tokens, eos)
+            results[name] = asdict(result)
+            print(f"acceptance {name} @ {new_tokens} new tokens: {result.mean_accepted:.3f} accepted/step", flush=True)
+        acceptance["by_new_tokens"][str(new_tokens)] = results
+    samples = []
+    for prompt in SAMPLE_PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        tokens = measure_acceptance.greedy(target, ids, SAMPLE_NEW_TOKENS)
+        text = tokenizer.decode(cut_at(tokens, eos), skip_special_tokens=True)
+        grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
+        samples.append({"prompt": prompt, "greedy": text, "distinct_4gram_ratio": len(set(grams)) / len(grams)})
+        print(f"--- greedy completion of {prompt!r}:\n{prompt}{text}\n---", flush=True)
+    return acceptance, samples
+
+
+def cut_at(tokens: list[int], eos: set[int]) -> list[int]:
+    for index, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:index]
+    return tokens
+
+
+def head_metadata(name: str, head, result: dict) -> dict:
+    layout = {
+        "mtp": "SGLang standalone NextN (LlamaForCausalLMNextN): model.layers.0.{enorm, hnorm, eh_proj, "
+        "shared_head.norm, one Llama decoder layer}; embedding and lm_head are the target's",
+        "eagle3": "EAGLE-3 (LlamaForCausalLMEagle3): fc, midlayer.*, norm, lm_head over the draft vocabulary, "
+        "d2t, t2d; embedding is the target's",
+    }[name]
+    extra = {}
+    if name == "eagle3":
+        extra = {"draft_vocab_size": len(head.d2t), "aux_hidden_state_layer_ids": head.aux_layer_ids}
+    return {"layout": layout, **extra, **result}
 
 
 def pack_corpus(examples, root: Path, destination: Path) -> None:
@@ -341,8 +445,9 @@ def main(argv: list[str] | None = None) -> None:
     target_config = model_config(args.target_shape, len(tokenizer), args.seq_len)
     target = LlamaForCausalLM(target_config).to(args.device)
     target_result = train(
-        "target", target, train_stream, heldout_stream, args, args.target_steps, args.target_lr, deadline
-    )
+        "target", target, train_stream, heldout_stream, args, args.target_steps, args.target_lr,
+        args.target_seconds, deadline,
+    )  # fmt: skip
     target.eval().requires_grad_(False)
 
     torch.manual_seed(args.seed + 1)
@@ -353,23 +458,35 @@ def main(argv: list[str] | None = None) -> None:
     generation_seconds = time.time() - generation_began
     print(f"generated {tuple(generated.shape)} target-greedy tokens in {generation_seconds:.1f}s", flush=True)
     draft_result = train(
-        "draft",
-        draft,
-        train_stream,
-        heldout_stream,
-        args,
-        args.draft_steps,
-        args.draft_lr,
-        deadline,
-        teacher=target,
-        generated=generated,
-    )
+        "draft", draft, train_stream, heldout_stream, args, args.draft_steps, args.draft_lr, args.draft_seconds,
+        deadline, teacher=target, generated=generated,
+    )  # fmt: skip
+
+    heads_began = time.time()
+    heads = {}
+    if args.heads:
+        unknown = set(args.heads.split(",")) - {"mtp", "eagle3"}
+        if unknown:
+            raise SystemExit(f"--heads: unknown head(s) {', '.join(sorted(unknown))}; choose mtp, eagle3")
+        trained = train_heads(
+            target, train_stream, heldout_stream, generated, args, lambda: autocast(args.device), windows, lr_at
+        )
+        heads = {name: trained[name] for name in args.heads.split(",")}
+    heads_seconds = time.time() - heads_began
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     save(target, tokenizer, out / "target")
     save(draft, tokenizer, out / "draft")
-    files = sorted(p for sub in ("target", "draft") for p in (out / sub).iterdir() if p.is_file())
+    for name, (head, _) in heads.items():
+        if (out / name).exists():
+            shutil.rmtree(out / name)
+        head.save(out / name)
+    # Measured on the files as saved (float16, read back in fp32), as tools/measure_acceptance.py does.
+    acceptance_began = time.time()
+    acceptance, samples = measure_saved(out, ["draft", *heads, "ngram"], root, args)
+    acceptance_seconds = time.time() - acceptance_began
+    files = sorted(p for sub in ("target", "draft", *heads) for p in (out / sub).iterdir() if p.is_file())
     metadata = {
         "command": "PYTHONPATH=. python3 tools/train_demo_pair.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "smoke": args.smoke,
@@ -424,11 +541,16 @@ def main(argv: list[str] | None = None) -> None:
             },
             **draft_result,
         },
+        "heads": {name: head_metadata(name, head, result) for name, (head, result) in heads.items()},
+        "acceptance": acceptance,
+        "samples": samples,
         "timing_seconds": {
             "tokenizer_and_encoding": tokenizer_seconds,
             "target_training": target_result["seconds"],
             "target_generation": generation_seconds,
             "draft_training": draft_result["seconds"],
+            "heads_training": heads_seconds,
+            "acceptance_and_samples": acceptance_seconds,
             "total_before_metadata": time.time() - began,
         },
         "saved_dtype": "float16",
