@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     train_files = examples.stdlib_files("train", root)
     heldout_files = examples.stdlib_files("heldout", root)
     if args.smoke:  # a slice of the corpus keeps tokenizer training and encoding to seconds on a CPU
-        train_files, heldout_files = train_files[::25], heldout_files[::10]
+        train_files, heldout_files = train_files[::50], heldout_files[::10]
     print(f"corpus {root}: {len(train_files)} train files, {len(heldout_files)} held-out files")
 
     tokenizer = train_tokenizer([text for _, text in train_files], args.vocab_size, args.seq_len)

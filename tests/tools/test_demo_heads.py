@@ -249,3 +249,44 @@ def test_ngram_proposals_follow_the_earliest_longest_match():
     assert propose(7) == [3, 9, 1, 2]  # suffix 9 1 2 never occurred before; 1 2 first at 1..2
     short = measure_acceptance.NGram(1, 3).proposer([1, 2, 1], k=4)
     assert short(3) == [2, 1]  # fewer than K: only committed tokens follow a match
+
+
+def test_mtp_head_drafts_what_graphspecs_mtp_drafter_drafts(tmp_path):
+    """The saved head, placed in the target checkpoint in DeepSeek-V3's layout (model.layers.{L}.*, which
+    graphspec's MTP drafter reads today), accepts in graphspec's runtime exactly what the one-pass replay
+    says at every step: the training convention (pairs, rotary positions, chaining) is the inference one.
+    A vocabulary of 6 lets random weights get drafts both accepted and rejected."""
+    from safetensors.torch import load_file, save_file
+
+    import graphspec
+
+    target = randomize(tiny_target(vocab_size=6, seed=8), 8)
+    head = randomize(demo_heads.MtpHead(target.config), 9)
+    target.save_pretrained(tmp_path / "target")
+    head.save(tmp_path / "mtp", dtype=torch.float32)
+    layers = target.config.num_hidden_layers
+    weights = load_file(tmp_path / "target" / "model.safetensors")
+    for name, tensor in load_file(tmp_path / "mtp" / "model.safetensors").items():
+        weights[name.replace("model.layers.0.", f"model.layers.{layers}.", 1)] = tensor
+    save_file(weights, tmp_path / "target" / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "target" / "config.json").read_text())
+    (tmp_path / "target" / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+
+    k, new_tokens = 3, 20
+    prompts = [torch.randint(0, 6, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 11)]
+    runtime = graphspec.Runtime.from_pretrained(
+        tmp_path / "target", "mtp", k=k, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=64,
+        modes=("greedy",),
+    )  # fmt: skip
+    drafter = measure_acceptance.Head("mtp", target, head.eval())
+    accepted = []
+    for prompt in prompts:
+        result = runtime.generate([prompt], max_new_tokens=new_tokens, stop_token_ids=[])[0]
+        tokens, _ = measure_acceptance.continuation(target, prompt, k, new_tokens, set())
+        assert result.token_ids == tokens[:new_tokens]
+        full = prompt + tokens
+        # graphspec's prefill commits the target's first token; its steps start one token later.
+        expected = measure_acceptance.replay(drafter.proposer(full, k), full, len(prompt) + 1, new_tokens - 1, k)
+        assert result.stats.accepted_per_step == expected
+        accepted += expected
+    assert 0 < sum(accepted) < k * len(accepted)
