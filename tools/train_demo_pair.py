@@ -482,7 +482,9 @@ def main(argv: list[str] | None = None) -> None:
         if (out / name).exists():
             shutil.rmtree(out / name)
         head.save(out / name)
-    # Measured on the files as saved (float16, read back in fp32), as tools/measure_acceptance.py does.
+    # Measured on the files as saved (float16, read back in fp32), as tools/measure_acceptance.py does;
+    # TF32 off so the GPU's fp32 matches a CPU's run of that script.
+    torch.backends.cuda.matmul.allow_tf32 = False
     acceptance_began = time.time()
     acceptance, samples = measure_saved(out, ["draft", *heads, "ngram"], root, args)
     acceptance_seconds = time.time() - acceptance_began
