@@ -1,4 +1,5 @@
-"""Train the built-in demo pair: a small Llama target and a much smaller Llama draft, on Python source.
+"""Train the built-in demo pair (a small Llama target and a much smaller Llama draft, on Python source)
+and two heads for the target (MTP and EAGLE-3), in one run.
 
 Corpus: the .py files of the running interpreter's standard library; the split into train and held-out
 files is defined in graphspec/examples/__init__.py (by top-level package) and recorded in the metadata.
@@ -8,18 +9,25 @@ Steps, in one process:
   2. the target (transformers LlamaForCausalLM), next-token cross-entropy on random windows of the
      training token stream (each file is preceded by <|endoftext|>);
   3. the draft, distilled from the finished target: KL(target || draft) over the full vocabulary at
-     every position of the same kind of windows, which is what raises greedy agreement;
-  4. held-out loss of both and the draft's top-1 agreement with the target on held-out text;
-  5. both saved with save_pretrained in float16, tokenizer in each dir, plus metadata.json (command,
-     corpus, split, steps, losses, timings, versions, sha256 of every file).
-Seeds are fixed and the data order is deterministic; GPU kernels (attention backward, embedding
-gradients) are not bitwise deterministic, so a rerun on a GPU matches closely, not bit for bit.
+     every position, on corpus windows and on the target's own greedy continuations;
+  4. the MTP and EAGLE-3 heads for the frozen target (train_demo_heads.py: KL to the target, unrolled
+     over chained drafts), on the same mix;
+  5. held-out loss of target and draft, the draft's and heads' top-1 agreement with the target;
+  6. everything saved in float16 (target/ and draft/ with save_pretrained and the tokenizer, mtp/ and
+     eagle3/ as head directories), then, from the saved files: greedy acceptance of every drafter on
+     held-out prompts (measure_acceptance.py's replay), the target's greedy completions of the
+     quickstart prompts, and metadata.json (command, corpus, split, steps, losses, timings, versions,
+     acceptance, samples, sha256 of every file).
+Each training phase has a time budget (--target-seconds, --draft-seconds, --head-seconds): its step count
+is capped to what fits, measured after a few steps, and the LR schedule (warmup, cosine to 10%) runs to
+that count. Seeds are fixed and the data order is deterministic; GPU kernels (attention backward,
+embedding gradients) are not bitwise deterministic, so a rerun on a GPU matches closely, not bit for bit.
 
 GPU (bf16 autocast):  PYTHONPATH=. python3 tools/train_demo_pair.py --out graphspec/examples/demo_pair
 CPU smoke test:       PYTHONPATH=. python3 tools/train_demo_pair.py --smoke --out /tmp/demo_pair_smoke
 Another Python's stdlib as the corpus (how the shipped pair was trained on CPython 3.11.7's library):
   here:  python3 tools/train_demo_pair.py --pack-corpus build/demo_pair_corpus/stdlib.tar.gz
-  there: tar xzf build/demo_pair_corpus/stdlib.tar.gz -C /tmp/stdlib &&
+  there: mkdir -p /tmp/stdlib && tar xzf build/demo_pair_corpus/stdlib.tar.gz -C /tmp/stdlib &&
          PYTHONPATH=. python3 tools/train_demo_pair.py --stdlib /tmp/stdlib --stdlib-version 3.11.7 --out ...
 """
 
@@ -84,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--target-steps", type=int, default=3000)
+    parser.add_argument("--target-steps", type=int, default=2400)
     parser.add_argument("--draft-steps", type=int, default=3000)
     parser.add_argument("--target-lr", type=float, default=1.5e-3)
     parser.add_argument("--draft-lr", type=float, default=3e-3)
