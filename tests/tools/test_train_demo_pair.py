@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 
 import demo_heads  # noqa: E402
+import demo_pair_readme  # noqa: E402
 import train_demo_pair  # noqa: E402
 
 from graphspec.examples import file_sha256  # noqa: E402
@@ -45,6 +46,10 @@ def test_smoke_run_writes_pair_heads_and_metadata(tmp_path):
     for phase in ("target", "draft"):
         assert metadata[phase]["steps_done"] == 3 and not metadata[phase]["stopped_early_by_deadline"]
     assert all(metadata["heads"][name]["steps_done"] == 3 for name in ("mtp", "eagle3"))
+    # The README is written from these files: every hash, and every drafter's measured acceptance.
+    readme = demo_pair_readme.render(tmp_path)
+    assert all(f"`{digest}`" in readme for digest in metadata["sha256"].values())
+    assert all(f"**{result['mean_accepted']:.3f}**" in readme for result in acceptance.values())
 
 
 def test_step_cap_fits_the_budget_and_keeps_the_requested_count_when_it_fits():
