@@ -239,17 +239,11 @@ class Eagle3Head(Unrolled):
         config = json.loads((Path(directory) / "config.json").read_text())
         if config.get("architectures") != ["LlamaForCausalLMEagle3"]:
             raise ValueError(f"{directory} is not a LlamaForCausalLMEagle3 head")
-        llama = LlamaConfig(
-            vocab_size=config["vocab_size"],
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_hidden_layers=1,
-            num_attention_heads=config["num_attention_heads"],
-            num_key_value_heads=config["num_key_value_heads"],
-            max_position_embeddings=config["max_position_embeddings"],
-            rms_norm_eps=config["rms_norm_eps"],
-            rope_theta=config["rope_theta"],
-        )
+        llama = llama_config(
+            config["vocab_size"], config["hidden_size"], config["intermediate_size"], config["num_attention_heads"],
+            config["num_key_value_heads"], config["max_position_embeddings"], config["rms_norm_eps"],
+            config["rope_theta"],
+        )  # fmt: skip
         tensors = load_file(Path(directory) / WEIGHTS)
         ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
         head = cls(llama, config["target_hidden_size"], ids, tensors["d2t"])
@@ -259,16 +253,24 @@ class Eagle3Head(Unrolled):
 
 def eagle3_config(target: LlamaConfig) -> LlamaConfig:
     """The EAGLE-3 midlayer's shape: the target's hidden size, heads and MLP (as public EAGLE-3 heads)."""
+    return llama_config(
+        target.vocab_size, target.hidden_size, target.intermediate_size, target.num_attention_heads,
+        target.num_key_value_heads, target.max_position_embeddings, target.rms_norm_eps,
+        target.rope_parameters["rope_theta"],
+    )  # fmt: skip
+
+
+def llama_config(vocab, hidden, intermediate, heads, kv_heads, positions, eps, rope_theta) -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=target.vocab_size,
-        hidden_size=target.hidden_size,
-        intermediate_size=target.intermediate_size,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=1,
-        num_attention_heads=target.num_attention_heads,
-        num_key_value_heads=target.num_key_value_heads,
-        max_position_embeddings=target.max_position_embeddings,
-        rms_norm_eps=target.rms_norm_eps,
-        rope_theta=target.rope_parameters["rope_theta"],
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=positions,
+        rms_norm_eps=eps,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
     )
 
 
@@ -285,12 +287,12 @@ def frequent_tokens_d2t(counts: Tensor, draft_vocab: int) -> Tensor:
 
 def target_features(target: LlamaForCausalLM, tokens: Tensor, head: Unrolled) -> tuple[Tensor, Tensor]:
     """(features [B, T, F] the head reads, target logits [B, T, V]) from one target forward."""
-    out = target(input_ids=tokens, output_hidden_states=True)
-    if isinstance(head, Eagle3Head):
+    out = target.model(input_ids=tokens, output_hidden_states=True)
+    if isinstance(head, Eagle3Head):  # hidden_states[i] (i < L) is the input of layer i in every version
         features = torch.cat([out.hidden_states[index] for index in head.aux_layer_ids], dim=-1)
     else:
-        features = out.hidden_states[-1]  # the final norm's output (transformers' last hidden state)
-    return features, out.logits
+        features = out.last_hidden_state  # after the final norm: what the target's lm_head reads
+    return features, target.lm_head(out.last_hidden_state)
 
 
 def stored(tensors: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:

@@ -18,7 +18,16 @@ import time
 
 import torch
 import torch.nn.functional as F
-from demo_heads import Eagle3Head, MtpHead, Unrolled, eagle3_config, frequent_tokens_d2t, target_features
+from demo_heads import (
+    Eagle3Head,
+    MtpHead,
+    Unrolled,
+    default_aux_layers,
+    eagle3_config,
+    frequent_tokens_d2t,
+    target_features,
+)
+from demo_training import StepCap, autocast, lr_at, make_optimizer, windows
 from transformers import LlamaForCausalLM
 
 LOSS_DECAY = 0.8  # draft j's weight is LOSS_DECAY ** j (SafeAILab EAGLE-3)
@@ -41,8 +50,6 @@ def make_heads(target: LlamaForCausalLM, train_stream: torch.Tensor, args) -> di
 
 
 def parse_layers(args, config) -> list[int]:
-    from demo_heads import default_aux_layers
-
     if args.eagle3_layers:
         return [int(x) for x in args.eagle3_layers.split(",")]
     return default_aux_layers(config.num_hidden_layers)
@@ -55,15 +62,15 @@ def init_like_target(head: torch.nn.Module, std: float) -> None:
             torch.nn.init.normal_(module.weight, std=std)
 
 
-def head_loss(head: Unrolled, target: LlamaForCausalLM, tokens: torch.Tensor, drafts: int, autocast):
+def head_loss(head: Unrolled, target: LlamaForCausalLM, tokens: torch.Tensor, drafts: int, device: str):
     """(weighted KL summed over drafts, per-draft teacher-forced top-1 agreement with the target)."""
-    with torch.no_grad(), autocast():
+    with torch.no_grad(), autocast(device):
         features, target_logits = target_features(target, tokens, head)
     target_logp = F.log_softmax(target_logits.float(), dim=-1)  # [B, T, V]
     if isinstance(head, Eagle3Head):  # the label restricted to the draft vocabulary, renormalized
         draft_ids = torch.arange(len(head.d2t), device=tokens.device) + head.d2t
         target_logp = F.log_softmax(target_logp[..., draft_ids], dim=-1)
-    with autocast():
+    with autocast(device):
         all_logits = head.unroll(target, tokens, features, drafts)
     length = tokens.shape[1] - 1
     total, agreement = 0.0, []
@@ -78,10 +85,8 @@ def head_loss(head: Unrolled, target: LlamaForCausalLM, tokens: torch.Tensor, dr
     return total, torch.stack(agreement)
 
 
-def train_head(name, head, target, stream, heldout, generated, args, budget, autocast, windows, schedule) -> dict:
+def train_head(name, head, target, stream, heldout, generated, args, budget) -> dict:
     """AdamW with warmup + cosine; the step count is capped to fit `budget` seconds (see train_demo_pair)."""
-    from train_demo_pair import StepCap, make_optimizer
-
     generator = torch.Generator(device="cpu").manual_seed(args.seed + 5)
     optimizer = make_optimizer(head, args.head_lr, args.device)
     rows = max(1, args.head_batch_size // 2) if generated is not None else args.head_batch_size
@@ -91,14 +96,14 @@ def train_head(name, head, target, stream, heldout, generated, args, budget, aut
     log, step = [], 0
     while step < cap.steps:
         for group in optimizer.param_groups:
-            group["lr"] = schedule(step, cap.steps, args.head_lr)
+            group["lr"] = lr_at(step, cap.steps, args.head_lr)
         starts = torch.randint(0, len(stream) - args.seq_len - 1, (rows,), generator=generator)
         inputs, _ = windows(stream, starts.to(stream.device), args.seq_len)
-        loss, agree = head_loss(head, target, inputs, args.head_unroll, autocast)
+        loss, agree = head_loss(head, target, inputs, args.head_unroll, args.device)
         if generated is not None:
             pick = torch.randint(0, generated.shape[0], (generated_rows,), generator=generator)
             generated_loss, _ = head_loss(
-                head, target, generated[pick.to(generated.device)], args.head_unroll, autocast
+                head, target, generated[pick.to(generated.device)], args.head_unroll, args.device
             )
             loss = 0.5 * (loss + generated_loss)
         optimizer.zero_grad(set_to_none=True)
@@ -110,7 +115,7 @@ def train_head(name, head, target, stream, heldout, generated, args, budget, aut
         if step % args.eval_every == 0 or step == cap.steps:
             entry = {"step": step, "train_loss": loss.item(), "seconds": cap.elapsed()}
             entry["train_top1_agreement_by_draft"] = [round(x, 4) for x in agree.tolist()]
-            entry["heldout_top1_agreement_by_draft"] = evaluate_head(head, target, heldout, args, autocast, windows)
+            entry["heldout_top1_agreement_by_draft"] = evaluate_head(head, target, heldout, args)
             log.append(entry)
             print(f"[{name}] {entry}", flush=True)
     head.eval().requires_grad_(False)
@@ -131,7 +136,7 @@ def train_head(name, head, target, stream, heldout, generated, args, budget, aut
 
 
 @torch.no_grad()
-def evaluate_head(head, target, stream, args, autocast, windows) -> list[float]:
+def evaluate_head(head, target, stream, args) -> list[float]:
     """Teacher-forced top-1 agreement with the target per chain draft on held-out windows."""
     head.eval()
     count = min((len(stream) - 1) // args.seq_len, 64)
@@ -140,23 +145,20 @@ def evaluate_head(head, target, stream, args, autocast, windows) -> list[float]:
     batches = 0
     for batch in starts.split(args.head_batch_size):
         inputs, _ = windows(stream, batch, args.seq_len)
-        _, agree = head_loss(head, target, inputs, args.head_unroll, autocast)
+        _, agree = head_loss(head, target, inputs, args.head_unroll, args.device)
         total += agree
         batches += 1
     head.train()
     return [round(x, 4) for x in (total / max(1, batches)).tolist()]
 
 
-def train_heads(target, train_stream, heldout_stream, generated, args, autocast, windows, schedule) -> dict:
+def train_heads(target, train_stream, heldout_stream, generated, args) -> dict:
     """Both heads, trained one after the other; returns {name: (head, result)}."""
     began = time.time()
     heads = make_heads(target, train_stream, args)
     results = {}
     for name, head in heads.items():
-        result = train_head(
-            name, head, target, train_stream, heldout_stream, generated, args, args.head_seconds, autocast,
-            windows, schedule,
-        )  # fmt: skip
+        result = train_head(name, head, target, train_stream, heldout_stream, generated, args, args.head_seconds)
         results[name] = (head, result)
     print(f"heads trained in {time.time() - began:.1f}s", flush=True)
     return results

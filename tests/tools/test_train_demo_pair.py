@@ -15,6 +15,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 import demo_heads  # noqa: E402
 import demo_pair_readme  # noqa: E402
+import demo_training  # noqa: E402
 import train_demo_pair  # noqa: E402
 
 from graphspec.examples import file_sha256  # noqa: E402
@@ -53,15 +54,15 @@ def test_smoke_run_writes_pair_heads_and_metadata(tmp_path):
 
 
 def test_step_cap_fits_the_budget_and_keeps_the_requested_count_when_it_fits():
-    cap = train_demo_pair.StepCap(steps=10_000, budget=1.0)
-    for step in range(1, train_demo_pair.StepCap.PROBE + 1):
+    cap = demo_training.StepCap(steps=10_000, budget=1.0)
+    for step in range(1, demo_training.StepCap.PROBE + 1):
         cap.after_step(step)  # steps that take no time: everything fits
     assert (cap.steps, cap.capped) == (10_000, False)
-    slow = train_demo_pair.StepCap(steps=10_000, budget=1.0)
-    for step in range(1, train_demo_pair.StepCap.PROBE + 1):
-        if step == train_demo_pair.StepCap.WARM:
+    slow = demo_training.StepCap(steps=10_000, budget=1.0)
+    for step in range(1, demo_training.StepCap.PROBE + 1):
+        if step == demo_training.StepCap.WARM:
             slow.after_step(step)
             slow.warm_at -= 0.5  # pretend the 20 probe steps took 0.5 s: 25 ms each
-        elif step == train_demo_pair.StepCap.PROBE:
+        elif step == demo_training.StepCap.PROBE:
             slow.after_step(step)
-    assert slow.capped and train_demo_pair.StepCap.PROBE <= slow.steps <= 25 + int(0.9 / 0.025)
+    assert slow.capped and demo_training.StepCap.PROBE <= slow.steps <= 25 + int(0.9 / 0.025)
