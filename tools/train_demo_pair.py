@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target-shape", default="384,8,1024,6,2", help="hidden,layers,intermediate,heads,kv_heads")
     parser.add_argument("--draft-shape", default="256,3,704,4,4", help="hidden,layers,intermediate,heads,kv_heads")
     parser.add_argument("--target-seconds", type=float, default=200.0, help="target phase budget (caps its steps)")
-    parser.add_argument("--draft-seconds", type=float, default=90.0, help="draft phase budget (caps its steps)")
+    parser.add_argument("--draft-seconds", type=float, default=110.0, help="draft phase budget (caps its steps)")
     parser.add_argument("--gen-sequences", type=int, default=16384, help="target-greedy sequences for the draft")
     parser.add_argument("--gen-prompt", type=int, default=64, help="prompt tokens of each generated sequence")
     parser.add_argument("--gen-new", type=int, default=192, help="greedy tokens of each generated sequence")
