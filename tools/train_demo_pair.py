@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--accept-new-tokens", default="128,32", help="new tokens per prompt, per measurement")
     parser.add_argument("--stdlib-version", default=None, help="Python version of --stdlib (recorded only)")
     parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--time-budget", type=float, default=500.0, help="seconds; training stops outright past it")
+    parser.add_argument("--time-budget", type=float, default=470.0, help="seconds; training stops outright past it")
     args = parser.parse_args(argv)
     if args.out is None and args.pack_corpus is None:
         parser.error("--out is required")

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,3 +67,12 @@ def test_step_cap_fits_the_budget_and_keeps_the_requested_count_when_it_fits():
         elif step == demo_training.StepCap.PROBE:
             slow.after_step(step)
     assert slow.capped and demo_training.StepCap.PROBE <= slow.steps <= 25 + int(0.9 / 0.025)
+
+
+@pytest.mark.gpu
+def test_smoke_run_on_the_gpu(tmp_path):
+    """The GPU paths the CPU smoke run cannot take: bf16 autocast, fused AdamW, SDPA with the unroll's mask."""
+    train_demo_pair.main(["--smoke", "--out", str(tmp_path), "--device", "cuda"])
+    metadata = json.loads((tmp_path / "metadata.json").read_text())
+    assert set(metadata["acceptance"]["by_new_tokens"]["8"]) == {"draft", "mtp", "eagle3", "ngram"}
+    assert all(metadata["heads"][name]["steps_done"] == 3 for name in ("mtp", "eagle3"))
