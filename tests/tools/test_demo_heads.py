@@ -290,3 +290,28 @@ def test_mtp_head_drafts_what_graphspecs_mtp_drafter_drafts(tmp_path):
         assert result.stats.accepted_per_step == expected
         accepted += expected
     assert 0 < sum(accepted) < k * len(accepted)
+
+
+def test_ngram_replay_accepts_what_graphspecs_ngram_drafter_accepts(tmp_path):
+    """measure_acceptance.NGram's proposals replayed give graphspec's n-gram runtime's accepted counts."""
+    import graphspec
+
+    target = randomize(tiny_target(vocab_size=5, seed=10), 10)
+    target.save_pretrained(tmp_path / "target")
+    k, new_tokens = 4, 24
+    runtime = graphspec.Runtime.from_pretrained(
+        tmp_path / "target", "ngram", k=k, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=64,
+        modes=("greedy",),
+    )  # fmt: skip
+    accepted = []
+    for length in (6, 13):
+        prompt = torch.randint(0, 5, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+        result = runtime.generate([prompt], max_new_tokens=new_tokens, stop_token_ids=[])[0]
+        tokens, _ = measure_acceptance.continuation(target, prompt, k, new_tokens, set())
+        assert result.token_ids == tokens[:new_tokens]
+        full = prompt + tokens
+        propose = measure_acceptance.NGram(1, 3).proposer(full, k)
+        expected = measure_acceptance.replay(propose, full, len(prompt) + 1, new_tokens - 1, k)
+        assert result.stats.accepted_per_step == expected
+        accepted += expected
+    assert 0 < sum(accepted) < k * len(accepted)
