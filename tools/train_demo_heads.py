@@ -15,6 +15,7 @@ measures their acceptance next to the draft model's.
 from __future__ import annotations
 
 import time
+from argparse import Namespace
 
 import torch
 import torch.nn.functional as F
@@ -28,12 +29,12 @@ from demo_heads import (
     target_features,
 )
 from demo_training import StepCap, autocast, lr_at, make_optimizer, windows
-from transformers import LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 LOSS_DECAY = 0.8  # draft j's weight is LOSS_DECAY ** j (SafeAILab EAGLE-3)
 
 
-def make_heads(target: LlamaForCausalLM, train_stream: torch.Tensor, args) -> dict[str, Unrolled]:
+def make_heads(target: LlamaForCausalLM, train_stream: torch.Tensor, args: Namespace) -> dict[str, Unrolled]:
     """Fresh MTP and EAGLE-3 heads for `target` (EAGLE-3's draft vocabulary from training-stream counts)."""
     config = target.config
     torch.manual_seed(args.seed + 3)
@@ -49,7 +50,7 @@ def make_heads(target: LlamaForCausalLM, train_stream: torch.Tensor, args) -> di
     return {name: head.to(args.device) for name, head in heads.items()}
 
 
-def parse_layers(args, config) -> list[int]:
+def parse_layers(args: Namespace, config: LlamaConfig) -> list[int]:
     if args.eagle3_layers:
         return [int(x) for x in args.eagle3_layers.split(",")]
     return default_aux_layers(config.num_hidden_layers)
@@ -62,11 +63,15 @@ def init_like_target(head: torch.nn.Module, std: float) -> None:
             torch.nn.init.normal_(module.weight, std=std)
 
 
-def head_loss(head: Unrolled, target: LlamaForCausalLM, tokens: torch.Tensor, drafts: int, device: str):
-    """(weighted KL summed over drafts, per-draft teacher-forced top-1 agreement with the target)."""
+def head_loss(
+    head: Unrolled, target: LlamaForCausalLM, tokens: torch.Tensor, drafts: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted KL summed over drafts, per-draft teacher-forced top-1 agreement with the target's argmax
+    over its whole vocabulary, the head's draft mapped to a target id)."""
     with torch.no_grad(), autocast(device):
         features, target_logits = target_features(target, tokens, head)
     target_logp = F.log_softmax(target_logits.float(), dim=-1)  # [B, T, V]
+    target_argmax = target_logp.argmax(-1)  # [B, T]
     if isinstance(head, Eagle3Head):  # the label restricted to the draft vocabulary, renormalized
         draft_ids = torch.arange(len(head.d2t), device=tokens.device) + head.d2t
         target_logp = F.log_softmax(target_logp[..., draft_ids], dim=-1)
@@ -81,11 +86,21 @@ def head_loss(head: Unrolled, target: LlamaForCausalLM, tokens: torch.Tensor, dr
         logp = F.log_softmax(logits[:, :valid].float(), dim=-1)
         kl = F.kl_div(logp.flatten(0, 1), label.flatten(0, 1), log_target=True, reduction="batchmean")
         total = total + (LOSS_DECAY**draft) * kl
-        agreement.append((logp.argmax(-1) == label.argmax(-1)).float().mean())
+        drafted = head.to_target_ids(logp.argmax(-1).detach())
+        agreement.append((drafted == target_argmax[:, 1 + draft : 1 + draft + valid]).float().mean())
     return total, torch.stack(agreement)
 
 
-def train_head(name, head, target, stream, heldout, generated, args, budget) -> dict:
+def train_head(
+    name: str,
+    head: Unrolled,
+    target: LlamaForCausalLM,
+    stream: torch.Tensor,
+    heldout: torch.Tensor,
+    generated: torch.Tensor | None,
+    args: Namespace,
+    budget: float,
+) -> dict:
     """AdamW with warmup + cosine; the step count is capped to fit `budget` seconds (see train_demo_pair)."""
     generator = torch.Generator(device="cpu").manual_seed(args.seed + 5)
     optimizer = make_optimizer(head, args.head_lr, args.device)
@@ -136,7 +151,7 @@ def train_head(name, head, target, stream, heldout, generated, args, budget) -> 
 
 
 @torch.no_grad()
-def evaluate_head(head, target, stream, args) -> list[float]:
+def evaluate_head(head: Unrolled, target: LlamaForCausalLM, stream: torch.Tensor, args: Namespace) -> list[float]:
     """Teacher-forced top-1 agreement with the target per chain draft on held-out windows."""
     head.eval()
     count = min((len(stream) - 1) // args.seq_len, 64)
@@ -152,12 +167,20 @@ def evaluate_head(head, target, stream, args) -> list[float]:
     return [round(x, 4) for x in (total / max(1, batches)).tolist()]
 
 
-def train_heads(target, train_stream, heldout_stream, generated, args) -> dict:
-    """Both heads, trained one after the other; returns {name: (head, result)}."""
+def train_heads(
+    names: list[str],
+    target: LlamaForCausalLM,
+    train_stream: torch.Tensor,
+    heldout_stream: torch.Tensor,
+    generated: torch.Tensor | None,
+    args: Namespace,
+) -> dict[str, tuple[Unrolled, dict]]:
+    """The heads `names` (of mtp, eagle3), trained one after the other: {name: (head, result)}."""
     began = time.time()
     heads = make_heads(target, train_stream, args)
     results = {}
-    for name, head in heads.items():
+    for name in names:
+        head = heads[name]
         result = train_head(name, head, target, train_stream, heldout_stream, generated, args, args.head_seconds)
         results[name] = (head, result)
     print(f"heads trained in {time.time() - began:.1f}s", flush=True)

@@ -422,8 +422,7 @@ def main(argv: list[str] | None = None) -> None:
         unknown = set(args.heads.split(",")) - {"mtp", "eagle3"}
         if unknown:
             raise SystemExit(f"--heads: unknown head(s) {', '.join(sorted(unknown))}; choose mtp, eagle3")
-        trained = train_heads(target, train_stream, heldout_stream, generated, args)
-        heads = {name: trained[name] for name in args.heads.split(",")}
+        heads = train_heads(args.heads.split(","), target, train_stream, heldout_stream, generated, args)
     heads_seconds = time.time() - heads_began
 
     out = args.out
