@@ -174,14 +174,16 @@ def train_heads(
     heldout_stream: torch.Tensor,
     generated: torch.Tensor | None,
     args: Namespace,
+    budget: float,
 ) -> dict[str, tuple[Unrolled, dict]]:
-    """The heads `names` (of mtp, eagle3), trained one after the other: {name: (head, result)}."""
+    """The heads `names` (of mtp, eagle3), trained one after the other, `budget` seconds each:
+    {name: (head, result)}."""
     began = time.time()
     heads = make_heads(target, train_stream, args)
     results = {}
     for name in names:
         head = heads[name]
-        result = train_head(name, head, target, train_stream, heldout_stream, generated, args, args.head_seconds)
+        result = train_head(name, head, target, train_stream, heldout_stream, generated, args, budget)
         results[name] = (head, result)
     print(f"heads trained in {time.time() - began:.1f}s", flush=True)
     return results

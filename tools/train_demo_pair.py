@@ -422,7 +422,10 @@ def main(argv: list[str] | None = None) -> None:
         unknown = set(args.heads.split(",")) - {"mtp", "eagle3"}
         if unknown:
             raise SystemExit(f"--heads: unknown head(s) {', '.join(sorted(unknown))}; choose mtp, eagle3")
-        heads = train_heads(args.heads.split(","), target, train_stream, heldout_stream, generated, args)
+        names = args.heads.split(",")
+        # Each head gets its budget, or its share of what is left before the run's deadline if that is less.
+        budget = max(10.0, min(args.head_seconds, (deadline - time.time()) / len(names)))
+        heads = train_heads(names, target, train_stream, heldout_stream, generated, args, budget)
     heads_seconds = time.time() - heads_began
 
     out = args.out
