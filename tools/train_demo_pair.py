@@ -120,6 +120,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.out is None and args.pack_corpus is None:
         parser.error("--out is required")
+    # Refused here, before the minutes of training they would otherwise end.
+    unknown = set(filter(None, args.heads.split(","))) - {"mtp", "eagle3"}
+    if unknown:
+        parser.error(f"--heads: unknown head(s) {', '.join(sorted(unknown))}; choose from mtp, eagle3")
+    for flag in ("target_shape", "draft_shape"):
+        parts = getattr(args, flag).split(",")
+        if len(parts) != 5 or not all(part.isdigit() and int(part) > 0 for part in parts):
+            parser.error(
+                f"--{flag.replace('_', '-')} must be 5 positive ints hidden,layers,intermediate,heads,kv_heads"
+            )
+    if not all(part.isdigit() and int(part) > 0 for part in args.accept_new_tokens.split(",")):
+        parser.error(f"--accept-new-tokens must be positive ints separated by commas, got {args.accept_new_tokens!r}")
+    if not 1 <= args.eagle3_draft_vocab <= args.vocab_size:
+        parser.error(f"--eagle3-draft-vocab must be between 1 and --vocab-size ({args.vocab_size})")
     if args.smoke:
         args.vocab_size, args.seq_len, args.batch_size = 512, 64, 4
         args.target_steps, args.draft_steps, args.head_steps, args.eval_every = 3, 3, 3, 2
@@ -419,9 +433,6 @@ def main(argv: list[str] | None = None) -> None:
     heads_began = time.time()
     heads = {}
     if args.heads:
-        unknown = set(args.heads.split(",")) - {"mtp", "eagle3"}
-        if unknown:
-            raise SystemExit(f"--heads: unknown head(s) {', '.join(sorted(unknown))}; choose mtp, eagle3")
         names = args.heads.split(",")
         # Each head gets its budget, or its share of what is left before the run's deadline if that is less.
         budget = max(10.0, min(args.head_seconds, (deadline - time.time()) / len(names)))

@@ -76,3 +76,18 @@ def test_smoke_run_on_the_gpu(tmp_path):
     metadata = json.loads((tmp_path / "metadata.json").read_text())
     assert set(metadata["acceptance"]["by_new_tokens"]["8"]) == {"draft", "mtp", "eagle3", "ngram"}
     assert all(metadata["heads"][name]["steps_done"] == 3 for name in ("mtp", "eagle3"))
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--heads", "mtp,medusa"], "--heads"),
+        (["--target-shape", "384,8,1024"], "--target-shape"),
+        (["--accept-new-tokens", "128,x"], "--accept-new-tokens"),
+        (["--eagle3-draft-vocab", "9000"], "--eagle3-draft-vocab"),
+    ],
+)
+def test_bad_flags_are_refused_before_any_work(flags, named, capsys):
+    with pytest.raises(SystemExit):
+        train_demo_pair.parse_args(["--out", "/nonexistent/never-written", *flags])
+    assert named in capsys.readouterr().err
