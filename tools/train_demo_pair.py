@@ -107,7 +107,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", default="mtp,eagle3", help="heads to train for the target ('' for none)")
     parser.add_argument("--head-steps", type=int, default=2000)
     parser.add_argument("--head-lr", type=float, default=1e-3)
-    parser.add_argument("--head-batch-size", type=int, default=16, help="corpus windows per head step (x2 mixed)")
+    parser.add_argument(
+        "--head-batch-size",
+        type=int,
+        default=16,
+        help="a head step trains on this many windows of tokens: half corpus windows, half generated rows",
+    )
     parser.add_argument("--head-unroll", type=int, default=4, help="chained drafts per training position")
     parser.add_argument("--head-seconds", type=float, default=45.0, help="budget of each head (caps its steps)")
     parser.add_argument("--eagle3-draft-vocab", type=int, default=2048, help="EAGLE-3's reduced draft vocabulary")
