@@ -25,6 +25,13 @@ embedding gradients) are not bitwise deterministic, so a rerun on a GPU matches 
 
 GPU (bf16 autocast):  PYTHONPATH=. python3 tools/train_demo_pair.py --out graphspec/examples/demo_pair
 CPU smoke test:       PYTHONPATH=. python3 tools/train_demo_pair.py --smoke --out /tmp/demo_pair_smoke
+More training code (--extra-corpus; the shipped pair's: these packages' .py files from CPython 3.11.7's
+site-packages, sympy 1.14.0, numpy 2.4.6, networkx 3.6.1, pip 23.2.1, setuptools 84.2.1, jinja2 3.1.6,
+huggingface_hub 2.4.0, pydantic 2.13.4, all under permissive licenses):
+  here:  (cd SITE_PACKAGES && find sympy numpy networkx pip setuptools jinja2 huggingface_hub pydantic -name '*.py' \
+             -not -path '*__pycache__*' -print0 | tar --null -czf $REPO/build/demo_pair_corpus/extra.tar.gz -T -)
+  there: mkdir -p /tmp/extra && tar xzf build/demo_pair_corpus/extra.tar.gz -C /tmp/extra, then
+         --extra-corpus /tmp/extra/sympy --extra-corpus /tmp/extra/numpy ... (one per package)
 Another Python's stdlib as the corpus (how the shipped pair was trained on CPython 3.11.7's library):
   here:  python3 tools/train_demo_pair.py --pack-corpus build/demo_pair_corpus/stdlib.tar.gz
   there: mkdir -p /tmp/stdlib && tar xzf build/demo_pair_corpus/stdlib.tar.gz -C /tmp/stdlib &&
@@ -87,6 +94,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--smoke", action="store_true", help="tiny corpus, models and step counts (CPU test)")
     parser.add_argument("--stdlib", type=Path, default=None, help="stdlib root (default: this interpreter's)")
+    parser.add_argument(
+        "--extra-corpus",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a package directory whose .py files join the TRAINING split (repeatable; the held-out split stays "
+        "the stdlib's). The stdlib alone is about 8M tokens, which a 14M-parameter target memorizes.",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=4096)
@@ -374,6 +390,21 @@ def head_metadata(name: str, head, result: dict) -> dict:
     return {"layout": layout, **extra, **result}
 
 
+def package_files(directory: Path) -> list[tuple[str, str]]:
+    """(path under the package's name, text) of a package directory's UTF-8 .py files, sorted (caches skipped)."""
+    if not directory.is_dir():
+        raise SystemExit(f"--extra-corpus {directory}: not a directory")
+    found = []
+    for path in sorted(directory.rglob("*.py")):
+        if "__pycache__" in path.parts or not path.is_file():
+            continue
+        try:
+            found.append((f"{directory.name}/{path.relative_to(directory).as_posix()}", path.read_text("utf-8")))
+        except UnicodeDecodeError:
+            continue
+    return found
+
+
 def pack_corpus(examples, root: Path, destination: Path) -> None:
     """Tar the corpus files (both splits) of a stdlib, to train on another machine's Python with --stdlib."""
     import tarfile
@@ -402,6 +433,8 @@ def main(argv: list[str] | None = None) -> None:
 
     train_files = examples.stdlib_files("train", root)
     heldout_files = examples.stdlib_files("heldout", root)
+    extra_files = {directory.name: package_files(directory) for directory in args.extra_corpus}
+    train_files += [file for files in extra_files.values() for file in files]
     if args.smoke:  # a slice of the corpus keeps tokenizer training and encoding to seconds on a CPU
         train_files, heldout_files = train_files[::50], heldout_files[::10]
     print(f"corpus {root}: {len(train_files)} train files, {len(heldout_files)} held-out files")
@@ -483,6 +516,14 @@ def main(argv: list[str] | None = None) -> None:
             "heldout_files": [name for name, _ in heldout_files],
             "heldout_bytes": sum(len(t.encode()) for _, t in heldout_files),
             "heldout_tokens": len(heldout_stream),
+            "extra_train_packages": {
+                name: {
+                    "files": len(files),
+                    "bytes": sum(len(t.encode()) for _, t in files),
+                    "fingerprint": examples.corpus_fingerprint(files),
+                }
+                for name, files in extra_files.items()
+            },
             "train_fingerprint": examples.corpus_fingerprint(train_files),
             "heldout_fingerprint": examples.corpus_fingerprint(heldout_files),
             "fingerprint_rule": "sha256 over 'path\\0sha256(text)\\n' of each file, sorted by path",
