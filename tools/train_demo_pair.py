@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> None:
         "sha256": {p.relative_to(out).as_posix(): examples.file_sha256(p) for p in files},
         "bytes": {p.relative_to(out).as_posix(): p.stat().st_size for p in files},
     }
-    (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str) + "\n")  # Paths as str
     print(f"target {metadata['target']['parameters']} params, final {target_result['final']}")
     print(f"draft {metadata['draft']['parameters']} params, final {draft_result['final']}")
     print(f"saved to {out} ({sum(metadata['bytes'].values()) / 1e6:.2f} MB) in {time.time() - began:.1f}s")
