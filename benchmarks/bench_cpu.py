@@ -7,9 +7,13 @@ Systems, each timed end to end (prefill included) on the same prompts and token 
 - graphspec: Runtime.generate on the compiled K-step speculation graph (greedy and sampling).
 Rounds interleave the systems (the machine may be shared) and each system's best round counts.
 Greedy outputs are checked against transformers' greedy per prompt (the correctness contract).
+--drafters adds the demo target's drafters side by side (greedy, batch 1, each prompt on its own): the
+draft model, the MTP head directory, the EAGLE-3 head directory and n-gram lookup, each compiled here
+(`Runtime.from_pretrained(DEMO_TARGET, drafter)`), with tokens per step and tokens/s.
 
     python benchmarks/bench_cpu.py                       # batch 1 and 4, greedy and sampling (~2 min)
-    python benchmarks/bench_cpu.py --quick --artifact artifacts/demo   # what scripts/quickstart.sh runs
+    python benchmarks/bench_cpu.py --quick --artifact artifacts/demo --drafters draft,mtp,eagle3,ngram
+                                                         # what scripts/quickstart.sh runs
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import graphspec
-from graphspec.examples import DEMO_DRAFT, DEMO_TARGET
+from graphspec.errors import GraphspecError
+from graphspec.examples import DEMO_DRAFT, DEMO_EAGLE3, DEMO_MTP, DEMO_TARGET
 
 PROMPTS = (
     "def fibonacci(n):",
@@ -36,6 +41,13 @@ PROMPTS = (
     "def parse_args(argv):",
 )
 SAMPLING = {"temperature": 0.7, "seed": 0}
+# --drafters names -> (label, what Runtime.from_pretrained takes as `draft`)
+DRAFTERS = {
+    "draft": ("draft model", DEMO_DRAFT),
+    "mtp": ("MTP head", DEMO_MTP),
+    "eagle3": ("EAGLE-3 head", DEMO_EAGLE3),
+    "ngram": ("n-gram", "ngram"),
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -52,7 +64,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="batch 1, greedy only, 2 rounds (the quickstart)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--drafters", default="", help=f"also compare these drafters side by side: {','.join(DRAFTERS)}"
+    )
     args = parser.parse_args(argv)
+    args.drafters = [name for name in args.drafters.split(",") if name]
+    unknown = sorted(set(args.drafters) - set(DRAFTERS))
+    if unknown:
+        parser.error(f"--drafters: unknown {', '.join(unknown)}; choose from {', '.join(DRAFTERS)}")
     if args.quick:
         args.batch_sizes, args.rounds, args.no_sampling = "1", 2, True
     args.batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
@@ -206,9 +225,59 @@ def main(argv: list[str] | None = None) -> int:
             for _, _, name, tokens, seconds, rate, same in rows[-3:]:
                 check = "" if same is None else ("  output = transformers greedy" if same else "  OUTPUT DIFFERS")
                 print(f"  {name:<22} {tokens:4d} tokens in {seconds:6.3f} s  {rate:7.1f} tokens/s{check}")
+    if args.drafters:
+        record["drafters"] = compare_drafters(args, hf)
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-    return 0
+    return 1 if any("error" in row for row in record.get("drafters", ())) else 0
+
+
+def compare_drafters(args: argparse.Namespace, hf: Transformers) -> list[dict]:
+    """Each drafter on the demo target, greedy at batch 1 over every prompt (one at a time), best of
+    --rounds; tokens per step and tokens/s next to transformers' greedy (the target alone)."""
+    prompts = list(PROMPTS)
+    reference = [hf.greedy([p], args.new_tokens)[0] for p in prompts]
+    baseline = best_of(args.rounds, {"greedy": lambda: [hf.greedy([p], args.new_tokens)[0] for p in prompts]})
+    base_rate = sum(len(t) for t in reference) / baseline["greedy"][0]
+    rows = []
+    print(f"\ndrafters on the demo target: greedy, batch 1, {len(prompts)} prompts one at a time, k={args.k}")
+    print(f"  {'transformers greedy':<22} {'':>16} {base_rate:7.1f} tokens/s")
+    for name in args.drafters:
+        label, draft = DRAFTERS[name]
+        start = time.perf_counter()
+        try:
+            runtime = graphspec.Runtime.from_pretrained(
+                DEMO_TARGET, draft, k=args.k, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=512,
+                modes=("greedy",), compile_cpu=not args.eager,
+            )  # fmt: skip
+        except GraphspecError as error:  # reported as a row; main() exits 1 so a script notices
+            rows.append(dict(drafter=name, error=f"{type(error).__name__}: {error}"))
+            print(f"  {label:<22} not run: {type(error).__name__}: {error}", flush=True)
+            continue
+        steps: dict[str, int] = {}
+
+        def run(runtime=runtime, steps=steps) -> list[list[int]]:
+            results = [runtime.generate([p], max_new_tokens=args.new_tokens)[0] for p in prompts]
+            steps["steps"] = sum(r.stats.steps for r in results)
+            return [r.token_ids for r in results]
+
+        run()  # warm-up: compiles the step on its first call (compile_cpu)
+        setup_s = time.perf_counter() - start
+        seconds, output = best_of(args.rounds, {name: run})[name]
+        tokens = sum(len(t) for t in output)
+        row = dict(
+            drafter=name, tokens=tokens, steps=steps["steps"], tokens_per_step=tokens / max(steps["steps"], 1),
+            seconds=seconds, tokens_per_s=tokens / seconds, speedup_vs_transformers_greedy=tokens / seconds / base_rate,
+            identical_to_transformers_greedy=output == reference, setup_seconds=setup_s,
+        )  # fmt: skip
+        rows.append(row)
+        check = "  output = transformers greedy" if row["identical_to_transformers_greedy"] else "  OUTPUT DIFFERS"
+        print(
+            f"  {label:<22} {row['tokens_per_step']:5.2f} tokens/step {row['tokens_per_s']:7.1f} tokens/s "
+            f"({row['speedup_vs_transformers_greedy']:.2f}x){check}",
+            flush=True,
+        )
+    return rows
 
 
 if __name__ == "__main__":

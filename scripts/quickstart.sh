@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up on a fresh machine and run the main job on the built-in example: compile the shipped
 # demo pair (a small trained target + draft, graphspec/examples/demo_pair) into a serving artifact,
-# generate Python code with speculative decoding, then time it next to transformers on this machine.
+# generate Python code with speculative decoding, then time it next to transformers on this machine,
+# and every drafter of the demo target (draft model, MTP head, EAGLE-3 head, n-gram) side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check torch==2.13.0
@@ -15,12 +16,15 @@ graphspec inspect artifacts/demo
 graphspec generate artifacts/demo --prompt "def fibonacci(n):" --max-new-tokens 96
 graphspec generate artifacts/demo --prompt "class Stack:
     def __init__(self):" --max-new-tokens 96 --temperature 0.7 --seed 0
-# Another drafter on the same target: n-gram prompt lookup (no draft model; proposes what followed the
-# text's last few tokens where they first occurred earlier), for its tokens per step next to the draft model's.
-graphspec compile "$DEMO/target" --draft ngram -k 4 --batch-sizes 1 \
-    --dtype float32 --device cpu --max-seq-len 512 --out artifacts/demo_ngram
-graphspec generate artifacts/demo_ngram --prompt "def fibonacci(n):" --max-new-tokens 96
+# The same target with a head as its drafter: a head directory (config.json + model.safetensors, trained
+# for this target; it reads the target's hidden states and uses the target's embedding) is passed as
+# --draft like a draft model. EAGLE-3 here; the MTP head (SGLang's NextN layout) is $DEMO/mtp.
+graphspec compile "$DEMO/target" --draft "$DEMO/eagle3" -k 4 --batch-sizes 1 \
+    --dtype float32 --device cpu --max-seq-len 512 --out artifacts/demo_eagle3
+graphspec generate artifacts/demo_eagle3 --prompt "def fibonacci(n):" --max-new-tokens 96
 # The same prompt, greedy, side by side in one process: transformers' greedy (the target alone) and
 # assisted generation (same draft) against graphspec's compiled step (Inductor on the CPU: the first
 # call compiles it, about a minute, cached on disk afterwards); tokens/s, tokens per step, same output.
-python benchmarks/bench_cpu.py --quick --artifact artifacts/demo
+# Then every drafter of the demo target side by side (draft model, MTP head, EAGLE-3 head, n-gram
+# lookup: no model): tokens per step and tokens/s, each compiled on its first call.
+python benchmarks/bench_cpu.py --quick --artifact artifacts/demo --drafters draft,mtp,eagle3,ngram

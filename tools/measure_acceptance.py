@@ -6,7 +6,10 @@ the same prefix is t1..tK+1; the step accepts n = the number of leading i with d
 commits n + 1 tokens (the accepted drafts plus the target's token after them). This script computes
 the target's greedy continuation of each prompt once, then replays the steps: committed length c,
 draft chain from prompt + continuation[:c], n = leading matches against continuation[c:c+K],
-c += n + 1, until c reaches --new-tokens (or the target's EOS).
+c += n + 1, until c reaches --new-tokens (or the target's EOS). The same replay measures every drafter
+(--drafters): the draft model, the demo target's MTP and EAGLE-3 heads (tools/demo_heads.py, one
+teacher-forced unroll per sequence gives every chain, exact while the chain's earlier drafts match) and
+n-gram prompt lookup (graphspec's rule, ngram 1..3; fewer than K proposals never accept filler).
 
 Reported: mean accepted drafts per step (0..K, the issue's "accepted length"), mean tokens per step
 (accepted + 1), the acceptance rate at each draft position (fraction of steps with n >= i), and the
@@ -15,6 +18,7 @@ graphspec/examples), starting at a line chosen from a hash of the file path, so 
 
     PYTHONPATH=. python3 tools/measure_acceptance.py                      # the shipped demo pair
     PYTHONPATH=. python3 tools/measure_acceptance.py --target T --draft D --prompts 20 --new-tokens 128 -k 4
+    PYTHONPATH=. python3 tools/measure_acceptance.py --drafters draft,mtp,eagle3,ngram   # every demo drafter
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,6 +38,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))  # demo_heads, when loaded by file path
 
 
 def load_examples_module():
@@ -90,28 +96,107 @@ def greedy(model, ids: list[int], count: int) -> list[int]:
     return tokens
 
 
-def simulate(target, draft, prompt: list[int], k: int, new_tokens: int, eos: set[int]) -> tuple[list[int], float]:
-    """Accepted count of every speculation step while greedily generating `new_tokens` from `prompt`,
-    and the distinct-4-gram ratio of the target's continuation (low when greedy decoding loops)."""
-    continuation = greedy(target, prompt, new_tokens + k)
-    length = new_tokens
-    for index, token in enumerate(continuation[:new_tokens]):
-        if token in eos:  # generation stops once EOS is committed
-            length = index + 1
-            break
+class DraftModel:
+    """A draft model's chain: its K greedy tokens after the committed prefix."""
+
+    name = "draft model"
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def proposer(self, full: list[int], k: int) -> Callable[[int], list[int]]:
+        return lambda length: greedy(self.model, full[:length], k)
+
+
+class NGram:
+    """Prompt lookup, graphspec's n-gram drafter's rule (graphspec/drafters/ngram.py): the longest suffix
+    n-gram (ngram_max down to ngram_min) at its earliest earlier occurrence in the committed text, and the
+    up to K committed tokens that followed it (fewer when the text ends first; none without a match)."""
+
+    name = "n-gram"
+
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 3) -> None:
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+
+    def proposer(self, full: list[int], k: int) -> Callable[[int], list[int]]:
+        def propose(length: int) -> list[int]:
+            for n in range(self.ngram_max, self.ngram_min - 1, -1):
+                if n > length:
+                    continue
+                suffix = full[length - n : length]
+                for start in range(length - n):  # start + n < length: something committed follows
+                    if full[start : start + n] == suffix:
+                        return full[start + n : min(start + n + k, length)]
+            return []
+
+        return propose
+
+
+class Head:
+    """An MTP or EAGLE-3 head (tools/demo_heads.py) over the target's features. Every chain of a sequence
+    comes from one teacher-forced unroll (see demo_heads): the step at committed length L reads the pair
+    at s = L - 2 (token L - 1, the target's feature at L - 2) and proposes tokens L .. L + K - 1."""
+
+    def __init__(self, name: str, target, head) -> None:
+        self.name, self.target, self.head = name, target, head
+
+    @torch.no_grad()
+    def proposer(self, full: list[int], k: int) -> Callable[[int], list[int]]:
+        from demo_heads import target_features
+
+        tokens = torch.tensor([full], device=self.target.device)
+        features, _ = target_features(self.target, tokens, self.head)
+        logits = self.head.unroll(self.target, tokens, features, k)
+        drafts = torch.stack([self.head.to_target_ids(x[0].argmax(-1)) for x in logits]).T.tolist()  # [T-1, K]
+        return lambda length: drafts[length - 2]
+
+
+def replay(propose: Callable[[int], list[int]], full: list[int], prompt_length: int, length: int, k: int) -> list[int]:
+    """Accepted counts of the greedy steps over the target's continuation full[prompt_length:] (of
+    `length` committed tokens): n = leading proposals equal to the target's tokens, commit n + 1."""
     accepted, committed = [], 0
     while committed < length:
-        proposal = greedy(draft, prompt + continuation[:committed], k)
+        at = prompt_length + committed
+        proposal = propose(at)[:k]
         n = 0
-        while n < k and proposal[n] == continuation[committed + n]:
+        while n < len(proposal) and proposal[n] == full[at + n]:
             n += 1
         accepted.append(n)
         committed += n + 1
-    grams = [tuple(continuation[i : i + 4]) for i in range(max(1, length - 3))]
+    return accepted
+
+
+# (id of the target, prompt) -> its longest greedy continuation so far: drafters measured one after the
+# other on the same prompts share one target run.
+CONTINUATIONS: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+
+
+def continuation(target, prompt: list[int], k: int, new_tokens: int, eos: set[int]) -> tuple[list[int], int]:
+    """The target's greedy continuation (new_tokens + k tokens, so every step can be checked) and how
+    many of them generation commits (up to and including the first EOS)."""
+    key = (id(target), tuple(prompt))
+    if len(CONTINUATIONS.get(key, ())) < new_tokens + k:  # a shorter greedy run is a prefix of a longer one
+        CONTINUATIONS[key] = greedy(target, prompt, new_tokens + k)
+    tokens = CONTINUATIONS[key][: new_tokens + k]
+    for index, token in enumerate(tokens[:new_tokens]):
+        if token in eos:  # generation stops once EOS is committed
+            return tokens, index + 1
+    return tokens, new_tokens
+
+
+def simulate(target, draft, prompt: list[int], k: int, new_tokens: int, eos: set[int]) -> tuple[list[int], float]:
+    """Accepted count of every speculation step while greedily generating `new_tokens` from `prompt`,
+    and the distinct-4-gram ratio of the target's continuation (low when greedy decoding loops)."""
+    drafter = draft if hasattr(draft, "proposer") else DraftModel(draft)
+    tokens, length = continuation(target, prompt, k, new_tokens, eos)
+    full = prompt + tokens
+    accepted = replay(drafter.proposer(full, k), full, len(prompt), length, k)
+    grams = [tuple(tokens[i : i + 4]) for i in range(max(1, length - 3))]
     return accepted, len(set(grams)) / len(grams)
 
 
 def measure(target, draft, prompts: list[tuple[str, list[int]]], k: int, new_tokens: int, eos: set[int]) -> Result:
+    """`draft`: a draft model, or a drafter of this module (DraftModel, NGram, Head)."""
     runs = [simulate(target, draft, ids, k, new_tokens, eos) for _, ids in prompts]
     per_prompt = [accepted for accepted, _ in runs]
     steps = [n for run in per_prompt for n in run]
@@ -138,37 +223,28 @@ def load_pair(target_dir: Path, draft_dir: Path, device: str):
     return target, draft, tokenizer, eos
 
 
-def main(argv: list[str] | None = None) -> Result:
-    examples = load_examples_module()
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", type=Path, default=examples.DEMO_TARGET)
-    parser.add_argument("--draft", type=Path, default=examples.DEMO_DRAFT)
-    parser.add_argument("-k", type=int, default=4, help="draft tokens per step")
-    parser.add_argument("--prompts", type=int, default=20)
-    parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--stdlib", type=Path, default=None, help="stdlib root (default: this interpreter's)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def load_drafters(names: list[str], target, draft, heads_dir: Path, device: str) -> dict[str, object]:
+    """name -> drafter for `names` among draft, mtp, eagle3, ngram (heads from heads_dir/mtp, /eagle3)."""
+    from demo_heads import Eagle3Head, MtpHead
 
-    began = time.time()
-    target, draft, tokenizer, eos = load_pair(args.target, args.draft, args.device)
-    prompts = heldout_prompts(tokenizer, args.prompts, args.prompt_tokens, args.stdlib)
-    result = measure(target, draft, prompts, args.k, args.new_tokens, eos)
-    seconds = time.time() - began
+    made = {}
+    for name in names:
+        if name == "draft":
+            made[name] = DraftModel(draft)
+        elif name == "ngram":
+            made[name] = NGram()
+        elif name in ("mtp", "eagle3"):
+            kind = MtpHead if name == "mtp" else Eagle3Head
+            made[name] = Head(name, target, kind.load(heads_dir / name).to(device).eval())
+        else:
+            raise SystemExit(f"unknown drafter {name!r}; choose from draft, mtp, eagle3, ngram")
+    return made
 
-    print(f"target {args.target}\ndraft  {args.draft}")
-    print(
-        f"held-out prompts from the stdlib at {args.stdlib or examples.stdlib_root()} (Python "
-        f"{platform.python_version() if args.stdlib is None else '?'}): {result.prompts} x {args.prompt_tokens} "
-        f"tokens, {args.new_tokens} new tokens each, greedy, K={args.k}, fp32 on {args.device}, {seconds:.1f}s"
-    )
-    for (name, _), mean in zip(prompts, result.per_prompt_mean_accepted, strict=True):
-        print(f"  {name:48s} mean accepted {mean:.2f}")
+
+def report(name: str, result: Result, prompts, args) -> None:
+    print(f"\n== {name}: K={args.k}, {args.new_tokens} new tokens per prompt")
+    for (source, _), mean in zip(prompts, result.per_prompt_mean_accepted, strict=True):
+        print(f"  {source:48s} mean accepted {mean:.2f}")
     print(f"speculation steps: {result.steps}")
     print(f"histogram of accepted drafts n=0..{args.k}: {result.histogram}")
     print(
@@ -178,16 +254,54 @@ def main(argv: list[str] | None = None) -> Result:
     print(f"mean accepted draft tokens per step (0..{args.k}): {result.mean_accepted:.3f}")
     print(f"mean tokens per step (accepted + 1):          {result.mean_tokens_per_step:.3f}")
     print(f"distinct 4-gram ratio of the target's greedy continuations: {result.distinct_4gram_ratio:.3f}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Result]:
+    examples = load_examples_module()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Path, default=examples.DEMO_TARGET)
+    parser.add_argument("--draft", type=Path, default=examples.DEMO_DRAFT)
+    parser.add_argument("--heads", type=Path, default=examples.DEMO_PAIR_DIR, help="dir holding mtp/ and eagle3/")
+    parser.add_argument("--drafters", default="draft", help="comma-separated: draft, mtp, eagle3, ngram")
+    parser.add_argument("-k", type=int, default=4, help="draft tokens per step")
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--stdlib", type=Path, default=None, help="stdlib root (default: this interpreter's)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    began = time.time()
+    target, draft, tokenizer, eos = load_pair(args.target, args.draft, args.device)
+    drafters = load_drafters(args.drafters.split(","), target, draft, args.heads, args.device)
+    prompts = heldout_prompts(tokenizer, args.prompts, args.prompt_tokens, args.stdlib)
+    results = {
+        name: measure(target, drafter, prompts, args.k, args.new_tokens, eos) for name, drafter in drafters.items()
+    }
+    seconds = time.time() - began
+
+    print(f"target {args.target}\ndraft  {args.draft}\nheads  {args.heads}")
+    print(
+        f"held-out prompts from the stdlib at {args.stdlib or examples.stdlib_root()} (Python "
+        f"{platform.python_version() if args.stdlib is None else '?'}): {len(prompts)} x {args.prompt_tokens} "
+        f"tokens, {args.new_tokens} new tokens each, greedy, K={args.k}, fp32 on {args.device}, {seconds:.1f}s"
+    )
+    for name, result in results.items():
+        report(name, result, prompts, args)
     if args.json:
         payload = {
             "command": "python3 tools/measure_acceptance.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "python": platform.python_version(),
             "stdlib": str(args.stdlib or examples.stdlib_root()),
             "seconds": seconds,
-            **asdict(result),
+            "results": {name: asdict(result) for name, result in results.items()},
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
-    return result
+    return results
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Train the built-in demo pair: a small Llama target and a much smaller Llama draft, on Python source.
+"""Train the built-in demo pair (a small Llama target and a much smaller Llama draft, on Python source)
+and two heads for the target (MTP and EAGLE-3), in one run.
 
 Corpus: the .py files of the running interpreter's standard library; the split into train and held-out
 files is defined in graphspec/examples/__init__.py (by top-level package) and recorded in the metadata.
@@ -8,18 +9,32 @@ Steps, in one process:
   2. the target (transformers LlamaForCausalLM), next-token cross-entropy on random windows of the
      training token stream (each file is preceded by <|endoftext|>);
   3. the draft, distilled from the finished target: KL(target || draft) over the full vocabulary at
-     every position of the same kind of windows, which is what raises greedy agreement;
-  4. held-out loss of both and the draft's top-1 agreement with the target on held-out text;
-  5. both saved with save_pretrained in float16, tokenizer in each dir, plus metadata.json (command,
-     corpus, split, steps, losses, timings, versions, sha256 of every file).
-Seeds are fixed and the data order is deterministic; GPU kernels (attention backward, embedding
-gradients) are not bitwise deterministic, so a rerun on a GPU matches closely, not bit for bit.
+     every position, on corpus windows and on the target's own greedy continuations;
+  4. the MTP and EAGLE-3 heads for the frozen target (train_demo_heads.py: KL to the target, unrolled
+     over chained drafts), on the same mix;
+  5. held-out loss of target and draft, the draft's and heads' top-1 agreement with the target;
+  6. everything saved in float16 (target/ and draft/ with save_pretrained and the tokenizer, mtp/ and
+     eagle3/ as head directories), then, from the saved files: greedy acceptance of every drafter on
+     held-out prompts (measure_acceptance.py's replay), the target's greedy completions of the
+     quickstart prompts, and metadata.json (command, corpus, split, steps, losses, timings, versions,
+     acceptance, samples, sha256 of every file).
+Each training phase has a time budget (--target-seconds, --draft-seconds, --head-seconds): its step count
+is capped to what fits, measured after a few steps, and the LR schedule (warmup, cosine to 10%) runs to
+that count. Seeds are fixed and the data order is deterministic; GPU kernels (attention backward,
+embedding gradients) are not bitwise deterministic, so a rerun on a GPU matches closely, not bit for bit.
 
 GPU (bf16 autocast):  PYTHONPATH=. python3 tools/train_demo_pair.py --out graphspec/examples/demo_pair
 CPU smoke test:       PYTHONPATH=. python3 tools/train_demo_pair.py --smoke --out /tmp/demo_pair_smoke
+More training code (--extra-corpus; the shipped pair's: these packages' .py files from CPython 3.11.7's
+site-packages, sympy 1.14.0, numpy 2.4.6, networkx 3.6.1, pip 23.2.1, setuptools 84.2.1, jinja2 3.1.6,
+huggingface_hub 2.4.0, pydantic 2.13.4, all under permissive licenses):
+  here:  (cd SITE_PACKAGES && find sympy numpy networkx pip setuptools jinja2 huggingface_hub pydantic -name '*.py' \
+             -not -path '*__pycache__*' -print0 | tar --null -czf $REPO/build/demo_pair_corpus/extra.tar.gz -T -)
+  there: mkdir -p /tmp/extra && tar xzf build/demo_pair_corpus/extra.tar.gz -C /tmp/extra, then
+         --extra-corpus /tmp/extra/sympy --extra-corpus /tmp/extra/numpy ... (one per package)
 Another Python's stdlib as the corpus (how the shipped pair was trained on CPython 3.11.7's library):
   here:  python3 tools/train_demo_pair.py --pack-corpus build/demo_pair_corpus/stdlib.tar.gz
-  there: tar xzf build/demo_pair_corpus/stdlib.tar.gz -C /tmp/stdlib &&
+  there: mkdir -p /tmp/stdlib && tar xzf build/demo_pair_corpus/stdlib.tar.gz -C /tmp/stdlib &&
          PYTHONPATH=. python3 tools/train_demo_pair.py --stdlib /tmp/stdlib --stdlib-version 3.11.7 --out ...
 """
 
@@ -28,11 +43,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import platform
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import tokenizers
@@ -43,7 +58,19 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))  # demo_heads, train_demo_heads, measure_acceptance (also by file path)
+from demo_training import StepCap, autocast, lr_at, make_optimizer, windows  # noqa: E402
+from train_demo_heads import train_heads  # noqa: E402
+
 SPECIAL = "<|endoftext|>"  # id 0: BOS, EOS and pad
+# Greedy completions of these (the quickstart's and bench_cpu.py's prompts) are recorded in the metadata.
+SAMPLE_PROMPTS = (
+    "def fibonacci(n):",
+    "class Stack:\n    def __init__(self):",
+    "import os\n\n\ndef list_files(path):",
+    "def parse_args(argv):",
+)
+SAMPLE_NEW_TOKENS = 96
 
 
 def load_examples_module():
@@ -67,32 +94,74 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--smoke", action="store_true", help="tiny corpus, models and step counts (CPU test)")
     parser.add_argument("--stdlib", type=Path, default=None, help="stdlib root (default: this interpreter's)")
+    parser.add_argument(
+        "--extra-corpus",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a package directory whose .py files join the TRAINING split (repeatable; the held-out split stays "
+        "the stdlib's). The stdlib alone is about 8M tokens, which a 14M-parameter target memorizes.",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--target-steps", type=int, default=1000)
-    parser.add_argument("--draft-steps", type=int, default=2500)
-    parser.add_argument("--target-lr", type=float, default=2e-3)
+    parser.add_argument("--target-steps", type=int, default=2400)
+    parser.add_argument("--draft-steps", type=int, default=3000)
+    parser.add_argument("--target-lr", type=float, default=1.5e-3)
     parser.add_argument("--draft-lr", type=float, default=3e-3)
-    parser.add_argument("--target-shape", default="256,6,704,4,2", help="hidden,layers,intermediate,heads,kv_heads")
-    parser.add_argument("--draft-shape", default="192,3,512,3,3", help="hidden,layers,intermediate,heads,kv_heads")
+    parser.add_argument("--target-shape", default="384,8,1024,6,2", help="hidden,layers,intermediate,heads,kv_heads")
+    parser.add_argument("--draft-shape", default="256,3,704,4,4", help="hidden,layers,intermediate,heads,kv_heads")
+    parser.add_argument("--target-seconds", type=float, default=200.0, help="target phase budget (caps its steps)")
+    parser.add_argument("--draft-seconds", type=float, default=110.0, help="draft phase budget (caps its steps)")
     parser.add_argument("--gen-sequences", type=int, default=16384, help="target-greedy sequences for the draft")
     parser.add_argument("--gen-prompt", type=int, default=64, help="prompt tokens of each generated sequence")
     parser.add_argument("--gen-new", type=int, default=192, help="greedy tokens of each generated sequence")
-    parser.add_argument("--gen-batch", type=int, default=1024)
+    parser.add_argument("--gen-batch", type=int, default=2048)
+    parser.add_argument("--heads", default="mtp,eagle3", help="heads to train for the target ('' for none)")
+    parser.add_argument("--head-steps", type=int, default=2000)
+    parser.add_argument("--head-lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--head-batch-size",
+        type=int,
+        default=16,
+        help="a head step trains on this many windows of tokens: half corpus windows, half generated rows",
+    )
+    parser.add_argument("--head-unroll", type=int, default=4, help="chained drafts per training position")
+    parser.add_argument("--head-seconds", type=float, default=45.0, help="budget of each head (caps its steps)")
+    parser.add_argument("--eagle3-draft-vocab", type=int, default=2048, help="EAGLE-3's reduced draft vocabulary")
+    parser.add_argument("--eagle3-layers", default=None, help="aux layer ids (default vLLM's: 2, L/2, L-3)")
+    parser.add_argument("--accept-prompts", type=int, default=20, help="held-out prompts for the acceptance")
+    parser.add_argument("--accept-new-tokens", default="128,32", help="new tokens per prompt, per measurement")
     parser.add_argument("--stdlib-version", default=None, help="Python version of --stdlib (recorded only)")
     parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--time-budget", type=float, default=330.0, help="seconds; training stops early past it")
+    parser.add_argument("--time-budget", type=float, default=470.0, help="seconds; training stops outright past it")
     args = parser.parse_args(argv)
     if args.out is None and args.pack_corpus is None:
         parser.error("--out is required")
+    # Refused here, before the minutes of training they would otherwise end.
+    unknown = set(filter(None, args.heads.split(","))) - {"mtp", "eagle3"}
+    if unknown:
+        parser.error(f"--heads: unknown head(s) {', '.join(sorted(unknown))}; choose from mtp, eagle3")
+    for flag in ("target_shape", "draft_shape"):
+        parts = getattr(args, flag).split(",")
+        if len(parts) != 5 or not all(part.isdigit() and int(part) > 0 for part in parts):
+            parser.error(
+                f"--{flag.replace('_', '-')} must be 5 positive ints hidden,layers,intermediate,heads,kv_heads"
+            )
+    if not all(part.isdigit() and int(part) > 0 for part in args.accept_new_tokens.split(",")):
+        parser.error(f"--accept-new-tokens must be positive ints separated by commas, got {args.accept_new_tokens!r}")
+    if not 1 <= args.eagle3_draft_vocab <= args.vocab_size:
+        parser.error(f"--eagle3-draft-vocab must be between 1 and --vocab-size ({args.vocab_size})")
     if args.smoke:
         args.vocab_size, args.seq_len, args.batch_size = 512, 64, 4
-        args.target_steps, args.draft_steps, args.eval_every = 3, 3, 2
+        args.target_steps, args.draft_steps, args.head_steps, args.eval_every = 3, 3, 3, 2
         args.gen_sequences, args.gen_prompt, args.gen_new, args.gen_batch = 8, 16, 16, 4
-        args.target_shape, args.draft_shape = "64,2,128,4,2", "32,1,64,2,2"
+        args.target_shape, args.draft_shape = "64,4,128,4,2", "32,1,64,2,2"
+        args.head_batch_size, args.eagle3_draft_vocab, args.accept_prompts = 2, 256, 2
+        args.accept_new_tokens = "8"
     return args
 
 
@@ -144,33 +213,6 @@ def token_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.
         ids.append(0)
         ids.extend(item.ids)
     return torch.tensor(ids, dtype=torch.int64)
-
-
-def windows(stream: torch.Tensor, starts: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    index = starts[:, None] + torch.arange(length + 1, device=stream.device)  # [B, T+1]
-    chunk = stream[index]
-    return chunk[:, :-1], chunk[:, 1:]
-
-
-def lr_at(step: int, steps: int, peak: float) -> float:
-    warmup = max(1, min(100, steps // 10))
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def make_optimizer(model: torch.nn.Module, lr: float, device: str) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.startswith("cuda"))
-
-
-def autocast(device: str):
-    if device.startswith("cuda"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
 
 
 @torch.no_grad()
@@ -231,23 +273,25 @@ def generate_greedy(model, stream, args) -> torch.Tensor:
     return torch.cat(sequences)
 
 
-def train(name, model, stream, heldout, args, steps, lr, deadline, teacher=None, generated=None) -> dict:
+def train(name, model, stream, heldout, args, steps, lr, budget, deadline, teacher=None, generated=None) -> dict:
     """Cross-entropy training on random corpus windows; with `teacher`, distillation (forward KL over
     the vocabulary) instead, and with `generated` too, half of every batch's tokens are rows of
-    `generated` (the teacher's own greedy sequences) and half corpus windows."""
+    `generated` (the teacher's own greedy sequences) and half corpus windows. `steps` is capped to fit
+    `budget` seconds (StepCap); `deadline` (the whole run's) stops it outright, a last resort."""
     device = args.device
     generator = torch.Generator(device="cpu").manual_seed(args.seed + (1 if teacher is not None else 0))
     optimizer = make_optimizer(model, lr, device)
     corpus_rows = args.batch_size if generated is None else max(1, args.batch_size // 2)
     generated_rows = 0 if generated is None else max(1, corpus_rows * args.seq_len // (generated.shape[1] - 1))
     model.train()
-    log, start, done, stopped_early = [], time.time(), 0, False
-    for step in range(steps):
+    cap = StepCap(steps, budget)
+    log, done, stopped_early = [], 0, False
+    while done < cap.steps:
         if time.time() > deadline:
             stopped_early = True
             break
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, steps, lr)
+            group["lr"] = lr_at(done, cap.steps, lr)
         starts = torch.randint(0, len(stream) - args.seq_len - 1, (corpus_rows,), generator=generator)
         inputs, labels = windows(stream, starts.to(stream.device), args.seq_len)
         loss, ce = batch_loss(model, inputs, labels, device, teacher)
@@ -262,24 +306,26 @@ def train(name, model, stream, heldout, args, steps, lr, deadline, teacher=None,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        done = step + 1
-        if done % args.eval_every == 0 or done == steps:
-            entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": time.time() - start}
+        done += 1
+        cap.after_step(done)
+        if done % args.eval_every == 0 or done == cap.steps:
+            entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": cap.elapsed()}
             entry.update({k: v.item() for k, v in entry_extra.items()})
             entry.update(evaluate(model, heldout, args, teacher))
             log.append(entry)
             fields = (f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items())
             print(f"[{name}] " + " ".join(fields), flush=True)
     if not log or log[-1]["step"] != done:
-        entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": time.time() - start}
+        entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": cap.elapsed()}
         entry.update(evaluate(model, heldout, args, teacher))
         log.append(entry)
-    seconds = time.time() - start
     return {
         "steps_requested": steps,
         "steps_done": done,
-        "stopped_early_by_time_budget": stopped_early,
-        "seconds": seconds,
+        "steps_capped_by_budget": cap.capped,
+        "budget_seconds": budget,
+        "stopped_early_by_deadline": stopped_early,
+        "seconds": cap.elapsed(),
         "peak_lr": lr,
         "batch": {"corpus_rows": corpus_rows, "corpus_seq_len": args.seq_len, "generated_rows": generated_rows},
         "log": log,
@@ -295,6 +341,68 @@ def save(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, directory:
     model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=0, pad_token_id=0)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+
+
+def measure_saved(out: Path, drafters: list[str], stdlib: Path, args) -> tuple[dict, list[dict]]:
+    """Greedy acceptance of every drafter on held-out prompts (tools/measure_acceptance.py's replay, K=4,
+    fp32) and the target's greedy completions of SAMPLE_PROMPTS, all from the saved files."""
+    import measure_acceptance
+
+    target, draft, tokenizer, eos = measure_acceptance.load_pair(out / "target", out / "draft", args.device)
+    made = measure_acceptance.load_drafters(drafters, target, draft, out, args.device)
+    prompts = measure_acceptance.heldout_prompts(tokenizer, args.accept_prompts, 64, stdlib)
+    acceptance = {"k": 4, "prompts": args.accept_prompts, "prompt_tokens": 64, "dtype": "float32", "by_new_tokens": {}}
+    for new_tokens in (int(x) for x in args.accept_new_tokens.split(",")):
+        results = {}
+        for name, drafter in made.items():
+            result = measure_acceptance.measure(target, drafter, prompts, 4, new_tokens, eos)
+            results[name] = asdict(result)
+            print(f"acceptance {name} @ {new_tokens} new tokens: {result.mean_accepted:.3f} accepted/step", flush=True)
+        acceptance["by_new_tokens"][str(new_tokens)] = results
+    samples = []
+    for prompt in SAMPLE_PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        tokens = measure_acceptance.greedy(target, ids, SAMPLE_NEW_TOKENS)
+        text = tokenizer.decode(cut_at(tokens, eos), skip_special_tokens=True)
+        grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
+        samples.append({"prompt": prompt, "greedy": text, "distinct_4gram_ratio": len(set(grams)) / len(grams)})
+        print(f"--- greedy completion of {prompt!r}:\n{prompt}{text}\n---", flush=True)
+    return acceptance, samples
+
+
+def cut_at(tokens: list[int], eos: set[int]) -> list[int]:
+    for index, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:index]
+    return tokens
+
+
+def head_metadata(name: str, head, result: dict) -> dict:
+    layout = {
+        "mtp": "SGLang standalone NextN (LlamaForCausalLMNextN): model.layers.0.{enorm, hnorm, eh_proj, "
+        "shared_head.norm, one Llama decoder layer}; embedding and lm_head are the target's",
+        "eagle3": "EAGLE-3 (LlamaForCausalLMEagle3): fc, midlayer.*, norm, lm_head over the draft vocabulary, "
+        "d2t, t2d; embedding is the target's",
+    }[name]
+    extra = {}
+    if name == "eagle3":
+        extra = {"draft_vocab_size": len(head.d2t), "aux_hidden_state_layer_ids": head.aux_layer_ids}
+    return {"layout": layout, **extra, **result}
+
+
+def package_files(directory: Path) -> list[tuple[str, str]]:
+    """(path under the package's name, text) of a package directory's UTF-8 .py files, sorted (caches skipped)."""
+    if not directory.is_dir():
+        raise SystemExit(f"--extra-corpus {directory}: not a directory")
+    found = []
+    for path in sorted(directory.rglob("*.py")):
+        if "__pycache__" in path.parts or not path.is_file():
+            continue
+        try:
+            found.append((f"{directory.name}/{path.relative_to(directory).as_posix()}", path.read_text("utf-8")))
+        except UnicodeDecodeError:
+            continue
+    return found
 
 
 def pack_corpus(examples, root: Path, destination: Path) -> None:
@@ -325,8 +433,10 @@ def main(argv: list[str] | None = None) -> None:
 
     train_files = examples.stdlib_files("train", root)
     heldout_files = examples.stdlib_files("heldout", root)
+    extra_files = {directory.name: package_files(directory) for directory in args.extra_corpus}
+    train_files += [file for files in extra_files.values() for file in files]
     if args.smoke:  # a slice of the corpus keeps tokenizer training and encoding to seconds on a CPU
-        train_files, heldout_files = train_files[::25], heldout_files[::10]
+        train_files, heldout_files = train_files[::50], heldout_files[::10]
     print(f"corpus {root}: {len(train_files)} train files, {len(heldout_files)} held-out files")
 
     tokenizer = train_tokenizer([text for _, text in train_files], args.vocab_size, args.seq_len)
@@ -341,8 +451,9 @@ def main(argv: list[str] | None = None) -> None:
     target_config = model_config(args.target_shape, len(tokenizer), args.seq_len)
     target = LlamaForCausalLM(target_config).to(args.device)
     target_result = train(
-        "target", target, train_stream, heldout_stream, args, args.target_steps, args.target_lr, deadline
-    )
+        "target", target, train_stream, heldout_stream, args, args.target_steps, args.target_lr,
+        args.target_seconds, deadline,
+    )  # fmt: skip
     target.eval().requires_grad_(False)
 
     torch.manual_seed(args.seed + 1)
@@ -353,23 +464,34 @@ def main(argv: list[str] | None = None) -> None:
     generation_seconds = time.time() - generation_began
     print(f"generated {tuple(generated.shape)} target-greedy tokens in {generation_seconds:.1f}s", flush=True)
     draft_result = train(
-        "draft",
-        draft,
-        train_stream,
-        heldout_stream,
-        args,
-        args.draft_steps,
-        args.draft_lr,
-        deadline,
-        teacher=target,
-        generated=generated,
-    )
+        "draft", draft, train_stream, heldout_stream, args, args.draft_steps, args.draft_lr, args.draft_seconds,
+        deadline, teacher=target, generated=generated,
+    )  # fmt: skip
+
+    heads_began = time.time()
+    heads = {}
+    if args.heads:
+        names = args.heads.split(",")
+        # Each head gets its budget, or its share of what is left before the run's deadline if that is less.
+        budget = max(10.0, min(args.head_seconds, (deadline - time.time()) / len(names)))
+        heads = train_heads(names, target, train_stream, heldout_stream, generated, args, budget)
+    heads_seconds = time.time() - heads_began
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     save(target, tokenizer, out / "target")
     save(draft, tokenizer, out / "draft")
-    files = sorted(p for sub in ("target", "draft") for p in (out / sub).iterdir() if p.is_file())
+    for name, (head, _) in heads.items():
+        if (out / name).exists():
+            shutil.rmtree(out / name)
+        head.save(out / name)
+    # Measured on the files as saved (float16, read back in fp32), as tools/measure_acceptance.py does;
+    # TF32 off so the GPU's fp32 matches a CPU's run of that script.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    acceptance_began = time.time()
+    acceptance, samples = measure_saved(out, ["draft", *heads, "ngram"], root, args)
+    acceptance_seconds = time.time() - acceptance_began
+    files = sorted(p for sub in ("target", "draft", *heads) for p in (out / sub).iterdir() if p.is_file())
     metadata = {
         "command": "PYTHONPATH=. python3 tools/train_demo_pair.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "smoke": args.smoke,
@@ -394,6 +516,14 @@ def main(argv: list[str] | None = None) -> None:
             "heldout_files": [name for name, _ in heldout_files],
             "heldout_bytes": sum(len(t.encode()) for _, t in heldout_files),
             "heldout_tokens": len(heldout_stream),
+            "extra_train_packages": {
+                name: {
+                    "files": len(files),
+                    "bytes": sum(len(t.encode()) for _, t in files),
+                    "fingerprint": examples.corpus_fingerprint(files),
+                }
+                for name, files in extra_files.items()
+            },
             "train_fingerprint": examples.corpus_fingerprint(train_files),
             "heldout_fingerprint": examples.corpus_fingerprint(heldout_files),
             "fingerprint_rule": "sha256 over 'path\\0sha256(text)\\n' of each file, sorted by path",
@@ -424,11 +554,16 @@ def main(argv: list[str] | None = None) -> None:
             },
             **draft_result,
         },
+        "heads": {name: head_metadata(name, head, result) for name, (head, result) in heads.items()},
+        "acceptance": acceptance,
+        "samples": samples,
         "timing_seconds": {
             "tokenizer_and_encoding": tokenizer_seconds,
             "target_training": target_result["seconds"],
             "target_generation": generation_seconds,
             "draft_training": draft_result["seconds"],
+            "heads_training": heads_seconds,
+            "acceptance_and_samples": acceptance_seconds,
             "total_before_metadata": time.time() - began,
         },
         "saved_dtype": "float16",
@@ -442,7 +577,7 @@ def main(argv: list[str] | None = None) -> None:
         "sha256": {p.relative_to(out).as_posix(): examples.file_sha256(p) for p in files},
         "bytes": {p.relative_to(out).as_posix(): p.stat().st_size for p in files},
     }
-    (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=2, default=str) + "\n")  # Paths as str
     print(f"target {metadata['target']['parameters']} params, final {target_result['final']}")
     print(f"draft {metadata['draft']['parameters']} params, final {draft_result['final']}")
     print(f"saved to {out} ({sum(metadata['bytes'].values()) / 1e6:.2f} MB) in {time.time() - began:.1f}s")

@@ -1,4 +1,5 @@
-"""Built-in examples. demo_pair/ holds a small trained target/draft pair (see demo_pair/README.md).
+"""Built-in examples. demo_pair/ holds a small trained target/draft pair and two heads for the target
+(MTP, EAGLE-3; see demo_pair/README.md).
 
 This module defines the demo pair's corpus and its train/held-out split, so the training script,
 the acceptance measurement and the tests agree on which files were never trained on. It imports
@@ -16,6 +17,11 @@ DEMO_PAIR_DIR = Path(__file__).resolve().parent / "demo_pair"
 DEMO_TARGET = DEMO_PAIR_DIR / "target"
 DEMO_DRAFT = DEMO_PAIR_DIR / "draft"
 DEMO_METADATA = DEMO_PAIR_DIR / "metadata.json"
+# Heads trained for the demo target, each a head directory (config.json + model.safetensors; the
+# embedding and lm_head are the target's): an MTP head in SGLang's standalone NextN layout and an
+# EAGLE-3 head in the public layout. Pass them as `draft` with the demo target.
+DEMO_MTP = DEMO_PAIR_DIR / "mtp"
+DEMO_EAGLE3 = DEMO_PAIR_DIR / "eagle3"
 
 # Corpus: every .py file of a Python standard library, its test suite (Lib/test) included, except
 # installed third-party packages and two packages that are generated data tables rather than code.

@@ -1,0 +1,93 @@
+"""CPU smoke test of tools/train_demo_pair.py --smoke: the whole pipeline (tokenizer, target, draft, both
+heads, saving, acceptance of every drafter, samples, metadata) runs on a slice of the corpus with tiny
+models, and writes what the demo pair's loaders and tests read."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+
+import demo_heads  # noqa: E402
+import demo_pair_readme  # noqa: E402
+import demo_training  # noqa: E402
+import train_demo_pair  # noqa: E402
+
+from graphspec.examples import file_sha256  # noqa: E402
+
+
+def test_smoke_run_writes_pair_heads_and_metadata(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_demo_pair.main(["--smoke", "--out", str(tmp_path), "--device", "cpu"])
+    finally:
+        torch.set_num_threads(threads)
+    metadata = json.loads((tmp_path / "metadata.json").read_text())
+    for name, digest in metadata["sha256"].items():
+        assert file_sha256(tmp_path / name) == digest, name
+    assert {name.split("/")[0] for name in metadata["sha256"]} == {"target", "draft", "mtp", "eagle3"}
+    target_config = json.loads((tmp_path / "target" / "config.json").read_text())
+    mtp = demo_heads.MtpHead.load(tmp_path / "mtp")
+    assert mtp.config.hidden_size == target_config["hidden_size"]
+    eagle3 = demo_heads.Eagle3Head.load(tmp_path / "eagle3")
+    assert eagle3.fc.in_features == 3 * target_config["hidden_size"]
+    assert eagle3.aux_layer_ids == demo_heads.default_aux_layers(target_config["num_hidden_layers"])
+    assert metadata["heads"]["eagle3"]["draft_vocab_size"] == len(eagle3.d2t) == 256
+    acceptance = metadata["acceptance"]["by_new_tokens"]["8"]
+    assert set(acceptance) == {"draft", "mtp", "eagle3", "ngram"}
+    for result in acceptance.values():
+        assert result["prompts"] == 2 and 0 <= result["mean_accepted"] <= 4
+    assert [sample["prompt"] for sample in metadata["samples"]] == list(train_demo_pair.SAMPLE_PROMPTS)
+    for phase in ("target", "draft"):
+        assert metadata[phase]["steps_done"] == 3 and not metadata[phase]["stopped_early_by_deadline"]
+    assert all(metadata["heads"][name]["steps_done"] == 3 for name in ("mtp", "eagle3"))
+    # The README is written from these files: every hash, and every drafter's measured acceptance.
+    readme = demo_pair_readme.render(tmp_path)
+    assert all(f"`{digest}`" in readme for digest in metadata["sha256"].values())
+    assert all(f"**{result['mean_accepted']:.3f}**" in readme for result in acceptance.values())
+
+
+def test_step_cap_fits_the_budget_and_keeps_the_requested_count_when_it_fits():
+    cap = demo_training.StepCap(steps=10_000, budget=1.0)
+    for step in range(1, demo_training.StepCap.PROBE + 1):
+        cap.after_step(step)  # steps that take no time: everything fits
+    assert (cap.steps, cap.capped) == (10_000, False)
+    slow = demo_training.StepCap(steps=10_000, budget=1.0)
+    for step in range(1, demo_training.StepCap.PROBE + 1):
+        if step == demo_training.StepCap.WARM:
+            slow.after_step(step)
+            slow.warm_at -= 0.5  # pretend the 20 probe steps took 0.5 s: 25 ms each
+        elif step == demo_training.StepCap.PROBE:
+            slow.after_step(step)
+    assert slow.capped and demo_training.StepCap.PROBE <= slow.steps <= 25 + int(0.9 / 0.025)
+
+
+@pytest.mark.gpu
+def test_smoke_run_on_the_gpu(tmp_path):
+    """The GPU paths the CPU smoke run cannot take: bf16 autocast, fused AdamW, SDPA with the unroll's mask."""
+    train_demo_pair.main(["--smoke", "--out", str(tmp_path), "--device", "cuda"])
+    metadata = json.loads((tmp_path / "metadata.json").read_text())
+    assert set(metadata["acceptance"]["by_new_tokens"]["8"]) == {"draft", "mtp", "eagle3", "ngram"}
+    assert all(metadata["heads"][name]["steps_done"] == 3 for name in ("mtp", "eagle3"))
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--heads", "mtp,medusa"], "--heads"),
+        (["--target-shape", "384,8,1024"], "--target-shape"),
+        (["--accept-new-tokens", "128,x"], "--accept-new-tokens"),
+        (["--eagle3-draft-vocab", "9000"], "--eagle3-draft-vocab"),
+    ],
+)
+def test_bad_flags_are_refused_before_any_work(flags, named, capsys):
+    with pytest.raises(SystemExit):
+        train_demo_pair.parse_args(["--out", "/nonexistent/never-written", *flags])
+    assert named in capsys.readouterr().err
