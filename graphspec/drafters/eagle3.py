@@ -27,7 +27,7 @@ post_attention_layernorm}.weight, fc.weight, norm.weight, lm_head.weight [draft 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +150,18 @@ def plan_head(path: Path, target_config: Any, target: DecoderLM) -> HeadPlan:
     `target` may be on meta (check_drafter calls this before the target's weights load)."""
     path = Path(path)
     raw = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    if raw and "model_type" not in raw:
+        raise InputError(
+            f'{path}/config.json has no model_type; EAGLE-3 heads are Llama layers: add "model_type": "llama"'
+        )
     config = load_config(path)  # raises on a missing or unreadable config.json
-    spec, target_spec = ModelSpec.from_config(config), target.spec
+    # The midlayer is a Llama layer whatever family the config names (vLLM's LlamaForCausalLMEagle3):
+    # no per-head q/k norms, biases only where attention_bias / mlp_bias ask for them.
+    bias = bool(raw.get("attention_bias", False))
+    spec = replace(
+        ModelSpec.from_config(config), qk_norm=False, qkv_bias=bias, o_bias=bias, mlp_bias=bool(raw.get("mlp_bias"))
+    )
+    target_spec = target.spec
     if spec.num_layers != 1:
         raise InputError(f"{path}: num_hidden_layers={spec.num_layers}; graphspec runs EAGLE-3 heads of one layer")
     if spec.vocab_size != target_spec.vocab_size:

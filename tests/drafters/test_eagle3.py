@@ -167,6 +167,7 @@ def edit_head(directory, config=None, tensors=None, drop=()):
     if config:
         raw = json.loads((directory / "config.json").read_text())
         raw.update(config)
+        raw = {key: value for key, value in raw.items() if value is not None}  # None: drop the field
         (directory / "config.json").write_text(json.dumps(raw))
     state = {n: t for n, t in load_file(directory / "model.safetensors").items() if n not in drop}
     state.update(tensors or {})
@@ -196,6 +197,7 @@ REFUSALS = {
         InputError,
         r"name layers \[5\] outside the target's 5 layers",
     ),
+    "no model_type": ({"config": {"model_type": None}}, InputError, 'has no model_type.*"model_type": "llama"'),
     "missing tensors": ({"drop": ("fc.weight", "d2t")}, CheckpointError, "missing tensors: d2t, fc.weight"),
     "fc width": (
         {"tensors": {"fc.weight": torch.zeros(64, 128)}},
