@@ -52,6 +52,100 @@ def test_greedy_is_lossless_against_transformers(target_dir, eagle3_runtime, k):
     assert sum(a for r in results for a in r.stats.accepted_per_step) > 0  # not a drafter that never hits
 
 
+@pytest.fixture(scope="module")
+def oracle_pair(target_dir, head_dir):
+    """(transformers target, oracle head with the target's embedding, draft id -> target id, aux layers)."""
+    from tests.eagle3_oracle import load_oracle
+
+    hf_target = load_hf(target_dir)
+    oracle, ids, layers = load_oracle(head_dir, hf_target.config)
+    oracle.embed_tokens = hf_target.model.embed_tokens
+    return hf_target, oracle, ids, layers
+
+
+@torch.no_grad()
+def oracle_drafts(oracle_pair, sequence: list[int], k: int) -> tuple[list[int], list[torch.Tensor]]:
+    """The K greedy drafts (and their target-vocabulary logits) of the oracle head after `sequence`,
+    recomputed from scratch: pairs (x_{t+1}, fc(f_t)) over the whole sequence with transformers' target
+    features f, then K-1 drafts chained on the pre-norm output."""
+    from tests.eagle3_oracle import full_vocab
+
+    hf_target, oracle, ids, layers = oracle_pair
+    states = hf_target(torch.tensor([sequence]), output_hidden_states=True).hidden_states
+    features = torch.cat([states[i] for i in layers], dim=-1)  # [1, L, F]
+    tokens, hidden = torch.tensor([sequence[1:]]), oracle.fc(features[:, :-1])
+    drafts, logits = [], []
+    for _ in range(k):
+        out, prenorm = oracle(oracle.embed_tokens(tokens), hidden, torch.arange(tokens.shape[1])[None])
+        logits.append(full_vocab(oracle.lm_head(out[0, -1]), ids, VOCAB))
+        drafts.append(int(logits[-1].argmax()))
+        tokens = torch.cat((tokens, torch.tensor([[drafts[-1]]])), 1)
+        hidden = torch.cat((hidden, prenorm[:, -1:]), 1)
+    return drafts, logits
+
+
+@torch.no_grad()
+def oracle_generation(oracle_pair, prompt: list[int], k: int, new_tokens: int) -> tuple[list[int], list[int]]:
+    """EAGLE-3 greedy speculative decoding with transformers' target (full forwards, no cache) and the
+    oracle head: (emitted tokens, accepted count per step)."""
+    hf_target = oracle_pair[0]
+    sequence, counts = list(prompt), []
+    sequence.append(int(hf_target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    while len(sequence) - len(prompt) < new_tokens:
+        drafts, _ = oracle_drafts(oracle_pair, sequence, k)
+        verify = hf_target(torch.tensor([sequence + drafts])).logits[0, len(sequence) - 1 :].argmax(-1).tolist()
+        accepted = next((i for i in range(k) if drafts[i] != verify[i]), k)
+        sequence += [*drafts[:accepted], verify[accepted]]
+        counts.append(accepted)
+    return sequence[len(prompt) :], counts
+
+
+def test_accepted_counts_equal_an_oracle_speculative_loop(oracle_pair, eagle3_runtime):
+    """Lossless output alone would not notice a drafter that drafts wrongly: every step's accepted count
+    must equal that of EAGLE-3 decoding written with transformers' target and the oracle head."""
+    runtime = eagle3_runtime(4)
+    batch = prompts(seed=51, lengths=[6, 19, 11], vocab=VOCAB)
+    results = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    total = 0
+    for prompt, result in zip(batch, results, strict=True):
+        tokens, counts = oracle_generation(oracle_pair, prompt, 4, 30)
+        assert result.token_ids == tokens[:30]
+        assert result.stats.accepted_per_step == counts
+        total += sum(counts)
+    assert total > 0  # some drafts were accepted, so the comparison is not all zeros
+
+
+def test_head_state_after_every_step_drafts_as_a_fresh_oracle_forward(oracle_pair, eagle3_runtime):
+    """After every step of a real generation, the drafter's proposals from the state the step left (head
+    KV from prefill, catch-ups and chained drafts; feature and token rows; start) equal the oracle's,
+    recomputed from scratch over the committed sequence: the catch-up and the chaining leave nothing
+    stale behind, whatever the previous step accepted."""
+    from graphspec.drafters.base import StepView
+
+    k = 4
+    runtime = eagle3_runtime(k)
+    drafter, graph = runtime.drafter, runtime.graphs[("greedy", 1)]
+    prompt = prompts(seed=61, lengths=[9], vocab=VOCAB)[0]
+    emitted, checked, accepted = [], 0, []
+    steps_before = runtime.stats.graph_steps
+    for _, item in runtime.stream([prompt], max_new_tokens=40, stop_token_ids=[]):
+        if not isinstance(item, int):
+            accepted = item.stats.accepted_per_step
+            continue
+        emitted.append(item)
+        inputs = {name: graph.buffers.inputs[name][:1].clone() for name in ("committed_len", "slot_ids", "last_tokens")}
+        if runtime.stats.graph_steps == steps_before or int(inputs["committed_len"][0]) != len(prompt) + len(emitted):
+            continue  # mid-step (not all of the step's tokens seen yet) or before the first step
+        state = {name: tensor.clone() for name, tensor in runtime.state.items() if name.startswith("eagle3_")}
+        step = StepView(inputs, k, lambda logits, index: logits.argmax(-1))
+        proposal = drafter.propose(drafter.params(), step, state)
+        drafts, logits = oracle_drafts(oracle_pair, prompt + emitted, k)
+        assert proposal.tokens[0].tolist() == drafts
+        torch.testing.assert_close(proposal.logits[0], torch.stack(logits), rtol=1e-4, atol=1e-4)
+        checked += 1
+    assert checked >= 10 and any(a > 0 for a in accepted)
+
+
 def test_rows_that_stop_early_end_at_their_stop_token(target_dir, eagle3_runtime):
     model = load_hf(target_dir)
     runtime = eagle3_runtime(4)
