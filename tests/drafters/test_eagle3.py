@@ -58,6 +58,15 @@ def test_head_directory_is_recognized_from_its_config(case, target_dir, tmp_path
     assert drafter.target_features == tuple(f"layer_in:{i}" for i in layers) == ("layer_in:2",) * 3
 
 
+def test_drafter_argument_names_the_kind_when_the_config_does_not(target_dir, tmp_path):
+    head = make_eagle3_head(tmp_path / "head", target_dir, seed=6, draft_vocab=DRAFT_VOCAB)
+    edit_head(head, config={"architectures": ["LlamaForCausalLM"]})
+    assert drafter_kind(head) == "draft_model"
+    assert drafter_kind(head, "eagle3") == "eagle3"
+    drafter = Eagle3(head, load_model(target_dir), torch.float32, "cpu")
+    assert drafter.describe()["kind"] == "eagle3"
+
+
 def test_captured_features_are_transformers_hidden_states_of_the_aux_layers(case):
     target, _, hf_target, _, _, _ = case
     tokens = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
