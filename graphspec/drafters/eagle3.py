@@ -52,8 +52,10 @@ from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_confi
 from graphspec.models.spec import ModelSpec, rope_frequencies
 
 ARCHITECTURE = "Eagle3"  # a head directory's config.json architectures name contains it
-# Stored tensors the head does not read: t2d (target -> draft membership) says what d2t says.
+# Stored tensors the head does not read: t2d (target -> draft membership) says what d2t says, and
+# rotary tables older transformers versions saved with the weights (graphspec computes its own).
 IGNORED_TENSORS = ("t2d",)
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class Eagle3Head(nn.Module):
@@ -212,7 +214,9 @@ def check_tensors(
     # Without d2t only the identity map (draft vocabulary = target vocabulary) is known.
     needed = [*own, "d2t"] if draft_vocab != vocab else list(own)
     missing = sorted(name for name in needed if name not in available)
-    unexpected = sorted(set(available) - set(expected) - set(IGNORED_TENSORS))
+    unexpected = sorted(
+        name for name in set(available) - set(expected) - set(IGNORED_TENSORS) if not name.endswith(IGNORED_SUFFIXES)
+    )
     misshaped = sorted(
         f"{name} (checkpoint {list(available[name][1])}, expected {list(shape)})"
         for name, shape in expected.items()

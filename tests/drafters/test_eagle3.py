@@ -60,7 +60,9 @@ def test_head_directory_is_recognized_from_its_config(case, target_dir, tmp_path
 
 def test_drafter_argument_names_the_kind_when_the_config_does_not(target_dir, tmp_path):
     head = make_eagle3_head(tmp_path / "head", target_dir, seed=6, draft_vocab=DRAFT_VOCAB)
-    edit_head(head, config={"architectures": ["LlamaForCausalLM"]})
+    # A rotary table as older transformers versions saved it: not a weight, ignored.
+    rotary = {"midlayer.self_attn.rotary_emb.inv_freq": torch.ones(8)}
+    edit_head(head, config={"architectures": ["LlamaForCausalLM"]}, tensors=rotary)
     assert drafter_kind(head) == "draft_model"
     assert drafter_kind(head, "eagle3") == "eagle3"
     drafter = Eagle3(head, load_model(target_dir), torch.float32, "cpu")
@@ -207,6 +209,11 @@ REFUSALS = {
         r"name layers \[5\] outside the target's 5 layers",
     ),
     "no model_type": ({"config": {"model_type": None}}, InputError, 'has no model_type.*"model_type": "llama"'),
+    "unexpected tensors": (
+        {"tensors": {"layers.0.mlp.down_proj.weight": torch.zeros(64, 96)}},
+        CheckpointError,
+        r"unexpected tensors: layers\.0\.mlp\.down_proj\.weight",
+    ),
     "missing tensors": ({"drop": ("fc.weight", "d2t")}, CheckpointError, "missing tensors: d2t, fc.weight"),
     "fc width": (
         {"tensors": {"fc.weight": torch.zeros(64, 128)}},
