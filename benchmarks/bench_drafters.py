@@ -1,7 +1,9 @@
 """Step time per drafter next to graphspec's own target-only forwards, in one run.
 
 On random bf16 checkpoints shaped like Llama-3.1-8B (target, with one random MTP layer in the
-DeepSeek-V3 layout) and Llama-3.2-1B (draft model), or the tiny stand-ins with --preset tiny-llama, this
+DeepSeek-V3 layout), Llama-3.2-1B (draft model) and a random EAGLE-3 head at the target's shapes (for
+Llama-3.1-8B those of the public EAGLE-3 heads: hidden 4096, 32 heads, 8 kv heads, intermediate 14336,
+draft_vocab_size 32000), or the tiny stand-ins with --preset tiny-llama, this
 compiles the speculation step for every drafter in
 --drafters (greedy, K, buckets --batch-sizes) and times one captured step per bucket with every row
 real at committed length about --context. Next to them, per bucket:
@@ -36,12 +38,15 @@ import graphspec
 from benchmarks import common, target_only
 from benchmarks.bench_step import PRESETS, fill_caches, time_step, timed, write_checkpoint
 from graphspec.compiled import device_sm
+from graphspec.drafters.eagle3 import Eagle3Head, aux_layers
 from graphspec.drafters.mtp import MtpHead, layer_names
 from graphspec.models.decoder import checkpoint_state
-from graphspec.models.loading import build_model
+from graphspec.models.loading import build_model, load_config
+from graphspec.models.spec import ModelSpec, rope_frequencies
 from graphspec.trace import model_inputs
 
-DRAFTERS = ("draft_model", "ngram", "mtp")
+DRAFTERS = ("draft_model", "ngram", "mtp", "eagle3")
+EAGLE3_DRAFT_VOCAB = 32000  # the public Llama-3.1-8B EAGLE-3 heads'
 
 
 def add_mtp_head(directory: Path, device: str, seed: int) -> None:
@@ -60,6 +65,41 @@ def add_mtp_head(directory: Path, device: str, seed: int) -> None:
             weight = torch.randn(tensor.shape, generator=generator, device=device, dtype=torch.bfloat16).mul_(0.02)
             state[names[name]] = (weight.add_(1.0) if name.endswith("norm.weight") else weight).cpu()
     save_file(state, str(directory / "model.safetensors"))
+
+
+def write_eagle3_head(directory: Path, target_dir: Path, device: str, seed: int) -> Path:
+    """A random EAGLE-3 head directory for the target in the public layout: the target's width, heads,
+    MLP size and rope, draft_vocab_size min(32000, V) mapped by a random sorted d2t, the target's
+    embedding (no embed_tokens.weight of its own). Written before the target's MTP layer is added."""
+    directory.mkdir(parents=True, exist_ok=True)
+    raw = json.loads((target_dir / "config.json").read_text())
+    target_config = load_config(target_dir)
+    vocab = target_config.vocab_size
+    draft_vocab = min(EAGLE3_DRAFT_VOCAB, vocab)
+    raw.update(
+        architectures=["LlamaForCausalLMEagle3"],
+        num_hidden_layers=1,
+        draft_vocab_size=draft_vocab,
+        target_hidden_size=target_config.hidden_size,
+        tie_word_embeddings=False,
+    )
+    layers = target_config.num_hidden_layers
+    if layers < 4:  # the default aux layers (2, L // 2, L - 3) need 4: tiny presets pin their own
+        raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, layers // 2, layers - 1]}
+    (directory / "config.json").write_text(json.dumps(raw, indent=2))
+    config = load_config(directory)
+    features = len(aux_layers(raw, directory, target_config.num_hidden_layers)) * target_config.hidden_size
+    shared = build_model(target_config).model.embed_tokens  # meta: the names and shapes are what matter
+    head = Eagle3Head(ModelSpec.from_config(config), features, draft_vocab, shared, False, *rope_frequencies(config))
+    used = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
+    state = {"d2t": used - torch.arange(draft_vocab)}
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, tensor in checkpoint_state(head).items():
+        if name != "embed_tokens.weight":
+            weight = torch.randn(tensor.shape, generator=generator, device=device, dtype=torch.bfloat16).mul_(0.02)
+            state[name] = (weight.add_(1.0) if name.endswith("norm.weight") else weight).cpu()
+    save_file(state, str(directory / "model.safetensors"))
+    return directory
 
 
 def time_target_forward(model: torch.nn.Module, batch: int, positions: int, args: argparse.Namespace) -> float:
@@ -112,13 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
         target_dir = write_checkpoint(Path(workdir) / "target", target_shape, args.device, seed=1)
         draft_dir = write_checkpoint(Path(workdir) / "draft", draft_shape, args.device, seed=2)
+        eagle3_dir = Path(workdir) / "eagle3"
+        if "eagle3" in drafters:  # before the MTP layer: the head copies the target's config
+            write_eagle3_head(eagle3_dir, target_dir, args.device, seed=4)
         if "mtp" in drafters:
             add_mtp_head(target_dir, args.device, seed=3)
         steps: dict[str, dict[int, float]] = {}
         target = None
         for name in drafters:
             begin = time.perf_counter()
-            draft = str(draft_dir) if name == "draft_model" else name  # "ngram", "mtp": no checkpoint of their own
+            # "ngram", "mtp": no checkpoint of their own
+            draft = {"draft_model": str(draft_dir), "eagle3": str(eagle3_dir)}.get(name, name)
             runtime = graphspec.Runtime.from_pretrained(target_dir, draft, batch_sizes=buckets, **options)
             print(f"[bench] {name}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
             fill_caches(runtime, 0)

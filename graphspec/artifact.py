@@ -59,7 +59,7 @@ from safetensors.torch import load_file, save_file
 from graphspec import trace
 from graphspec.compiled import Compiled, device_sm
 from graphspec.config import SAMPLING_MODES, SpecConfig
-from graphspec.drafters import NAMED_KINDS, SETTINGS, check_drafter, open_drafter
+from graphspec.drafters import DIRECTORY_KINDS, NAMED_KINDS, SETTINGS, check_drafter, open_drafter
 from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
@@ -805,7 +805,8 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     if kind not in SETTINGS:
         raise ArtifactError(f"{path / MANIFEST}: unknown drafter kind {kind!r}: recompile with `{command}`")
     roles = manifest_roles(manifest)
-    if ("draft" in roles) != (kind not in NAMED_KINDS):
+    # Kinds without a name of their own need their checkpoint; MTP has one only as a head directory.
+    if ("draft" not in roles and kind not in NAMED_KINDS) or ("draft" in roles and kind not in DIRECTORY_KINDS):
         raise ArtifactError(
             f"{path / MANIFEST}: drafter {kind!r} does not match its models {roles}: recompile with `{command}`"
         )

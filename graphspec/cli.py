@@ -183,8 +183,8 @@ def build_parser() -> Parser:
     compile_parser.add_argument(
         "--draft",
         metavar="DRAFT",
-        help="draft checkpoint directory (same vocabulary), 'ngram' (prompt lookup: no model) or 'mtp' (the "
-        "target checkpoint's own MTP head)",
+        help="draft checkpoint directory (same vocabulary), a head directory (EAGLE-3 or MTP NextN, kind read "
+        "from its config), 'ngram' (prompt lookup: no model) or 'mtp' (the target checkpoint's own MTP head)",
     )
     compile_parser.add_argument(
         "--drafter", choices=sorted(KINDS), default=None, help="drafter kind, when DRAFT alone does not say it"

@@ -61,7 +61,9 @@ def compile(
     the pass pipeline, and (with `out`) write a serving artifact. Every argument is validated, and
     every config read, before any weight is.
 
-    draft: a draft-model checkpoint directory, or "ngram" (no model; options ngram_min, ngram_max).
+    draft: a draft-model checkpoint directory, a head directory (EAGLE-3, or MTP in the NextN convention;
+    the kind is read from its config's architectures), "mtp" (the target checkpoint's own MTP head), or
+    "ngram" (no model; options ngram_min, ngram_max).
     drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS)."""
     config = SpecConfig(
         k=k,

@@ -42,8 +42,8 @@ ROW_INPUTS = (
 )
 TARGET_CACHE = "target_cache"  # [L, 2, SLOTS, Hkv, S, D]: the target's state, first of the step's states
 # What the traced program returns besides the states (draft_length only when the drafter gives one,
-# target_hidden only when it reads the verify's hidden states); insert_verify replaces these with ROW_OUTPUTS.
-SPECULATE_OUTPUTS = ("target_logits", "draft_logits", "draft_tokens", "draft_length", "target_hidden")
+# target_features only when it reads the verify's states); insert_verify replaces these with ROW_OUTPUTS.
+SPECULATE_OUTPUTS = ("target_logits", "draft_logits", "draft_tokens", "draft_length", "target_features")
 # The compiled step's per-row outputs; the states follow them. next_<name> feeds back into input <name>.
 ROW_OUTPUTS = (
     "tokens",  # [B, K+1]: the first num_accepted + 1 are emitted
@@ -148,16 +148,20 @@ def speculate(
         # One target forward over [bonus, d1..dK] at positions L-1 .. L-1+K.
         verify_tokens = torch.cat((inputs["last_tokens"][:, 1:], draft_tokens), dim=1)  # [B, K+1]
         committed_len, slot_ids = inputs["committed_len"], inputs["slot_ids"]
-        output = "logits_and_hidden" if drafter.reads_target_hidden else "logits"
+        capture = drafter.target_features
+        output = "logits_and_features" if capture else "logits"
         verified, target_cache = torch.func.functional_call(
-            target, target_params, (verify_tokens, committed_len - 1, slot_ids, state[TARGET_CACHE], output)
+            target,
+            target_params,
+            (verify_tokens, committed_len - 1, slot_ids, state[TARGET_CACHE], output),
+            {"capture": capture},
         )
-        target_logits, target_hidden = verified if drafter.reads_target_hidden else (verified, None)  # [B, K+1, V]
+        target_logits, target_features = verified if capture else (verified, None)  # [B, K+1, V]
     outputs = {"target_logits": target_logits, "draft_logits": draft_logits, "draft_tokens": draft_tokens}
     if proposal.length is not None:
         outputs["draft_length"] = proposal.length
-    if target_hidden is not None:
-        outputs["target_hidden"] = target_hidden  # [B, K+1, H]
+    if target_features is not None:
+        outputs["target_features"] = target_features  # [B, K+1, F]
     return {**outputs, TARGET_CACHE: target_cache, **proposal.state}
 
 

@@ -63,7 +63,7 @@ if [ "${BENCH:-1}" = 1 ]; then
         "$PYTHON" benchmarks/bench_step.py --json "$OUT/bench_step.json" ${BENCH_ARGS:-}
 fi
 if [ "${DRAFTERS:-1}" = 1 ]; then
-    stage "bench_drafters" "${DRAFTERS_S:-300}" "$OUT/bench_drafters.log" \
+    stage "bench_drafters" "${DRAFTERS_S:-420}" "$OUT/bench_drafters.log" \
         "$PYTHON" benchmarks/bench_drafters.py --json "$OUT/bench_drafters.json"
 fi
 if [ "${EXTRAS:-1}" = 1 ] && [ -f scripts/gpu_parity.py ]; then

@@ -121,3 +121,33 @@ def load_hf_mtp(directory: Path, layout: str = "deepseek_v3") -> tuple[torch.nn.
     names = mtp_stored_names(mtp, model.config.num_hidden_layers, layout)
     mtp.load_state_dict({name: stored[file_name] for name, file_name in names.items()}, strict=False)
     return model, mtp
+
+
+def split_nextn_head(source: Path, target_dir: Path, head_dir: Path) -> tuple[Path, Path]:
+    """A DeepSeek-V3-layout MTP checkpoint (make_mtp_checkpoint) split in two: the target alone (no MTP
+    tensors or config fields) and its head as a standalone directory in SGLang's NextN convention (the
+    target's config with architectures ["<Arch>NextN"] and num_nextn_predict_layers 1, tensors
+    model.layers.0.*)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    raw = json.loads((source / "config.json").read_text())
+    prefix = f"model.layers.{raw['num_hidden_layers']}."
+    state = load_file(source / "model.safetensors")
+    target_raw = {key: value for key, value in raw.items() if key not in ("num_mtp_layers", "mtp_layer_types")}
+    head_raw = {**target_raw, "architectures": [raw["architectures"][0] + "NextN"], "num_nextn_predict_layers": 1}
+    for directory, config, tensors in (
+        (target_dir, target_raw, {n: t for n, t in state.items() if not n.startswith(prefix)}),
+        (
+            head_dir,
+            head_raw,
+            {"model.layers.0." + n.removeprefix(prefix): t for n, t in state.items() if n.startswith(prefix)},
+        ),
+    ):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(source / "generation_config.json", target_dir / "generation_config.json")
+    return Path(target_dir), Path(head_dir)

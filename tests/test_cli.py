@@ -315,3 +315,20 @@ def test_compile_with_the_ngram_drafter_and_inspect_it(checkpoints, tmp_path, ca
     assert manifest["drafter"] == {"kind": "ngram", "ngram_min": 1, "ngram_max": 2}
     assert "--draft ngram" in manifest["command"] and "--ngram-max 2" in manifest["command"]
     assert Runtime.load(out).generate([[5, 6, 5, 6, 5]], max_new_tokens=4, stop_token_ids=[])[0].token_ids
+
+
+def test_compile_with_an_eagle3_head_directory_and_inspect_it(checkpoints, tmp_path, capsys):
+    from tests.eagle3_oracle import make_eagle3_head
+
+    target, _ = checkpoints
+    head = make_eagle3_head(tmp_path / "head", target, seed=2, draft_vocab=40, aux_layers=[0, 1, 1])
+    out = tmp_path / "eagle3_art"
+    args = ["compile", str(target), "--draft", str(head), "-k", "2", "--batch-sizes", "1"]
+    assert main([*args, *COMPILE_FLAGS, "--modes", "greedy", "--out", str(out)]) == 0
+    assert main(["inspect", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "drafter    eagle3  aux_layers [0, 1, 1]  draft_vocab_size 40" in printed
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["drafter"] == {"kind": "eagle3", "aux_layers": [0, 1, 1], "draft_vocab_size": 40}
+    assert f"--draft {head.absolute()}" in manifest["command"]
+    assert Runtime.load(out).generate([[5, 6, 5, 6, 5]], max_new_tokens=4, stop_token_ids=[])[0].token_ids

@@ -4,13 +4,16 @@ weight is read."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig
 
+from graphspec.drafters import eagle3
 from graphspec.drafters.base import Drafter, Proposal, State, StepView
 from graphspec.drafters.draft_model import DraftModel
+from graphspec.drafters.eagle3 import Eagle3
 from graphspec.drafters.mtp import Mtp, plan_head
 from graphspec.drafters.ngram import NGram
 from graphspec.errors import InputError
@@ -18,27 +21,43 @@ from graphspec.models.loading import LoadedModel, build_model, load_config, load
 from graphspec.models.spec import ModelSpec
 
 # kind -> class. NAMED_KINDS: `draft` strings that name a kind with no checkpoint of its own (n-gram has
-# no model; MTP reads the target checkpoint's head).
-KINDS: dict[str, type[Drafter]] = {"draft_model": DraftModel, "ngram": NGram, "mtp": Mtp}
+# no model; draft="mtp" reads the target checkpoint's head). DIRECTORY_KINDS: kinds a `draft`
+# directory can be (draft="mtp" or an MTP head directory are both MTP).
+KINDS: dict[str, type[Drafter]] = {"draft_model": DraftModel, "ngram": NGram, "mtp": Mtp, "eagle3": Eagle3}
 NAMED_KINDS = ("ngram", "mtp")
-NOT_YET = {"eagle3": "EAGLE-3 heads"}
-SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": ()}
+DIRECTORY_KINDS = ("draft_model", "mtp", "eagle3")
+SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": (), "eagle3": ()}
+
+
+def directory_kind(path: str | Path) -> str:
+    """The kind a checkpoint directory's config.json architectures say: a name containing "Eagle3" is an
+    EAGLE-3 head, one ending in "NextN" or "MTP" an MTP head (SGLang's standalone NextN convention),
+    anything else a draft model. A directory without a readable config is left to the loader to refuse."""
+    config = Path(path) / "config.json"
+    try:
+        architectures = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return "draft_model"
+    if eagle3.is_eagle3(architectures):
+        return "eagle3"
+    if any(str(name).endswith(("NextN", "MTP")) for name in architectures):
+        return "mtp"
+    return "draft_model"
 
 
 def drafter_kind(draft: str | Path, drafter: str | None = None) -> str:
-    """The drafter kind for `draft` (a checkpoint directory or the name of a kind without one)."""
+    """The drafter kind for `draft` (a checkpoint or head directory, or the name of a kind without one):
+    `drafter` when given, else read from the directory's config (directory_kind)."""
     name = str(draft)
+    if drafter is None and name in KINDS and name not in NAMED_KINDS and not Path(name).is_dir():
+        raise InputError(f"draft={name!r} names a drafter kind that needs a checkpoint directory; pass the directory")
     if drafter is None:
-        drafter = name if name in (*NAMED_KINDS, *NOT_YET) else "draft_model"
-    if drafter in NOT_YET:
-        raise InputError(
-            f"drafter {drafter!r} ({NOT_YET[drafter]}) is not implemented yet; use a draft model, 'ngram' or 'mtp'"
-        )
+        drafter = name if name in NAMED_KINDS else directory_kind(draft)
     if drafter not in KINDS:
         raise InputError(f"unknown drafter {drafter!r}; choose one of {', '.join(KINDS)}")
-    if drafter in NAMED_KINDS and name != drafter:
+    if drafter not in DIRECTORY_KINDS and name != drafter:
         raise InputError(f"drafter {drafter!r} takes no checkpoint of its own; pass draft={drafter!r}, got {name!r}")
-    if drafter not in NAMED_KINDS and name in NAMED_KINDS:
+    if name in NAMED_KINDS and name != drafter:
         raise InputError(f"drafter {drafter!r} needs a checkpoint directory, got draft={name!r}")
     return drafter
 
@@ -62,7 +81,13 @@ def check_drafter(
         return NGram(**settings)
     target_spec = ModelSpec.from_config(target_config)
     if kind == "mtp":  # names and shapes from the headers, against a meta-device target
-        plan_head(Path(target), target_config, build_model(target_config))
+        if str(draft) == "mtp":
+            plan_head(Path(target), target_config, build_model(target_config))
+        else:
+            plan_head(Path(draft), load_config(draft), build_model(target_config), own_checkpoint=False)
+        return None
+    if kind == "eagle3":  # config fields, names, shapes and d2t, against a meta-device target
+        eagle3.plan_head(Path(draft), target_config, build_model(target_config))
         return None
     spec = ModelSpec.from_config(load_config(draft))
     if spec.vocab_size != target_spec.vocab_size:
@@ -91,11 +116,15 @@ def open_drafter(
     if checked is not None:
         return checked
     if kind == "mtp":
-        return Mtp(target, target.model.model.embed_tokens.weight.dtype, device)
+        head_dir = None if str(draft) == "mtp" else Path(draft)
+        return Mtp(target, target.model.model.embed_tokens.weight.dtype, device, head_dir)
+    if kind == "eagle3":
+        return Eagle3(draft, target, target.model.model.embed_tokens.weight.dtype, device)
     return DraftModel(load_model(draft, dtype, device))
 
 
 __all__ = [
+    "DIRECTORY_KINDS",
     "KINDS",
     "NAMED_KINDS",
     "Drafter",

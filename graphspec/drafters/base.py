@@ -20,9 +20,10 @@ from torch import Tensor
 #   count are dead, and the drafter reads only the accepted ones (feature rows for heads).
 ROLLBACKS = ("length", "verified")
 # Values the accept region can write into a drafter state after verify (see CommitWrite):
-# "tokens" [B, K+1] the step's tokens, "target_hidden" [B, K+1, H] the target's final hidden states at
-# the verify positions, "committed_len" [B, 1] the committed length the step started from.
-COMMIT_VALUES = ("tokens", "target_hidden", "committed_len")
+# "tokens" [B, K+1] the step's tokens, "target_features" [B, K+1, F] what the drafter captures from the
+# verify forward (Drafter.target_features) at the verify positions, "committed_len" [B, 1] the committed
+# length the step started from.
+COMMIT_VALUES = ("tokens", "target_features", "committed_len")
 # Where a commit write lands in each row's slot: "committed_len": positions L .. L+T-1 (after the
 # committed tokens); "start": positions 0 .. T-1 (the slot's row is replaced).
 COMMIT_AT = ("committed_len", "start")
@@ -87,6 +88,7 @@ class PrefillView:
     lengths: Tensor  # [rows] real prompt lengths
     hidden: Tensor  # [rows, T, H] the target's final (normed) hidden states
     first: Tensor  # [rows] the target's first token (at position lengths)
+    features: Tensor | None = None  # [rows, T, F] the drafter's target_features, when it declares any
 
 
 @dataclass
@@ -104,8 +106,10 @@ class Drafter(ABC):
     abstract methods; a drafter with weights also sets `loaded` (its checkpoint)."""
 
     kind: ClassVar[str]
-    # True: the verify forward also returns the target's final hidden states (commit value "target_hidden").
-    reads_target_hidden: ClassVar[bool] = False
+    # What the drafter reads from the target's forwards (models.decoder capture points, e.g. ("final",)
+    # or three "layer_in:<i>"): the verify returns them (commit value "target_features") and prefill
+    # passes them in PrefillView.features. Empty: the target's forward returns logits only.
+    target_features: tuple[str, ...] = ()
     loaded: Any = None  # a models.LoadedModel when the drafter has its own checkpoint
     settings: dict[str, Any]  # the drafter's knobs, JSON-able (set by __init__)
 

@@ -17,6 +17,11 @@ Checkpoint layouts (read from the target's own files): DeepSeek-V3 `model.layers
 eh_proj, shared_head.norm, <decoder layer>}`; Qwen3.5/Qwen3-Next `mtp.{pre_fc_norm_embedding,
 pre_fc_norm_hidden, fc, norm, layers.{i}.<decoder layer>}`. Copies of the embedding or head stored
 beside them are not read: the target's are used.
+
+A head directory (SGLang's standalone NextN convention) holds the same head apart from the target:
+config.json is a config of the target's family with architectures ["<TargetArch>NextN"] and
+num_nextn_predict_layers, and the tensors use the DeepSeek-V3 layout at layer index 0
+(`model.layers.0.{enorm, hnorm, eh_proj, shared_head.norm, <decoder layer>}`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from graphspec import ops
 from graphspec.drafters.base import CommitWrite, Drafter, PrefillView, Proposal, State, StepView
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape
-from graphspec.models.loading import LoadedModel, checkpoint_tensors, mtp_layer_count, read_into
+from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, mtp_layer_count, read_into
 from graphspec.models.spec import ModelSpec
 
 # Per layout: own name (inside one MtpLayer) -> stored name; "block." maps onto the decoder layer's names.
@@ -121,17 +126,23 @@ def layer_names(layout: str, index: int, num_layers: int, own: list[str]) -> dic
 
 class Mtp(Drafter):
     kind = "mtp"
-    reads_target_hidden = True
+    target_features = ("final",)
 
-    def __init__(self, target: LoadedModel, dtype: torch.dtype, device: str | torch.device) -> None:
+    def __init__(
+        self, target: LoadedModel, dtype: torch.dtype, device: str | torch.device, head_dir: Path | None = None
+    ) -> None:
+        """head_dir: a NextN head directory; None reads the head from the target's own checkpoint."""
         self.target = target.model
-        head, names, layout, files = plan_head(target.path, target.config, target.model)
+        path, config = (target.path, target.config) if head_dir is None else (Path(head_dir), load_config(head_dir))
+        head, names, layout, files = plan_head(path, config, target.model, own_checkpoint=head_dir is None)
         self.layout = layout
         read_into(head, files, names, dtype, device)
         head.inv_freq = head.inv_freq.to(device)
         head.eval().requires_grad_(False)
         self.head = head
-        self.loaded = None  # its weights are the target checkpoint's: the artifact stores no second copy
+        # From the target's checkpoint the artifact stores no second copy; a head directory is its
+        # "draft" checkpoint.
+        self.loaded = None if head_dir is None else LoadedModel(head, config, None, path, files)  # type: ignore[arg-type]
         self.settings = {}
         # Tied embeddings appear once among the parameters, under the embedding's name.
         self.head_weight = "embed_tokens.weight" if target.model.spec.tie_word_embeddings else "lm_head.weight"
@@ -150,7 +161,11 @@ class Mtp(Drafter):
             State("mtp_cache", cache, dtype, "length"),
             # The last verify's K+1 rows: hidden states, tokens (row j at position start + j), and start.
             State(
-                "mtp_hidden", (slots, k + 1, spec.hidden_size), dtype, "verified", CommitWrite("target_hidden", "start")
+                "mtp_hidden",
+                (slots, k + 1, spec.hidden_size),
+                dtype,
+                "verified",
+                CommitWrite("target_features", "start"),
             ),
             State("mtp_tokens", (slots, k + 1), torch.int64, "verified", CommitWrite("tokens", "start")),
             State("mtp_start", (slots, 1), torch.int64, "verified", CommitWrite("committed_len", "start")),
@@ -207,19 +222,25 @@ class Mtp(Drafter):
         state["mtp_start"][slots, 0] = lengths
 
 
-def plan_head(path: Path, config: Any, target: DecoderLM) -> tuple[MtpHead, dict[str, str], str, list[Path]]:
+def plan_head(
+    path: Path, config: Any, target: DecoderLM, own_checkpoint: bool = True
+) -> tuple[MtpHead, dict[str, str], str, list[Path]]:
     """The head (on meta) for `target`, its parameter -> stored tensor names, the layout, and the weight
     files, with every count, name and shape checked against the file headers; reads no weights, so it
-    also serves to refuse a bad checkpoint before the target's weights load (`target` may be on meta)."""
+    also serves to refuse a bad checkpoint before the target's weights load (`target` may be on meta).
+    own_checkpoint: `path` is the target's checkpoint (False: a NextN head directory, layers from 0)."""
     count = check_mtp(path, config, target.spec)
+    first_layer = target.spec.num_layers if own_checkpoint else 0
+    if not own_checkpoint:
+        check_head_config(path, config, target.spec)
     files, available = checkpoint_tensors(path)
-    layout = detect_layout(path, available, target.spec.num_layers)
+    layout = detect_layout(path, available, first_layer)
     head = MtpHead(target, count)
     own = [name for name in checkpoint_state(head) if name.startswith("layers.")]
     names: dict[str, str] = {}
     for index in range(count):
         layer = [name for name in own if name.startswith(f"layers.{index}.")]
-        names.update(layer_names(layout, index, target.spec.num_layers, layer))
+        names.update(layer_names(layout, index, first_layer, layer))
     check_shapes(path, head, names, available)
     return head, names, layout, files
 
@@ -235,6 +256,18 @@ def check_mtp(path: Path, config: Any, spec: ModelSpec) -> int:
     if count > 1:
         raise InputError(f"{path} has {count} MTP layers; graphspec runs checkpoints with one MTP layer so far")
     return count
+
+
+def check_head_config(path: Path, config: Any, spec: ModelSpec) -> None:
+    """A head directory's config must describe the target's family, width and vocabulary."""
+    head = ModelSpec.from_config(config)
+    for field in ("model_type", "hidden_size", "vocab_size"):
+        own, target = getattr(head, field), getattr(spec, field)
+        if own != target:
+            raise InputError(
+                f"{path}: the MTP head's {field} {own!r} is not the target's {target!r}; the head must be "
+                f"trained for this target"
+            )
 
 
 def detect_layout(path: Path, available: dict[str, Any], num_layers: int) -> str:

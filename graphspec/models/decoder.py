@@ -106,7 +106,9 @@ class DecoderLM(nn.Module):
     Token t of row b sits at position start_pos[b] + t; its K/V land in cache slot slot_ids[b].
     output="hidden" returns final hidden states [B, T, hidden] (gather them and call `logits` when
     only some positions matter, as prefill does); "logits" returns [B, T, V]; "last_logits" [B, V];
-    "logits_and_hidden" both ([B, T, V], [B, T, hidden]).
+    "hidden_and_features" and "logits_and_features" return a pair, the second the `capture` features.
+    capture: a static tuple of capture points (what a drafter reads from the target, see
+    capture_points); their values, concatenated in that order, are the features [B, T, F].
     Asking forward for logits keeps lm_head inside torch.func.functional_call when tracing.
     in_place=True writes the cache argument in place (eager use) instead of returning a new one.
     """
@@ -125,12 +127,7 @@ class DecoderLM(nn.Module):
         """cos and sin [B, T, D] of positions [B, T], with the same arithmetic as transformers' rotary
         embedding (fp32 angles, cos/sin scaled, cast to the model dtype by the rotary op). inv_freq:
         this model's buffer as bound by the caller (torch.func.functional_call), else its own."""
-        inv_freq = self.inv_freq if inv_freq is None else inv_freq
-        freqs = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, D/2]
-        angles = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]
-        if self.rope_scale == 1.0:  # most rope types: skip two multiplies per forward in the step graph
-            return angles.cos(), angles.sin()
-        return angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
+        return rope_tables(positions, self.inv_freq if inv_freq is None else inv_freq, self.rope_scale)
 
     def forward(
         self,
@@ -141,9 +138,12 @@ class DecoderLM(nn.Module):
         output: str = "hidden",
         in_place: bool = False,
         rope: tuple[Tensor, Tensor] | None = None,
+        capture: tuple[str, ...] = (),
     ) -> tuple[Tensor, Tensor]:
         """rope: cos and sin [B, T, D] of this call's positions when the caller already has them (the
         step computes the draft's once for all its forwards: about seven small launches per forward)."""
+        layer_inputs = capture_points(capture, self.spec.num_layers)
+        captured: dict[str, Tensor] = {}
         if rope is None:
             positions = start_pos[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [B, T]
             rope = self.rope(positions)
@@ -152,6 +152,8 @@ class DecoderLM(nn.Module):
         layers = self.model.layers
         hidden = ops.rms_norm(residual, layers[0].input_layernorm.weight, self.spec.rms_norm_eps)
         for index, layer in enumerate(layers):
+            if index in layer_inputs:  # the residual stream entering layer `index` (transformers' hidden_states[index])
+                captured[f"layer_in:{index}"] = residual
             attn_out, cache = layer.self_attn(hidden, cos, sin, start_pos, slot_ids, cache, in_place)
             norm = layer.post_attention_layernorm
             hidden, residual = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps)
@@ -162,8 +164,11 @@ class DecoderLM(nn.Module):
             return self.logits(hidden[:, -1]), cache
         if output == "logits":
             return self.logits(hidden), cache
-        if output == "logits_and_hidden":  # a verify whose final hidden states a drafter reads
-            return (self.logits(hidden), hidden), cache
+        if output in ("hidden_and_features", "logits_and_features"):  # a forward whose states a drafter reads
+            captured["final"] = hidden
+            parts = [captured[point] for point in capture]
+            features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # [B, T, F]
+            return (self.logits(hidden) if output == "logits_and_features" else hidden, features), cache
         return hidden, cache
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -175,6 +180,33 @@ class DecoderLM(nn.Module):
         """KV cache [L, 2, SLOTS, Hkv, S, D]; zeroed unless only its shape matters (tracing)."""
         make = torch.zeros if zeroed else torch.empty
         return make(kv_cache_shape(self.spec, self.spec.num_layers, slots, max_seq_len), dtype=dtype, device=device)
+
+
+def rope_tables(positions: Tensor, inv_freq: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """cos and sin [B, T, D] of positions [B, T] (see DecoderLM.rope)."""
+    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, D/2]
+    angles = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]
+    if scale == 1.0:  # most rope types: skip two multiplies per forward in the step graph
+        return angles.cos(), angles.sin()
+    return angles.cos() * scale, angles.sin() * scale
+
+
+# What a drafter can read from a target forward: "final", the final (normed) hidden states (MTP heads),
+# or "layer_in:<i>", the residual stream entering layer i, i.e. transformers' hidden_states[i]
+# (hidden_states[0] is the embedding output; EAGLE-3 reads three of these).
+
+
+def capture_points(capture: tuple[str, ...], num_layers: int) -> set[int]:
+    """The layer indices `capture` reads the input of; raises ValueError on a point the model lacks."""
+    layers = set()
+    for point in capture:
+        if point == "final":
+            continue
+        kind, _, index = point.partition(":")
+        if kind != "layer_in" or not index.isdigit() or not 0 <= int(index) < num_layers:
+            raise ValueError(f"bad capture point {point!r}: 'final' or 'layer_in:<i>' with 0 <= i < {num_layers}")
+        layers.add(int(index))
+    return layers
 
 
 def kv_cache_shape(spec: ModelSpec, layers: int, slots: int, max_seq_len: int) -> tuple[int, ...]:

@@ -70,7 +70,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         # What a state's commit write (drafters.base.CommitWrite) can name, and where it can land.
         committed = {
             "tokens": tokens,
-            "target_hidden": outputs.get("target_hidden"),
+            "target_features": outputs.get("target_features"),
             "committed_len": call(torch.ops.aten.unsqueeze.default, values["committed_len"], 1),
         }
         starts = {

@@ -254,13 +254,16 @@ class Runtime:
         # The target cache cut to the prompt length (a view: writes land in the cache): the reference
         # attention then scores `longest` positions per row instead of all max_seq_len.
         target_cache = self.state[TARGET_CACHE][..., :longest, :]
-        hidden, _ = self.target(tokens, start, slots, target_cache, in_place=True)
+        capture = self.drafter.target_features
+        output = "hidden_and_features" if capture else "hidden"
+        hidden, _ = self.target(tokens, start, slots, target_cache, output, in_place=True, capture=capture)
+        hidden, features = hidden if capture else (hidden, None)
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         logits = self.target.logits(hidden[torch.arange(rows, device=self.device), lengths - 1])  # [rows, V]
         first = ops.sample(
             logits, params["temperature"], params["top_k"], params["top_p"], params["seed"], params["step_counter"], 0
         )
-        self.drafter.prefill(PrefillView(tokens, slots, lengths, hidden, first), self.state)
+        self.drafter.prefill(PrefillView(tokens, slots, lengths, hidden, first, features), self.state)
         COUNTERS.prefills += 1
         return first
 

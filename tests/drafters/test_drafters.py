@@ -27,7 +27,7 @@ def no_weight_loading(monkeypatch):
         ("ngram", {"ngram_size": 2}, "unknown option"),
         ("mtp", {}, "declares no MTP layers"),
         ("mtp", {"ngram_max": 2}, "unknown option"),
-        ("eagle3", {}, "not implemented yet"),
+        ("eagle3", {}, "names a drafter kind that needs a checkpoint directory"),
     ],
 )
 def test_bad_drafter_is_refused_before_any_weight_is_read(

@@ -4,26 +4,38 @@ against a full-sequence transformers forward), and its refusals before any weigh
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 import graphspec
+from graphspec.drafters import drafter_kind
 from graphspec.drafters.base import PrefillView, StepView
 from graphspec.drafters.mtp import Mtp
-from graphspec.errors import CheckpointError
+from graphspec.errors import CheckpointError, InputError
 from graphspec.models.loading import load_model
-from tests.checkpoints import load_hf_mtp, make_mtp_checkpoint
+from tests.checkpoints import load_hf_mtp, make_mtp_checkpoint, split_nextn_head
 
 SLOTS, MAX_SEQ = 3, 64
 
 
-@pytest.fixture(scope="module", params=["deepseek_v3", "qwen3_next"])
+@pytest.fixture(scope="module", params=["deepseek_v3", "qwen3_next", "nextn_head_dir"])
 def mtp_case(request, tmp_path_factory):
-    layout = request.param
-    directory = make_mtp_checkpoint(tmp_path_factory.mktemp(f"mtp_{layout}"), layout, seed=3)
-    target = load_model(directory)
+    """The target checkpoint's own head in either layout, or the DeepSeek-V3 one moved to a NextN head
+    directory beside a target without MTP weights; the oracle is transformers' MtpModel on the same
+    weights either way."""
+    layout = "deepseek_v3" if request.param == "nextn_head_dir" else request.param
+    directory = make_mtp_checkpoint(tmp_path_factory.mktemp(f"mtp_{request.param}"), layout, seed=3)
     hf_target, hf_mtp = load_hf_mtp(directory, layout)
+    if request.param == "nextn_head_dir":
+        base = tmp_path_factory.mktemp("nextn")
+        target_dir, head_dir = split_nextn_head(directory, base / "target", base / "head")
+        assert drafter_kind(head_dir) == "mtp"
+        target = load_model(target_dir)
+        return layout, target, Mtp(target, torch.float32, "cpu", head_dir), hf_target, hf_mtp
+    target = load_model(directory)
     return layout, target, Mtp(target, torch.float32, "cpu"), hf_target, hf_mtp
 
 
@@ -65,7 +77,7 @@ def test_one_step_drafts_equal_a_full_sequence_transformers_forward(mtp_case, k)
     first = outputs.logits[:, -1].argmax(-1)  # x_P
     state = {s.name: s.allocate("cpu") for s in drafter.states(SLOTS, MAX_SEQ, k, torch.float32)}
     slots, lengths = torch.tensor([1]), torch.tensor([11])
-    drafter.prefill(PrefillView(prompt, slots, lengths, hidden, first), state)
+    drafter.prefill(PrefillView(prompt, slots, lengths, hidden, first, hidden), state)
     inputs = {"committed_len": lengths + 1, "slot_ids": slots, "last_tokens": torch.stack((prompt[:, -1], first), 1)}
     params = drafter.params()
     proposal = drafter.propose(params, StepView(inputs, k, lambda logits, index: logits.argmax(-1)), state)
@@ -109,3 +121,17 @@ def test_declared_but_absent_mtp_weights_are_refused_before_any_weight_is_read(t
     monkeypatch.setattr("graphspec.compiler.load_model", refuse)
     with pytest.raises(CheckpointError, match="hold no MTP tensors"):
         graphspec.compile(directory, "mtp", k=2, dtype="float32", device="cpu", max_seq_len=64)
+
+
+def test_nextn_head_that_does_not_fit_the_target_is_refused_before_any_weight_is_read(tmp_path, monkeypatch):
+    directory = make_mtp_checkpoint(tmp_path / "source", "deepseek_v3", seed=4)
+    target_dir, head_dir = split_nextn_head(directory, tmp_path / "target", tmp_path / "head")
+    raw = json.loads((head_dir / "config.json").read_text())
+    (head_dir / "config.json").write_text(json.dumps({**raw, "vocab_size": 96}))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were loaded before the refusal")
+
+    monkeypatch.setattr("graphspec.compiler.load_model", refuse)
+    with pytest.raises(InputError, match="the MTP head's vocab_size 96 is not the target's 128"):
+        graphspec.compile(target_dir, head_dir, k=2, dtype="float32", device="cpu", max_seq_len=64)

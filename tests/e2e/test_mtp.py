@@ -7,7 +7,7 @@ import torch
 import transformers
 
 import graphspec
-from tests.checkpoints import load_hf, make_mtp_checkpoint
+from tests.checkpoints import load_hf, make_mtp_checkpoint, split_nextn_head
 
 MAX_SEQ = 128
 LENGTHS = [2, 9, 30, 5, 17]  # five prompts over buckets (1, 4): padding rows and a split batch
@@ -140,3 +140,22 @@ def test_artifact_round_trip_keeps_the_head(mtp_dir, mtp_runtime, tmp_path):
     expected = graphspec.Runtime(compiled).generate(batch, max_new_tokens=12, stop_token_ids=[])
     got = loaded.generate(batch, max_new_tokens=12, stop_token_ids=[])
     assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+
+
+def test_nextn_head_directory_is_lossless_and_round_trips(mtp_dir, tmp_path):
+    """The same head moved to a standalone NextN directory beside a target without MTP weights: the
+    kind is read from its config, greedy output equals transformers', and the artifact keeps the head
+    directory as its draft checkpoint."""
+    target_dir, head_dir = split_nextn_head(mtp_dir, tmp_path / "target", tmp_path / "head")
+    graphspec.compile(
+        target_dir, head_dir, k=3, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        modes=("greedy",), out=tmp_path / "art",
+    )  # fmt: skip
+    runtime = graphspec.Runtime.load(tmp_path / "art")
+    assert runtime.drafter.describe() == {"kind": "mtp", "layers": 1, "layout": "deepseek_v3"}
+    model = load_hf(target_dir)
+    batch = prompts(seed=13)
+    results = runtime.generate(batch, max_new_tokens=20, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        assert result.token_ids == hf_greedy(model, prompt, 20)
+    assert sum(a for r in results for a in r.stats.accepted_per_step) > 0

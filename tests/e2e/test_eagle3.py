@@ -1,0 +1,234 @@
+"""The EAGLE-3 drafter end to end on a tiny Llama target with a random head (CPU, fp32): lossless
+against transformers' greedy generate for K in {1, 2, 4, 6} with padding rows and early stops, dead
+head state never read, sampling reproducible, and an artifact round trip."""
+
+import pytest
+import torch
+
+import graphspec
+from tests.checkpoints import load_hf
+from tests.e2e.test_mtp import hf_greedy, prompts
+
+MAX_SEQ = 128
+VOCAB, DRAFT_VOCAB = 12, 8  # small, so a random head still gets drafts accepted now and then
+
+
+@pytest.fixture(scope="module")
+def target_dir(checkpoint_factory):
+    return checkpoint_factory("llama", seed=21, num_hidden_layers=6, vocab_size=VOCAB)  # aux layers (2, 3, 3)
+
+
+@pytest.fixture(scope="module")
+def head_dir(target_dir, tmp_path_factory):
+    from tests.eagle3_oracle import make_eagle3_head
+
+    return make_eagle3_head(tmp_path_factory.mktemp("eagle3_e2e"), target_dir, seed=8, draft_vocab=DRAFT_VOCAB)
+
+
+@pytest.fixture(scope="module")
+def eagle3_runtime(target_dir, head_dir):
+    cache = {}
+
+    def make(k: int) -> graphspec.Runtime:
+        if k not in cache:
+            cache[k] = graphspec.Runtime.from_pretrained(
+                target_dir, head_dir, k=k, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+                modes=("greedy", "sample"),
+            )  # fmt: skip
+        return cache[k]
+
+    return make
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 6])
+def test_greedy_is_lossless_against_transformers(target_dir, eagle3_runtime, k):
+    model = load_hf(target_dir)
+    runtime = eagle3_runtime(k)
+    assert runtime.drafter.kind == "eagle3"
+    batch = prompts(seed=k, vocab=VOCAB)  # five prompts over buckets (1, 4): padding rows and a split batch
+    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        assert result.token_ids == hf_greedy(model, prompt, 24)
+    assert sum(a for r in results for a in r.stats.accepted_per_step) > 0  # not a drafter that never hits
+
+
+@pytest.fixture(scope="module")
+def oracle_pair(target_dir, head_dir):
+    """(transformers target, oracle head with the target's embedding, draft id -> target id, aux layers)."""
+    from tests.eagle3_oracle import load_oracle
+
+    hf_target = load_hf(target_dir)
+    oracle, ids, layers = load_oracle(head_dir, hf_target.config)
+    oracle.embed_tokens = hf_target.model.embed_tokens
+    return hf_target, oracle, ids, layers
+
+
+@torch.no_grad()
+def oracle_drafts(oracle_pair, sequence: list[int], k: int) -> tuple[list[int], list[torch.Tensor]]:
+    """The K greedy drafts (and their target-vocabulary logits) of the oracle head after `sequence`,
+    recomputed from scratch: pairs (x_{t+1}, fc(f_t)) over the whole sequence with transformers' target
+    features f, then K-1 drafts chained on the pre-norm output."""
+    from tests.eagle3_oracle import full_vocab
+
+    hf_target, oracle, ids, layers = oracle_pair
+    states = hf_target(torch.tensor([sequence]), output_hidden_states=True).hidden_states
+    features = torch.cat([states[i] for i in layers], dim=-1)  # [1, L, F]
+    tokens, hidden = torch.tensor([sequence[1:]]), oracle.fc(features[:, :-1])
+    drafts, logits = [], []
+    for _ in range(k):
+        out, prenorm = oracle(oracle.embed_tokens(tokens), hidden, torch.arange(tokens.shape[1])[None])
+        logits.append(full_vocab(oracle.lm_head(out[0, -1]), ids, VOCAB))
+        drafts.append(int(logits[-1].argmax()))
+        tokens = torch.cat((tokens, torch.tensor([[drafts[-1]]])), 1)
+        hidden = torch.cat((hidden, prenorm[:, -1:]), 1)
+    return drafts, logits
+
+
+@torch.no_grad()
+def oracle_generation(oracle_pair, prompt: list[int], k: int, new_tokens: int) -> tuple[list[int], list[int]]:
+    """EAGLE-3 greedy speculative decoding with transformers' target (full forwards, no cache) and the
+    oracle head: (emitted tokens, accepted count per step)."""
+    hf_target = oracle_pair[0]
+    sequence, counts = list(prompt), []
+    sequence.append(int(hf_target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    while len(sequence) - len(prompt) < new_tokens:
+        drafts, _ = oracle_drafts(oracle_pair, sequence, k)
+        verify = hf_target(torch.tensor([sequence + drafts])).logits[0, len(sequence) - 1 :].argmax(-1).tolist()
+        accepted = next((i for i in range(k) if drafts[i] != verify[i]), k)
+        sequence += [*drafts[:accepted], verify[accepted]]
+        counts.append(accepted)
+    return sequence[len(prompt) :], counts
+
+
+def test_accepted_counts_equal_an_oracle_speculative_loop(oracle_pair, eagle3_runtime):
+    """Lossless output alone would not notice a drafter that drafts wrongly: every step's accepted count
+    must equal that of EAGLE-3 decoding written with transformers' target and the oracle head."""
+    runtime = eagle3_runtime(4)
+    batch = prompts(seed=51, lengths=[6, 19, 11], vocab=VOCAB)
+    results = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    total = 0
+    for prompt, result in zip(batch, results, strict=True):
+        tokens, counts = oracle_generation(oracle_pair, prompt, 4, 30)
+        assert result.token_ids == tokens[:30]
+        assert result.stats.accepted_per_step == counts
+        total += sum(counts)
+    assert total > 0  # some drafts were accepted, so the comparison is not all zeros
+
+
+def test_head_state_after_every_step_drafts_as_a_fresh_oracle_forward(oracle_pair, eagle3_runtime):
+    """After every step of a real generation, the drafter's proposals from the state the step left (head
+    KV from prefill, catch-ups and chained drafts; feature and token rows; start) equal the oracle's,
+    recomputed from scratch over the committed sequence: the catch-up and the chaining leave nothing
+    stale behind, whatever the previous step accepted."""
+    from graphspec.drafters.base import StepView
+
+    k = 4
+    runtime = eagle3_runtime(k)
+    drafter, graph = runtime.drafter, runtime.graphs[("greedy", 1)]
+    prompt = prompts(seed=61, lengths=[9], vocab=VOCAB)[0]
+    emitted, checked, accepted = [], 0, []
+    steps_before = runtime.stats.graph_steps
+    for _, item in runtime.stream([prompt], max_new_tokens=40, stop_token_ids=[]):
+        if not isinstance(item, int):
+            accepted = item.stats.accepted_per_step
+            continue
+        emitted.append(item)
+        inputs = {name: graph.buffers.inputs[name][:1].clone() for name in ("committed_len", "slot_ids", "last_tokens")}
+        if runtime.stats.graph_steps == steps_before or int(inputs["committed_len"][0]) != len(prompt) + len(emitted):
+            continue  # mid-step (not all of the step's tokens seen yet) or before the first step
+        state = {name: tensor.clone() for name, tensor in runtime.state.items() if name.startswith("eagle3_")}
+        step = StepView(inputs, k, lambda logits, index: logits.argmax(-1))
+        proposal = drafter.propose(drafter.params(), step, state)
+        drafts, logits = oracle_drafts(oracle_pair, prompt + emitted, k)
+        assert proposal.tokens[0].tolist() == drafts
+        torch.testing.assert_close(proposal.logits[0], torch.stack(logits), rtol=1e-4, atol=1e-4)
+        checked += 1
+    assert checked >= 10 and any(a > 0 for a in accepted)
+
+
+def test_rows_that_stop_early_end_at_their_stop_token(target_dir, eagle3_runtime):
+    model = load_hf(target_dir)
+    runtime = eagle3_runtime(4)
+    batch = prompts(seed=31, lengths=[5, 13, 8], vocab=VOCAB)
+    full = [hf_greedy(model, prompt, 30) for prompt in batch]
+    stop = full[0][6]  # a token the first row emits; the others stop at it too or run to the limit
+    results = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[stop])
+    for expected, result in zip(full, results, strict=True):
+        cut = expected[: expected.index(stop) + 1] if stop in expected else expected
+        assert result.token_ids == cut
+        assert result.finish_reason == ("stop" if stop in expected else "length")
+    assert len(results[0].token_ids) <= 7
+
+
+def test_dead_head_state_is_never_read(eagle3_runtime):
+    """After every step: NaN into the head's KV at and past each row's committed length - 1 (its valid
+    entries end one before the tokens'), into the feature rows past the accepted count, ids no model
+    has into their tokens, and NaN (wrong ids for tokens) into the spare slot: the output is unchanged."""
+    runtime = eagle3_runtime(4)
+    batch = prompts(seed=3, lengths=[4, 17, 2], vocab=VOCAB)
+    clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    assert any(0 < a for r in clean for a in r.stats.accepted_per_step)
+    graph, state = runtime.graphs[("greedy", 4)], runtime.state
+    seen = {i: [] for i in range(len(batch))}
+    steps_before = runtime.stats.graph_steps
+    for index, item in runtime.stream(batch, max_new_tokens=30, stop_token_ids=[]):
+        if isinstance(item, int):
+            seen[index].append(item)
+        if runtime.stats.graph_steps == steps_before:
+            continue  # prefill's tokens: the step buffers still hold the last call's rows
+        for row, length in enumerate(graph.buffers.inputs["committed_len"].tolist()):
+            accepted = length - 1 - int(state["eagle3_start"][row, 0])
+            state["eagle3_cache"][:, :, row, :, length - 1 :] = float("nan")
+            state["eagle3_features"][row, accepted + 1 :] = float("nan")
+            state["eagle3_tokens"][row, accepted + 1 :] = 10**9
+        for name in ("eagle3_cache", "eagle3_features"):
+            state[name].select(2 if name == "eagle3_cache" else 0, -1).fill_(float("nan"))
+        state["eagle3_tokens"][-1] = 5  # padding rows embed these: wrong but valid ids
+    assert [seen[i] for i in range(len(batch))] == [r.token_ids for r in clean]
+
+
+def test_sampling_is_reproducible_and_greedy_at_top_k_1(eagle3_runtime):
+    runtime = eagle3_runtime(2)
+    batch = prompts(seed=4, lengths=[6, 9, 3], vocab=VOCAB)
+    first = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
+    again = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
+    assert [r.token_ids for r in first] == [r.token_ids for r in again]
+    greedy_like = runtime.generate(batch, max_new_tokens=16, temperature=1.0, top_k=1, seed=5, stop_token_ids=[])
+    greedy = runtime.generate(batch, max_new_tokens=16, stop_token_ids=[])
+    assert [r.token_ids for r in greedy_like] == [r.token_ids for r in greedy]
+
+
+def test_artifact_round_trip_keeps_the_head(target_dir, head_dir, tmp_path):
+    compiled = graphspec.compile(
+        target_dir, head_dir, k=2, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        modes=("greedy",), out=tmp_path / "art",
+    )  # fmt: skip
+    loaded = graphspec.Runtime.load(tmp_path / "art")
+    assert loaded.drafter.describe() == {"kind": "eagle3", "aux_layers": [2, 3, 3], "draft_vocab_size": DRAFT_VOCAB}
+    batch = prompts(seed=8, lengths=[7, 12], vocab=VOCAB)
+    expected = graphspec.Runtime(compiled).generate(batch, max_new_tokens=12, stop_token_ids=[])
+    got = loaded.generate(batch, max_new_tokens=12, stop_token_ids=[])
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("capture", ["auto", "piecewise"])
+def test_captured_gpu_steps_are_lossless(target_dir, head_dir, capture):
+    """On the GPU (fp32, Triton kernels, CUDA graphs): greedy output equals transformers' greedy
+    generate on the same device, with padding rows (buckets 1, 4, five prompts)."""
+    runtime = graphspec.Runtime.from_pretrained(
+        target_dir, head_dir, k=4, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ,
+        modes=("greedy", "sample"), capture=capture,
+    )  # fmt: skip
+    model = load_hf(target_dir).to("cuda")
+    batch = prompts(seed=41, vocab=VOCAB)
+    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        ids = torch.tensor([prompt], device="cuda")
+        out = model.generate(
+            ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+            eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+        assert result.token_ids == out[0, len(prompt) :].tolist()
+    sampled = runtime.generate(batch, max_new_tokens=16, temperature=0.8, seed=3, stop_token_ids=[])
+    assert all(len(r.token_ids) == 16 and all(0 <= t < VOCAB for t in r.token_ids) for r in sampled)
