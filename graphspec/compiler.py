@@ -10,15 +10,15 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
-from graphspec import trace
-from graphspec.config import SAMPLING_MODES, PassContext, SpecConfig
+from graphspec import checks, trace, trace_prefill
+from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, PassContext, SpecConfig
 from graphspec.counters import COUNTERS
 from graphspec.drafters import Drafter, State, check_context, check_drafter, drafter_kind, open_drafter
 from graphspec.dump import PassRecord
 from graphspec.errors import InputError
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
 from graphspec.models.spec import ModelSpec
-from graphspec.pipeline import run_pipeline, validate_names
+from graphspec.pipeline import PREFILL_PIPELINE, run_pipeline, validate_names
 
 log = logging.getLogger("graphspec")
 
@@ -34,6 +34,12 @@ class Compiled:
     signature: trace.StepSignature
     sm: int | None
     records: dict[str, list[PassRecord]] = field(default_factory=dict)
+    # The prefill chunk program per bucket (trace_prefill.py); empty for artifacts written before them.
+    prefill_graphs: dict[int, fx.GraphModule] = field(default_factory=dict)
+
+    def prefill_chunk(self, bucket: int) -> int:
+        """Positions per row in one chunk of the bucket's prefill program."""
+        return trace_prefill.chunk_size(bucket, self.config.max_seq_len, self.config.prefill_tokens)
 
     @property
     def slots(self) -> int:
@@ -87,6 +93,7 @@ def compile(
     out: str | Path | None = None,
     dump_dir: str | Path | None = None,
     max_seq_len: int = 1024,
+    prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
     capture: str = "auto",
     lowering: str = "auto",
     stop_after: str | None = None,
@@ -109,6 +116,7 @@ def compile(
         dtype=dtype,
         device=device,
         max_seq_len=max_seq_len,
+        prefill_tokens=prefill_tokens,
         capture=capture,
         lowering=lowering,
     )
@@ -172,7 +180,34 @@ def compile(
             COUNTERS.pipeline_runs += 1
             graphs[(mode, bucket)] = result.gm
             records[name] = result.records
-    compiled = Compiled(config, target_model, drafter_model, graphs, signature, sm, records)
+    prefill_graphs = {}
+    for bucket in config.batch_sizes:
+        name = f"prefill_b{bucket}"
+        chunk = trace_prefill.chunk_size(bucket, max_seq_len, config.prefill_tokens)
+        progress(f"tracing {name} ({chunk} positions per row)")
+        inputs = trace_prefill.example_prefill_inputs(
+            target_model.model, drafter_model, k, bucket, chunk, slots, max_seq_len, parse_dtype(dtype), device
+        )
+        gm, _ = trace_prefill.trace_prefill(target_model.model, drafter_model, k, inputs)
+        COUNTERS.traces += 1
+        ctx = PassContext(
+            k=k, batch=bucket, mode="prefill", sm=sm, device=device, dtype=dtype, capture=capture,
+            lowering=lowering, scratch_slot=slots - 1,
+        )  # fmt: skip
+        result = run_pipeline(
+            gm,
+            ctx,
+            dump_dir=Path(dump_dir) / name if dump_dir else None,
+            skip=[p for p in skip if p in {module.NAME for module in PREFILL_PIPELINE}],
+            title=f"{name}: drafter={drafter_model.kind}, chunk={chunk}, bucket={bucket}, sm={sm}",
+            on_pass=lambda p, n=name: progress(f"{n}: {p}"),
+            passes=PREFILL_PIPELINE,
+            phase_checks=checks.PREFILL_PHASE_CHECKS,
+        )
+        COUNTERS.pipeline_runs += 1
+        prefill_graphs[bucket] = result.gm
+        records[name] = result.records
+    compiled = Compiled(config, target_model, drafter_model, graphs, signature, sm, records, prefill_graphs)
     if out is not None:
         from graphspec.artifact import save_artifact
 
