@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 import graphspec
-from graphspec.config import MAX_K, SAMPLING_MODES
+from graphspec.config import DEFAULT_PREFILL_TOKENS, MAX_K, SAMPLING_MODES
 from graphspec.drafters import KINDS, NAMED_KINDS
 from graphspec.drafters.ngram import DEFAULT_NGRAM
 from graphspec.errors import ArtifactError, GraphspecError
@@ -223,6 +223,14 @@ def build_parser() -> Parser:
         help="KV-cache length per row: prompt + new tokens + k + 1 must fit",
     )
     compile_parser.add_argument(
+        "--prefill-tokens",
+        type=positive_int,
+        default=DEFAULT_PREFILL_TOKENS,
+        metavar="N",
+        help="prompt tokens per prefill chunk over a whole bucket (each bucket's chunk: the largest divisor "
+        "of --max-seq-len within N / bucket positions per row)",
+    )
+    compile_parser.add_argument(
         "--capture",
         choices=("auto", "full", "piecewise", "none"),
         default="auto",
@@ -398,7 +406,8 @@ def run_compile(args: argparse.Namespace) -> int:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    progress = Progress(sys.stderr, len(set(args.batch_sizes)) * len(set(args.modes)))
+    # A step graph per (mode, bucket) and a prefill chunk program per bucket.
+    progress = Progress(sys.stderr, len(set(args.batch_sizes)) * (len(set(args.modes)) + 1))
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")  # each warning once per place, as without catching
@@ -412,6 +421,7 @@ def run_compile(args: argparse.Namespace) -> int:
                 out=args.out,
                 dump_dir=args.dump_dir,
                 max_seq_len=args.max_seq_len,
+                prefill_tokens=args.prefill_tokens,
                 capture=args.capture,
                 lowering=args.lowering,
                 stop_after=args.stop_after,

@@ -71,8 +71,11 @@ class PipelineResult:
 
 
 def describe() -> str:
-    """One line per pass: index, name, first docstring line."""
-    return "\n".join(f"[{i:02d}] {p.NAME}: {_doc(p)}" for i, p in enumerate(PIPELINE, start=1))
+    """One line per pass: index, name, first docstring line; the step's pipeline, then the prefill program's."""
+    lines = [f"[{i:02d}] {p.NAME}: {_doc(p)}" for i, p in enumerate(PIPELINE, start=1)]
+    lines.append("prefill chunk program:")
+    lines += [f"[{i:02d}] {p.NAME}: {_doc(p)}" for i, p in enumerate(PREFILL_PIPELINE, start=1)]
+    return "\n".join(lines)
 
 
 def _doc(module: object) -> str:
