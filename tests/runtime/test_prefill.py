@@ -244,3 +244,52 @@ def test_captured_prefill_equals_eager(runtime):
     torch.testing.assert_close(
         live_kv(state[TARGET_CACHE], 3, 12), live_kv(reference_state[TARGET_CACHE], 3, 12), rtol=1e-5, atol=1e-5
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU: the Triton prefill kernels, and nothing compiled or captured while serving
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cuda_pair(checkpoint_factory):
+    return checkpoint_factory("llama", 0), checkpoint_factory("qwen3", 1, num_hidden_layers=1)
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_prefill_matches_reference(cuda_pair):
+    """fp32 on CUDA with the Triton kernels (prefill attention included) against the reference prefill."""
+    runtime = graphspec.Runtime.from_pretrained(
+        *cuda_pair, k=K, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ_LEN,
+        prefill_tokens=PREFILL_TOKENS,
+    )  # fmt: skip
+    kernels = [n.meta.get("gs_kernel", {}).get("kernel") for n in runtime.compiled.prefill_graphs[4].graph.nodes]
+    assert "graphspec::prefill_attention_triton" in kernels
+    prompts = random_prompts([1, 5, 8, 30], runtime.vocab_size, seed=8)
+    slots = [2, 0, 3, 1]
+    params = {name: value.cuda() for name, value in greedy_params(4).items()}
+    first, state, reference_first, reference_state = run_both(runtime, prompts, slots, params)
+    assert first.tolist() == reference_first.tolist()
+    for slot, prompt in zip(slots, prompts, strict=True):
+        compiled = live_kv(state[TARGET_CACHE], slot, len(prompt))
+        torch.testing.assert_close(
+            compiled, live_kv(reference_state[TARGET_CACHE], slot, len(prompt)), rtol=1e-4, atol=1e-4
+        )
+
+
+@pytest.mark.gpu
+def test_gpu_requests_compile_and_capture_nothing(cuda_pair):
+    """Building the Runtime warms up and captures every step and prefill program; then greedy and
+    sampled requests of every bucket, with prompts of one and several chunks, compile no Triton kernel
+    and capture no graph."""
+    runtime = graphspec.Runtime.from_pretrained(
+        *cuda_pair, k=K, batch_sizes=(1, 4), dtype="bfloat16", device="cuda", max_seq_len=MAX_SEQ_LEN,
+        prefill_tokens=PREFILL_TOKENS,
+    )  # fmt: skip
+    assert all(graph.captured for graph in runtime.graphs.values())
+    assert all(program.recorder is not None for program in runtime.prefiller.programs.values())
+    for batch, temperature in ((1, 0.0), (3, 0.0), (4, 0.8), (1, 0.8)):
+        prompts = random_prompts([1 + 13 * row for row in range(batch)], runtime.vocab_size, seed=batch)
+        runtime.generate(prompts, max_new_tokens=8, temperature=temperature, seed=1, stop_token_ids=[])
+    assert runtime.stats.triton_compiles_during_requests == 0
+    assert runtime.stats.captures_during_requests == 0
