@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         report["compile_and_warm_up_s"] = time.perf_counter() - begin
         print(f"[bench] graphspec compiled and warmed up in {report['compile_and_warm_up_s']:.0f} s", flush=True)
-        report["chunks"] = {bucket: runtime.compiled.prefill_chunk(bucket) for bucket in buckets}
+        report["chunks"] = {bucket: runtime.compiled.prefill_chunks(bucket) for bucket in buckets}
         report["graphspec"] = time_graphspec(runtime, shapes, args.reps, args.seed)
         artifact = Path(workdir) / "artifact"
         if args.cold_start:

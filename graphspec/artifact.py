@@ -8,7 +8,7 @@ An artifact directory holds:
     graphs/<graph>.py                    the same graph as generated Python (root, then submodules), for
                                          people only: not hashed, never read, may be edited or deleted
     graphs/<graph>.constants.safetensors tensors the graph reads through get_attr (only when it has any)
-    graphs/prefill_b<bucket>.*           the bucket's prefill chunk program (trace_prefill.py), stored
+    graphs/prefill_b<B>_c<C>.*           the bucket's prefill chunk programs (trace_prefill.py), stored
                                          like the step graphs and listed under "prefill"
     kernels.json                         node -> kernel chosen by lower_kernels, per graph
     target/, draft/                      checkpoint copies (config, safetensors, tokenizer files), or,
@@ -60,7 +60,7 @@ from safetensors.torch import load_file, save_file
 
 import graphspec
 from graphspec import trace
-from graphspec.compiler import Compiled, device_sm
+from graphspec.compiler import Compiled, device_sm, prefill_graph_name
 from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, SpecConfig
 from graphspec.drafters import NAMED_KINDS, SETTINGS, check_drafter, open_drafter
 from graphspec.dump import PassRecord
@@ -68,7 +68,7 @@ from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
 from graphspec.pipeline import PIPELINE, PREFILL_PIPELINE
 from graphspec.trace import model_inputs
-from graphspec.trace_prefill import PrefillSignature, chunk_size
+from graphspec.trace_prefill import PrefillSignature, chunk_sizes
 
 FORMAT = "graphspec-artifact"
 # 2: fused qkv_proj and gate_up_proj parameters, token-major attention output
@@ -131,9 +131,10 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
             graphs.append(_save_graph(compiled, mode, bucket, gm, staging, files))
             kernels[graphs[-1]["name"]] = kernel_choices(gm)
         prefill = []
-        for bucket, gm in compiled.prefill_graphs.items():
-            entry = {"bucket": bucket, "chunk": compiled.prefill_chunk(bucket)}
-            prefill.append({**_save_graph_files(compiled, prefill_graph_name(bucket), gm, staging, files), **entry})
+        for (bucket, chunk), gm in compiled.prefill_graphs.items():
+            entry = {"bucket": bucket, "chunk": chunk}
+            name = prefill_graph_name(bucket, chunk)
+            prefill.append({**_save_graph_files(compiled, name, gm, staging, files), **entry})
             kernels[prefill[-1]["name"]] = kernel_choices(gm)
         _write(staging / KERNELS, json.dumps(kernels, indent=2, default=str) + "\n", files, KERNELS)
         models = {
@@ -317,11 +318,6 @@ def checkpoint_files(loaded: LoadedModel) -> list[Path]:
 def graph_name(mode: str, bucket: int) -> str:
     """The name compile() gives the (mode, bucket) graph; dumps and artifact files use it too."""
     return f"step_b{bucket}_{mode}"
-
-
-def prefill_graph_name(bucket: int) -> str:
-    """The name compile() gives the bucket's prefill chunk program; dumps and artifact files use it too."""
-    return f"prefill_b{bucket}"
 
 
 def kernel_choices(gm: fx.GraphModule) -> dict[str, Any]:
@@ -937,8 +933,8 @@ def _load_prefill(
     signature: trace.StepSignature,
     records: dict[str, list[PassRecord]],
     command: str,
-) -> dict[int, fx.GraphModule]:
-    """The prefill chunk programs, each checked against the chunk its bucket must have; none for
+) -> dict[tuple[int, int], fx.GraphModule]:
+    """The prefill chunk programs, each checked against the chunk sizes its bucket must have; none for
     artifacts written before prefill programs existed (the runtime then prefills through the reference)."""
     if "prefill" not in manifest:
         warnings.warn(
@@ -951,7 +947,7 @@ def _load_prefill(
     inputs = PrefillSignature(signature.target_params, signature.draft_params, signature.states).input_names
     graphs = {}
     for entry in manifest["prefill"]:
-        name, bucket, where = entry["name"], int(entry["bucket"]), path / entry["graph"]
+        name, bucket, chunk, where = entry["name"], int(entry["bucket"]), int(entry["chunk"]), path / entry["graph"]
         try:
             doc = json.loads(where.read_text())
             constants = load_file(str(path / entry["constants"])) if entry.get("constants") else {}
@@ -960,25 +956,26 @@ def _load_prefill(
             raise ArtifactError(
                 f"{where}: cannot rebuild the graph ({type(error).__name__}: {error}); recompile with `{command}`"
             ) from None
-        placeholders = gm.graph.find_nodes(op="placeholder")
-        names = tuple(node.meta.get("gs_input") for node in placeholders)
+        names = tuple(node.meta.get("gs_input") for node in gm.graph.find_nodes(op="placeholder"))
         if names != inputs:
             raise ArtifactError(
                 f"{where}: the graph takes other inputs than this runtime provides: recompile with `{command}`"
             )
-        chunk = chunk_size(bucket, config.max_seq_len, config.prefill_tokens)
         traced = doc_shape(doc, "tokens")
-        if traced != (bucket, chunk) or int(entry["chunk"]) != chunk:
+        if traced != (bucket, chunk):
             raise ArtifactError(
-                f"{where}: prefill chunk tokens {list(traced)} (manifest chunk {entry['chunk']}), but bucket {bucket} "
-                f"with max_seq_len {config.max_seq_len} and prefill_tokens {config.prefill_tokens} runs "
-                f"[{bucket}, {chunk}]: recompile with `{command}`"
+                f"{where}: prefill chunk tokens {list(traced)}, the manifest says bucket {bucket}, chunk {chunk}: "
+                f"recompile with `{command}`"
             )
-        graphs[bucket] = gm
+        graphs[(bucket, chunk)] = gm
         records[name] = [PassRecord(**fields) for fields in entry.get("passes", [])]
-    missing = sorted(set(config.batch_sizes) - set(graphs))
-    if missing:
-        raise ArtifactError(f"{path / MANIFEST}: no prefill program for buckets {missing}; recompile with `{command}`")
+    wanted = {(b, c) for b in config.batch_sizes for c in chunk_sizes(b, config.max_seq_len, config.prefill_tokens)}
+    if set(graphs) != wanted:
+        raise ArtifactError(
+            f"{path / MANIFEST}: prefill programs (bucket, chunk) {sorted(graphs)}, but buckets "
+            f"{list(config.batch_sizes)} with max_seq_len {config.max_seq_len} and prefill_tokens "
+            f"{config.prefill_tokens} run {sorted(wanted)}: recompile with `{command}`"
+        )
     return graphs
 
 

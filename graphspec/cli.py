@@ -23,6 +23,7 @@ from graphspec.drafters import KINDS, NAMED_KINDS
 from graphspec.drafters.ngram import DEFAULT_NGRAM
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.pipeline import PASS_NAMES, describe
+from graphspec.trace_prefill import chunk_sizes
 
 EXAMPLES = """\
 examples:
@@ -406,8 +407,10 @@ def run_compile(args: argparse.Namespace) -> int:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    # A step graph per (mode, bucket) and a prefill chunk program per bucket.
-    progress = Progress(sys.stderr, len(set(args.batch_sizes)) * (len(set(args.modes)) + 1))
+    # A step graph per (mode, bucket) and the prefill chunk programs of each bucket.
+    buckets = set(args.batch_sizes)
+    prefill = sum(len(chunk_sizes(bucket, args.max_seq_len, args.prefill_tokens)) for bucket in buckets)
+    progress = Progress(sys.stderr, len(buckets) * len(set(args.modes)) + prefill)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")  # each warning once per place, as without catching

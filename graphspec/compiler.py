@@ -34,12 +34,13 @@ class Compiled:
     signature: trace.StepSignature
     sm: int | None
     records: dict[str, list[PassRecord]] = field(default_factory=dict)
-    # The prefill chunk program per bucket (trace_prefill.py); empty for artifacts written before them.
-    prefill_graphs: dict[int, fx.GraphModule] = field(default_factory=dict)
+    # The prefill chunk programs by (bucket, chunk size) (trace_prefill.py); empty for artifacts written
+    # before them.
+    prefill_graphs: dict[tuple[int, int], fx.GraphModule] = field(default_factory=dict)
 
-    def prefill_chunk(self, bucket: int) -> int:
-        """Positions per row in one chunk of the bucket's prefill program."""
-        return trace_prefill.chunk_size(bucket, self.config.max_seq_len, self.config.prefill_tokens)
+    def prefill_chunks(self, bucket: int) -> tuple[int, ...]:
+        """Positions per row of the bucket's prefill chunk programs, largest first."""
+        return trace_prefill.chunk_sizes(bucket, self.config.max_seq_len, self.config.prefill_tokens)
 
     @property
     def slots(self) -> int:
@@ -59,6 +60,11 @@ class Compiled:
     def weights(self) -> list[torch.Tensor]:
         """The step graphs' weight inputs in placeholder order: the target's, then the drafter's."""
         return [*trace.model_inputs(self.target.model).values(), *self.drafter.params().values()]
+
+
+def prefill_graph_name(bucket: int, chunk: int) -> str:
+    """The name of a bucket's prefill chunk program of `chunk` positions per row (dumps, artifact files)."""
+    return f"prefill_b{bucket}_c{chunk}"
 
 
 def device_sm(device: str) -> int | None:
@@ -182,31 +188,31 @@ def compile(
             records[name] = result.records
     prefill_graphs = {}
     for bucket in config.batch_sizes:
-        name = f"prefill_b{bucket}"
-        chunk = trace_prefill.chunk_size(bucket, max_seq_len, config.prefill_tokens)
-        progress(f"tracing {name} ({chunk} positions per row)")
-        inputs = trace_prefill.example_prefill_inputs(
-            target_model.model, drafter_model, k, bucket, chunk, slots, max_seq_len, parse_dtype(dtype), device
-        )
-        gm, _ = trace_prefill.trace_prefill(target_model.model, drafter_model, k, inputs)
-        COUNTERS.traces += 1
-        ctx = PassContext(
-            k=k, batch=bucket, mode="prefill", sm=sm, device=device, dtype=dtype, capture=capture,
-            lowering=lowering, scratch_slot=slots - 1,
-        )  # fmt: skip
-        result = run_pipeline(
-            gm,
-            ctx,
-            dump_dir=Path(dump_dir) / name if dump_dir else None,
-            skip=[p for p in skip if p in {module.NAME for module in PREFILL_PIPELINE}],
-            title=f"{name}: drafter={drafter_model.kind}, chunk={chunk}, bucket={bucket}, sm={sm}",
-            on_pass=lambda p, n=name: progress(f"{n}: {p}"),
-            passes=PREFILL_PIPELINE,
-            phase_checks=checks.PREFILL_PHASE_CHECKS,
-        )
-        COUNTERS.pipeline_runs += 1
-        prefill_graphs[bucket] = result.gm
-        records[name] = result.records
+        for chunk in trace_prefill.chunk_sizes(bucket, max_seq_len, config.prefill_tokens):
+            name = prefill_graph_name(bucket, chunk)
+            progress(f"tracing {name}")
+            inputs = trace_prefill.example_prefill_inputs(
+                target_model.model, drafter_model, k, bucket, chunk, slots, max_seq_len, parse_dtype(dtype), device
+            )
+            gm, _ = trace_prefill.trace_prefill(target_model.model, drafter_model, k, inputs)
+            COUNTERS.traces += 1
+            ctx = PassContext(
+                k=k, batch=bucket, mode="prefill", sm=sm, device=device, dtype=dtype, capture=capture,
+                lowering=lowering, scratch_slot=slots - 1,
+            )  # fmt: skip
+            result = run_pipeline(
+                gm,
+                ctx,
+                dump_dir=Path(dump_dir) / name if dump_dir else None,
+                skip=[p for p in skip if p in {module.NAME for module in PREFILL_PIPELINE}],
+                title=f"{name}: drafter={drafter_model.kind}, chunk={chunk}, bucket={bucket}, sm={sm}",
+                on_pass=lambda p, n=name: progress(f"{n}: {p}"),
+                passes=PREFILL_PIPELINE,
+                phase_checks=checks.PREFILL_PHASE_CHECKS,
+            )
+            COUNTERS.pipeline_runs += 1
+            prefill_graphs[(bucket, chunk)] = result.gm
+            records[name] = result.records
     compiled = Compiled(config, target_model, drafter_model, graphs, signature, sm, records, prefill_graphs)
     if out is not None:
         from graphspec.artifact import save_artifact

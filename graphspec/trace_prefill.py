@@ -1,5 +1,6 @@
 """Trace the prefill chunk program: one chunk of C prompt positions per row through the target and the
-drafter's prefill hook, into ONE torch.fx graph per batch bucket (C fixed per bucket, see chunk_size).
+drafter's prefill hook, into ONE torch.fx graph per (batch bucket, chunk size) (chunk_sizes: a few per
+bucket, so short prompts and tails do not pay for a whole chunk).
 
 The program runs the target over the chunk (its KV written into the cache at each row's positions),
 hands the chunk's final hidden states to the drafter's prefill_chunk (a draft model's forward over the
@@ -64,6 +65,36 @@ def chunk_size(bucket: int, max_seq_len: int, prefill_tokens: int) -> int:
     fits the cache ends inside it: chunks start at multiples of C below the prompt length."""
     budget = max(1, min(max_seq_len, prefill_tokens // bucket))
     return next(c for c in range(budget, 0, -1) if max_seq_len % c == 0)
+
+
+# Smaller chunk programs per bucket, so a short prompt (or a long one's tail) does not pay for a whole
+# chunk: up to SIZES programs, each SIZE_STEP times smaller than the last, none under MIN_CHUNK positions.
+SIZES = 3
+SIZE_STEP = 8
+MIN_CHUNK = 16
+
+
+def chunk_sizes(bucket: int, max_seq_len: int, prefill_tokens: int) -> tuple[int, ...]:
+    """The bucket's chunk programs, largest first: chunk_size() and its 1/8 and 1/64 where those are
+    whole and at least MIN_CHUNK positions. Each divides the next larger, so all divide max_seq_len."""
+    sizes = [chunk_size(bucket, max_seq_len, prefill_tokens)]
+    while len(sizes) < SIZES and sizes[-1] % SIZE_STEP == 0 and sizes[-1] // SIZE_STEP >= MIN_CHUNK:
+        sizes.append(sizes[-1] // SIZE_STEP)
+    return tuple(sizes)
+
+
+def chunk_plan(positions: int, sizes: tuple[int, ...]) -> list[int]:
+    """Chunk sizes, in order, that cover `positions` prompt positions from position 0: whole largest
+    chunks, then the tail in chunks of the largest size that fits in it (the smallest when none does).
+    Every chunk starts at a multiple of its own size (sizes divide each other), so it ends in the cache."""
+    largest = max(sizes)
+    plan = [largest] * (positions // largest)
+    tail = positions - largest * len(plan)
+    if tail:
+        fitting = [size for size in sizes if size <= tail]
+        size = max(fitting) if fitting else min(sizes)
+        plan += [size] * -(-tail // size)
+    return plan
 
 
 def new_prefill_inputs(batch: int, chunk: int, device: str | torch.device) -> dict[str, torch.Tensor]:

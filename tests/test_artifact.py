@@ -133,9 +133,9 @@ def test_loaded_graphs_are_the_compiled_graphs(compiled):
 
 def test_loaded_prefill_programs_are_the_compiled_ones(compiled):
     loaded = load_artifact(compiled[1])
-    assert set(loaded.prefill_graphs) == set(compiled[0].prefill_graphs) == {1, 2}
-    for bucket, gm in compiled[0].prefill_graphs.items():
-        assert loaded.prefill_graphs[bucket].code == gm.code, bucket
+    assert set(loaded.prefill_graphs) == set(compiled[0].prefill_graphs) == {(1, 64), (2, 64)}
+    for key, gm in compiled[0].prefill_graphs.items():
+        assert loaded.prefill_graphs[key].code == gm.code, key
     runtime = Runtime(loaded)
     assert runtime.prefiller is not None
     prompts = [[3, 4, 5, 6, 7], [9]]
@@ -150,8 +150,8 @@ def test_loaded_prefill_programs_are_the_compiled_ones(compiled):
 
 def test_refuses_flipped_byte_in_prefill_graph_file(compiled, tmp_path):
     artifact = damaged(compiled, tmp_path)
-    flip_byte(artifact / "graphs" / "prefill_b2.json")
-    with pytest.raises(ArtifactError, match=r"graphs/prefill_b2.json has another sha256"):
+    flip_byte(artifact / "graphs" / "prefill_b2_c64.json")
+    with pytest.raises(ArtifactError, match=r"graphs/prefill_b2_c64.json has another sha256"):
         load_artifact(artifact)
 
 
@@ -159,7 +159,7 @@ def test_refuses_a_prefill_chunk_the_config_disagrees_with(compiled, tmp_path):
     """A prefill_tokens edit in the manifest would give bucket 2 another chunk than its program runs."""
     artifact = damaged(compiled, tmp_path)
     edit_manifest(artifact, lambda m: m["config"].update(prefill_tokens=8))
-    with pytest.raises(ArtifactError, match=r"prefill_b1.json: prefill chunk tokens \[1, 64\]"):
+    with pytest.raises(ArtifactError, match=r"prefill programs \(bucket, chunk\) \[\(1, 64\), \(2, 64\)\], but"):
         load_artifact(artifact)
 
 
@@ -200,8 +200,8 @@ def test_kernel_choices_are_saved_and_restored(compiled, tmp_path):
     assert json.loads((tmp_path / "art" / "kernels.json").read_text()) == {
         "step_b1_greedy": {attention.name: "attention_sm90"},
         "step_b2_greedy": {},
-        "prefill_b1": {},  # CPU: the prefill programs keep their reference ops too
-        "prefill_b2": {},
+        "prefill_b1_c64": {},  # CPU: the prefill programs keep their reference ops too
+        "prefill_b2_c64": {},
     }
     loaded = load_artifact(tmp_path / "art").graphs[("greedy", 1)]
     assert {n.name: n.meta["gs_kernel"] for n in loaded.graph.nodes if "gs_kernel" in n.meta} == {

@@ -1,11 +1,11 @@
 """Run prompts through the compiled prefill chunk programs (trace_prefill.py), chunk by chunk, into cache slots.
 
-One PrefillProgram per batch bucket: the bucket's chunk program bound to static inputs (tokens, next
+One PrefillProgram per (batch bucket, chunk size): the chunk program bound to static inputs (tokens, next
 tokens, start positions, slots, last indices; allocated once), the weights and the step's state (KV
 caches, drafter state; shared with the step graphs). On CUDA it is warmed up and captured as a CUDA
 graph once (Runtime start-up), then every chunk of every prompt replays it; elsewhere it runs eagerly.
-A prompt of L tokens takes ceil(L / C) chunks of the same program, so one program serves every prompt
-length and memory stays bounded by the chunk.
+A prompt of L tokens takes chunks of a bucket's few sizes (trace_prefill.chunk_plan), so a few programs
+serve every prompt length and memory stays bounded by the largest chunk.
 
 What stays static across replays: the static inputs, the weights, the state. What is copied per chunk:
 the chunk's tokens and per-row positions (device to device, from one upload per group of prompts); out
@@ -25,7 +25,7 @@ from graphspec.counters import COUNTERS
 from graphspec.drafters.base import Drafter, PrefillEnd
 from graphspec.runtime.buffers import pick_bucket
 from graphspec.runtime.graphs import TRITON_COMPILES, CudaGraphRecorder, Recorder
-from graphspec.trace_prefill import PREFILL_INPUTS, PREFILL_OUTPUTS, new_prefill_inputs
+from graphspec.trace_prefill import PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
 
 # Rows of the per-chunk table uploaded once per group of prompts: [chunks, len(ROW_TABLE), bucket].
 ROW_TABLE = ("start_pos", "slot_ids", "last_index")
@@ -104,11 +104,13 @@ class PrefillProgram:
 
 
 class Prefiller:
-    """Prefill prompts into given cache slots with the per-bucket chunk programs."""
+    """Prefill prompts into given cache slots with the per-(bucket, chunk size) chunk programs."""
 
-    def __init__(self, programs: dict[int, PrefillProgram], drafter: Drafter, state: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, programs: dict[tuple[int, int], PrefillProgram], drafter: Drafter, state: dict[str, torch.Tensor]
+    ) -> None:
         self.programs = programs
-        self.buckets = tuple(sorted(programs))
+        self.buckets = tuple(sorted({bucket for bucket, _ in programs}))
         self.drafter = drafter
         self.state = state  # the programs' (and the step graphs') shared state
 
@@ -118,39 +120,39 @@ class Prefiller:
     ) -> torch.Tensor:
         """The target's first token per prompt ([rows] int64, on the device); the slots' target cache
         and drafter state are filled for the first step. At most the largest bucket's rows (the
-        cache has no more slots than that)."""
-        return self._group(list(prompts), list(slot_ids), row_params)
-
-    def _group(
-        self, prompts: list[Sequence[int]], slot_ids: list[int], row_params: dict[str, torch.Tensor]
-    ) -> torch.Tensor:
+        cache has no more slots than that). All rows advance together, chunk by chunk (chunk_plan
+        over the longest prompt); a row whose prompt has ended is parked on the spare slot."""
         rows = len(prompts)
-        program = self.programs[pick_bucket(rows, self.buckets)]
-        chunk, bucket, inputs = program.chunk, program.bucket, program.inputs
-        device = inputs["tokens"].device
+        bucket = pick_bucket(rows, self.buckets)
+        sizes = tuple(sorted((chunk for b, chunk in self.programs if b == bucket), reverse=True))
+        some = self.programs[(bucket, sizes[0])]
+        device, spare = some.inputs["tokens"].device, some.spare_slot
         lengths = [len(prompt) for prompt in prompts]
-        chunks = max(-(-length // chunk) for length in lengths)
+        plan = chunk_plan(max(lengths), sizes)
+        starts = [sum(plan[:index]) for index in range(len(plan))]
         # Every chunk's tokens in one upload, one column more for next_tokens; zeros past each prompt.
-        tokens = torch.zeros((bucket, chunks * chunk + 1), dtype=torch.int64)
+        tokens = torch.zeros((bucket, sum(plan) + 1), dtype=torch.int64)
         for row, prompt in enumerate(prompts):
             tokens[row, : len(prompt)] = torch.as_tensor(prompt, dtype=torch.int64)
         # Per chunk and row: start position, slot, and the index of the row's last prompt token in the
-        # chunk. Rows whose prompt ended before the chunk (and bucket padding) are parked on the spare slot.
-        table = torch.zeros((chunks, len(ROW_TABLE), bucket), dtype=torch.int64)
-        table[:, 1] = program.spare_slot
-        ending: list[list[int]] = [[] for _ in range(chunks)]  # rows whose prompt ends in each chunk
-        for row, length in enumerate(lengths):
-            live = -(-length // chunk)
-            table[:live, 0, row] = torch.arange(live) * chunk
-            table[:live, 1, row] = slot_ids[row]
-            table[live - 1, 2, row] = length - 1 - (live - 1) * chunk
-            ending[live - 1].append(row)
+        # chunk; rows whose prompt ended before the chunk (and bucket padding) are parked.
+        table = torch.zeros((len(plan), len(ROW_TABLE), bucket), dtype=torch.int64)
+        table[:, 1] = spare
+        ending: list[list[int]] = [[] for _ in plan]  # rows whose prompt ends in each chunk
+        for index, (start, size) in enumerate(zip(starts, plan, strict=True)):
+            for row, length in enumerate(lengths):
+                if length > start:
+                    table[index, :2, row] = torch.tensor([start, slot_ids[row]])
+                if start < length <= start + size:
+                    table[index, 2, row] = length - 1 - start
+                    ending[index].append(row)
         tokens, table = tokens.to(device), table.to(device)
         logits = hidden = None
-        for index in range(chunks):
-            first_position = index * chunk
-            inputs["tokens"].copy_(tokens[:, first_position : first_position + chunk])
-            inputs["next_tokens"].copy_(tokens[:, first_position + 1 : first_position + chunk + 1])
+        for index, (start, size) in enumerate(zip(starts, plan, strict=True)):
+            program = self.programs[(bucket, size)]
+            inputs = program.inputs
+            inputs["tokens"].copy_(tokens[:, start : start + size])
+            inputs["next_tokens"].copy_(tokens[:, start + 1 : start + size + 1])
             for position, name in enumerate(ROW_TABLE):
                 inputs[name].copy_(table[index, position])
             outputs = program()
@@ -170,8 +172,7 @@ class Prefiller:
             row_params["step_counter"],
             0,
         )
-        slots = torch.tensor(slot_ids, device=device)
-        lengths_tensor = torch.tensor(lengths, device=device)
-        self.drafter.prefill_finish(PrefillEnd(slots, lengths_tensor, first, hidden), self.state)
+        slots = torch.tensor(list(slot_ids), device=device)
+        self.drafter.prefill_finish(PrefillEnd(slots, torch.tensor(lengths, device=device), first, hidden), self.state)
         COUNTERS.prefills += 1
         return first

@@ -140,17 +140,10 @@ class Runtime:
         self.prefiller: Prefiller | None = None
         if compiled.prefill_graphs:
             programs = {
-                bucket: PrefillProgram(
-                    gm,
-                    compiled.prefill_chunk(bucket),
-                    self.params,
-                    self.state,
-                    bucket,
-                    compiled.slots - 1,
-                    capture,
-                    pool,
+                (bucket, chunk): PrefillProgram(
+                    gm, chunk, self.params, self.state, bucket, compiled.slots - 1, capture, pool
                 )
-                for bucket, gm in compiled.prefill_graphs.items()
+                for (bucket, chunk), gm in compiled.prefill_graphs.items()
             }
             self.prefiller = Prefiller(programs, self.drafter, self.state)
         if warm_up:

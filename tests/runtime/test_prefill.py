@@ -101,7 +101,7 @@ def test_compiled_prefill_matches_reference_mixed_lengths(runtime):
     """Four rows in bucket 4 (4 positions per chunk): lengths 1, 5 (a boundary mid-prompt), 8 (ends
     exactly on one), 13, in slots out of order."""
     prompts = random_prompts([1, 5, 8, 13], runtime.vocab_size)
-    assert runtime.compiled.prefill_chunk(4) == 4
+    assert runtime.compiled.prefill_chunks(4) == (4,)
     assert_prefills_equal(runtime, prompts, [2, 0, 3, 1])
 
 
@@ -116,6 +116,38 @@ def test_compiled_prefill_logits_match_reference(runtime):
         assert first.tolist() == reference_first.tolist()
 
 
+@pytest.fixture(scope="module")
+def sized_runtime(checkpoint_factory) -> graphspec.Runtime:
+    """Bucket 1 with two chunk programs: 128 and 16 positions per row."""
+    target, draft = checkpoint_factory("llama", 0), checkpoint_factory("qwen3", 1, num_hidden_layers=1)
+    return graphspec.Runtime.from_pretrained(
+        target, draft, k=K, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=256, prefill_tokens=128
+    )
+
+
+@pytest.mark.parametrize("length", [150, 20])
+def test_compiled_prefill_mixes_chunk_sizes(sized_runtime, length):
+    """150 positions: one 128-position chunk, then two of 16 (from position 128 on); 20: two of 16."""
+    assert sized_runtime.compiled.prefill_chunks(1) == (128, 16)
+    assert trace_prefill.chunk_plan(length, (128, 16)) == {150: [128, 16, 16], 20: [16, 16]}[length]
+    assert_prefills_equal(sized_runtime, random_prompts([length], sized_runtime.vocab_size, seed=length), [0])
+
+
+@pytest.mark.parametrize(
+    ("positions", "plan"),
+    [(1, [16]), (16, [16]), (17, [16, 16]), (130, [128, 16]), (300, [128, 128, 16, 16, 16]), (2, [16])],
+)
+def test_chunk_plan_whole_chunks_then_the_tail_in_the_largest_size_that_fits(positions, plan):
+    assert trace_prefill.chunk_plan(positions, (128, 16)) == plan
+
+
+def test_chunk_sizes_are_eighths_down_to_16_positions():
+    assert trace_prefill.chunk_sizes(1, 8192, 4096) == (4096, 512, 64)
+    assert trace_prefill.chunk_sizes(8, 8192, 4096) == (512, 64)
+    assert trace_prefill.chunk_sizes(4, 64, 16) == (4,)
+    assert trace_prefill.chunk_sizes(1, 1000, 512) == (500,)  # 500 is not a multiple of 8
+
+
 def test_compiled_prefill_one_token_prompt(runtime):
     assert_prefills_equal(runtime, [[5]], [3])
 
@@ -124,7 +156,7 @@ def test_compiled_prefill_prompt_filling_the_cache(runtime):
     """The longest prompt a step still fits after (max_seq_len - k - 1 tokens), alone (bucket 1, 16
     positions per chunk: its last chunk ends at the cache's end)."""
     prompts = random_prompts([MAX_SEQ_LEN - K - 1], runtime.vocab_size, seed=2)
-    assert runtime.compiled.prefill_chunk(1) == 16
+    assert runtime.compiled.prefill_chunks(1) == (16,)
     assert_prefills_equal(runtime, prompts, [1])
 
 
@@ -188,7 +220,7 @@ def test_prefill_program_fuses_every_layers_attention(runtime):
     """Every target layer: one prefill_attention, no kv_write or attention left. The draft model's last
     layer keeps its bare kv_write: its attention fed only the draft's hidden states, which nothing
     reads, and tracing dropped that dead code (the draft's single layer here)."""
-    gm = runtime.compiled.prefill_graphs[4]
+    gm = runtime.compiled.prefill_graphs[(4, 4)]
     targets = [node.target for node in gm.graph.nodes if node.op == "call_function"]
     draft_layers = runtime.drafter.model.spec.num_layers
     assert targets.count(ops.OPS["prefill_attention"]) == runtime.target.spec.num_layers + draft_layers - 1
@@ -197,7 +229,7 @@ def test_prefill_program_fuses_every_layers_attention(runtime):
 
 
 def test_prefill_records_every_pass(runtime):
-    names = [record.name for record in runtime.compiled.records["prefill_b1"]]
+    names = [record.name for record in runtime.compiled.records["prefill_b1_c16"]]
     assert names == ["defunctionalize_kv", "fuse_prefill_attention", "lower_kernels"]
 
 
@@ -228,14 +260,14 @@ def test_captured_prefill_equals_eager(runtime):
     replay) gives what the eager one gives, chunk after chunk."""
     compiled = runtime.compiled
     program = PrefillProgram(
-        compiled.prefill_graphs[4], compiled.prefill_chunk(4), runtime.params, runtime.state, 4,
+        compiled.prefill_graphs[(4, 4)], 4, runtime.params, runtime.state, 4,
         compiled.slots - 1, capture=True, recorder=HostRecorder,
     )  # fmt: skip
     program.warm_up_and_capture()
     prompts = random_prompts([5, 9, 2, 12], runtime.vocab_size, seed=6)
     _, _, reference_first, reference_state = run_both(runtime, prompts, [0, 1, 2, 3])
     eager_programs = runtime.prefiller.programs
-    runtime.prefiller.programs = {4: program}
+    runtime.prefiller.programs = {(4, 4): program}
     try:
         first, state, _, _ = run_both(runtime, prompts, [0, 1, 2, 3])
     finally:
@@ -263,7 +295,7 @@ def test_gpu_compiled_prefill_matches_reference(cuda_pair):
         *cuda_pair, k=K, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ_LEN,
         prefill_tokens=PREFILL_TOKENS,
     )  # fmt: skip
-    kernels = [n.meta.get("gs_kernel", {}).get("kernel") for n in runtime.compiled.prefill_graphs[4].graph.nodes]
+    kernels = [n.meta.get("gs_kernel", {}).get("kernel") for n in runtime.compiled.prefill_graphs[(4, 4)].graph.nodes]
     assert "graphspec::prefill_attention_triton" in kernels
     prompts = random_prompts([1, 5, 8, 30], runtime.vocab_size, seed=8)
     slots = [2, 0, 3, 1]
