@@ -285,7 +285,11 @@ def test_captured_prefill_equals_eager(runtime):
 
 @pytest.fixture(scope="module")
 def cuda_pair(checkpoint_factory):
-    return checkpoint_factory("llama", 0), checkpoint_factory("qwen3", 1, num_hidden_layers=1)
+    """Head dim 64 (the kernels' smallest tested one; the tiny checkpoints' 16 keeps the references)."""
+    return (
+        checkpoint_factory("llama", 0, hidden_size=256, intermediate_size=256),
+        checkpoint_factory("qwen3", 1, num_hidden_layers=1, head_dim=64),
+    )
 
 
 @pytest.mark.gpu
