@@ -55,7 +55,7 @@ class RuntimeStats:
     emitted: int = 0
     step_seconds: float = 0.0  # wall time of the step loops (host reads included)
     graph_steps: int = 0  # step-graph invocations (one per bucket step, all rows together)
-    prefill_seconds: float = 0.0  # wall time of prefills (first token sampled and read included)
+    prefill_seconds: float = 0.0  # wall time of prefill() calls (on a GPU: until the work is queued)
     # Work that belongs to start-up but happened inside generate()/stream() calls (both must stay 0:
     # the Runtime warms up and captures every step and prefill program when it is built).
     triton_compiles_during_requests: int = 0
