@@ -106,7 +106,7 @@ class Runtime:
     processes), and is then about 1.5x faster on the shipped demo pair. It changes no token.
 
     Start-up does the compiling: on CUDA (capture on) building the Runtime warms up and captures every
-    (mode, bucket) step and every bucket's prefill chunk program, with a progress bar, so no request
+    (mode, bucket) step and every prefill chunk program, with a progress bar, so no request
     compiles a Triton kernel or captures a graph (RuntimeStats counts any that do). warm_up=False
     leaves it to each program's first call (tests, or a caller that warms up later with warm_up())."""
 
@@ -135,8 +135,8 @@ class Runtime:
         }
         self.stats = RuntimeStats(self.k)
         self._busy = threading.Lock()  # held from a call's first token to its last (see the class docstring)
-        # The compiled prefill chunk programs, one per bucket, over the same weights and state; artifacts
-        # written before prefill programs existed have none and prefill through reference_prefill.
+        # The compiled prefill chunk programs, by (bucket, chunk size), over the same weights and state;
+        # artifacts written before prefill programs existed have none and prefill through reference_prefill.
         self.prefiller: Prefiller | None = None
         if compiled.prefill_graphs:
             programs = {
@@ -157,7 +157,7 @@ class Runtime:
             pending += [p for p in self.prefiller.programs.values() if p.capture and p.recorder is None]
         if not pending:
             return
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # here: importing graphspec should not pull it in
 
         for program in tqdm(pending, desc="graphspec: warm-up and capture", unit="graph"):
             program.warm_up_and_capture()
@@ -300,8 +300,9 @@ class Runtime:
         (token id lists, one slot each) and return the target's first token per prompt ([rows] int64,
         on the device), drawn with row_params ("temperature", "top_k", "top_p", "seed", "step_counter":
         [rows] tensors, as the step takes them; the first token uses step_counter's lane 0). Other
-        slots are untouched. Runs the compiled prefill chunk programs (reference_prefill for artifacts
-        without them). The slots are ready for a step at committed_len = len(prompt) + 1."""
+        slots are untouched (but the spare one, which no row owns). Runs the compiled prefill chunk
+        programs (reference_prefill for artifacts without them). The slots are then ready for a step at
+        committed_len = len(prompt) + 1."""
         self._check_prefill(prompts, slot_ids)
         start = time.perf_counter()
         if self.prefiller is None:
