@@ -8,6 +8,8 @@ An artifact directory holds:
     graphs/<graph>.py                    the same graph as generated Python (root, then submodules), for
                                          people only: not hashed, never read, may be edited or deleted
     graphs/<graph>.constants.safetensors tensors the graph reads through get_attr (only when it has any)
+    graphs/prefill_b<B>_c<C>.*           the bucket's prefill chunk programs (trace_prefill.py), stored
+                                         like the step graphs and listed under "prefill"
     kernels.json                         node -> kernel chosen by lower_kernels, per graph
     target/, draft/                      checkpoint copies (config, safetensors, tokenizer files), or,
                                          with copy_weights=False, absolute paths + sha256 in the manifest
@@ -57,14 +59,15 @@ import torch.fx as fx
 from safetensors.torch import load_file, save_file
 
 from graphspec import trace
-from graphspec.compiled import Compiled, device_sm
-from graphspec.config import SAMPLING_MODES, SpecConfig
+from graphspec.compiled import Compiled, device_sm, prefill_graph_name
+from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, SpecConfig
 from graphspec.drafters import DIRECTORY_KINDS, NAMED_KINDS, SETTINGS, check_drafter, open_drafter
 from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
-from graphspec.pipeline import PIPELINE
+from graphspec.pipeline import PIPELINE, PREFILL_PIPELINE
 from graphspec.trace import model_inputs
+from graphspec.trace_prefill import PrefillSignature, chunk_sizes
 from graphspec.version import __version__
 
 FORMAT = "graphspec-artifact"
@@ -127,6 +130,12 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
         for (mode, bucket), gm in compiled.graphs.items():
             graphs.append(_save_graph(compiled, mode, bucket, gm, staging, files))
             kernels[graphs[-1]["name"]] = kernel_choices(gm)
+        prefill = []
+        for (bucket, chunk), gm in compiled.prefill_graphs.items():
+            entry = {"bucket": bucket, "chunk": chunk}
+            name = prefill_graph_name(bucket, chunk)
+            prefill.append({**_save_graph_files(compiled, name, gm, staging, files), **entry})
+            kernels[prefill[-1]["name"]] = kernel_choices(gm)
         _write(staging / KERNELS, json.dumps(kernels, indent=2, default=str) + "\n", files, KERNELS)
         models = {
             role: _save_weights(role, loaded, staging, files, copy_weights)
@@ -153,8 +162,12 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
                 "step_inputs": list(compiled.signature.step_inputs),
             },
             "pipeline": [{"name": module.NAME, "sha256": pass_source_hash(module)} for module in PIPELINE],
-            "ops": _op_schemas(compiled.graphs.values()),
+            "prefill_pipeline": [
+                {"name": module.NAME, "sha256": pass_source_hash(module)} for module in PREFILL_PIPELINE
+            ],
+            "ops": _op_schemas([*compiled.graphs.values(), *compiled.prefill_graphs.values()]),
             "graphs": graphs,
+            "prefill": prefill,
             "kernels": KERNELS,
             "files": files,
         }
@@ -232,9 +245,16 @@ def _check_writable(out: Path, compiled: Compiled, copy_weights: bool) -> None:
 def _save_graph(
     compiled: Compiled, mode: str, bucket: int, gm: fx.GraphModule, staging: Path, files: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
-    name = graph_name(mode, bucket)
+    entry = _save_graph_files(compiled, graph_name(mode, bucket), gm, staging, files)
+    return {"name": entry.pop("name"), "mode": mode, "bucket": bucket, **entry}
+
+
+def _save_graph_files(
+    compiled: Compiled, name: str, gm: fx.GraphModule, staging: Path, files: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """Write one graph's files (hashed into `files`) and return its manifest entry."""
     modules, constants = encode_graph_module(gm, name)
-    entry: dict[str, Any] = {"name": name, "mode": mode, "bucket": bucket, "graph": f"graphs/{name}.json"}
+    entry: dict[str, Any] = {"name": name, "graph": f"graphs/{name}.json"}
     _write(staging / entry["graph"], json.dumps({"name": name, "modules": modules}) + "\n", files, entry["graph"])
     entry["code"] = f"graphs/{name}.py"  # for people: not in `files`, so editing or deleting it is harmless
     _write(staging / entry["code"], graph_source(gm, name))
@@ -332,6 +352,8 @@ def compile_command(compiled: Compiled, out: Path, copy_weights: bool) -> str:
     ]
     for option, value in compiled.drafter.settings.items():
         words += [f"--{option.replace('_', '-')}", str(value)]
+    if config.prefill_tokens != DEFAULT_PREFILL_TOKENS:
+        words += ["--prefill-tokens", str(config.prefill_tokens)]
     if config.capture != "auto":
         words += ["--capture", config.capture]
     if config.lowering != "auto":
@@ -900,7 +922,70 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     missing = sorted({(m, b) for m in manifest.get("modes", []) for b in config.batch_sizes} - set(graphs))
     if missing:
         raise ArtifactError(f"{path / MANIFEST}: no graph for (mode, bucket) {missing}; recompile with `{command}`")
-    return Compiled(config, target, drafter, graphs, signature, manifest["device"].get("sm"), records)
+    prefill_graphs = _load_prefill(path, manifest, config, signature, records, command)
+    sm = manifest["device"].get("sm")
+    return Compiled(config, target, drafter, graphs, signature, sm, records, prefill_graphs)
+
+
+def _load_prefill(
+    path: Path,
+    manifest: dict[str, Any],
+    config: SpecConfig,
+    signature: trace.StepSignature,
+    records: dict[str, list[PassRecord]],
+    command: str,
+) -> dict[tuple[int, int], fx.GraphModule]:
+    """The prefill chunk programs, each checked against the chunk sizes its bucket must have; none for
+    artifacts written before prefill programs existed (the runtime then prefills through the reference)."""
+    if "prefill" not in manifest:
+        warnings.warn(
+            f"{path} has no compiled prefill programs (written by an older graphspec): prompts are prefilled "
+            f"through the reference ops; recompile with `{command}` for the compiled prefill",
+            ArtifactMismatchWarning,
+            stacklevel=4,
+        )
+        return {}
+    inputs = PrefillSignature(signature.target_params, signature.draft_params, signature.states).input_names
+    graphs = {}
+    for entry in manifest["prefill"]:
+        name, bucket, chunk, where = entry["name"], int(entry["bucket"]), int(entry["chunk"]), path / entry["graph"]
+        try:
+            doc = json.loads(where.read_text())
+            constants = load_file(str(path / entry["constants"])) if entry.get("constants") else {}
+            gm = decode_graph_module(doc["modules"], constants, name)
+        except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, UnicodeDecodeError) as error:
+            raise ArtifactError(
+                f"{where}: cannot rebuild the graph ({type(error).__name__}: {error}); recompile with `{command}`"
+            ) from None
+        names = tuple(node.meta.get("gs_input") for node in gm.graph.find_nodes(op="placeholder"))
+        if names != inputs:
+            raise ArtifactError(
+                f"{where}: the graph takes other inputs than this runtime provides: recompile with `{command}`"
+            )
+        traced = doc_shape(doc, "tokens")
+        if traced != (bucket, chunk):
+            raise ArtifactError(
+                f"{where}: prefill chunk tokens {list(traced)}, the manifest says bucket {bucket}, chunk {chunk}: "
+                f"recompile with `{command}`"
+            )
+        graphs[(bucket, chunk)] = gm
+        records[name] = [PassRecord(**fields) for fields in entry.get("passes", [])]
+    wanted = {(b, c) for b in config.batch_sizes for c in chunk_sizes(b, config.max_seq_len, config.prefill_tokens)}
+    if set(graphs) != wanted:
+        raise ArtifactError(
+            f"{path / MANIFEST}: prefill programs (bucket, chunk) {sorted(graphs)}, but buckets "
+            f"{list(config.batch_sizes)} with max_seq_len {config.max_seq_len} and prefill_tokens "
+            f"{config.prefill_tokens} run {sorted(wanted)}: recompile with `{command}`"
+        )
+    return graphs
+
+
+def doc_shape(doc: dict[str, Any], input_name: str) -> tuple[int, ...]:
+    """The traced shape of one placeholder of a stored graph (its "example" record)."""
+    for node in doc["modules"][""]["nodes"]:
+        if node["op"] == "placeholder" and node.get("meta", {}).get("gs_input") == input_name:
+            return tuple((node.get("example") or {}).get("shape") or ())
+    return ()
 
 
 def compiled_for(doc: dict[str, Any], where: str) -> dict[str, Any]:
@@ -1034,7 +1119,8 @@ def _inside(relative: str) -> str:
 def _verify_files(path: Path, manifest: dict[str, Any], command: str) -> None:
     """sha256 of every contained and referenced file; every file the manifest uses must be listed."""
     files: dict[str, dict[str, Any]] = manifest["files"]
-    used = [entry[key] for entry in manifest["graphs"] for key in ("graph", "constants") if entry.get(key)]
+    entries = [*manifest["graphs"], *manifest.get("prefill", [])]
+    used = [entry[key] for entry in entries for key in ("graph", "constants") if entry.get(key)]
     used += [manifest.get("kernels", KERNELS)]
     used += [name for role in manifest_roles(manifest) for name in manifest["models"][role]["files"]]
     unlisted = [name for name in used if name not in files]

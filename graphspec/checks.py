@@ -87,3 +87,11 @@ PHASE_CHECKS = {
     "lower_kernels": _IN_PLACE,
     "split_attention": (graph_lints, regions_run_in_order),
 }
+
+# The prefill chunk program (pipeline.PREFILL_PIPELINE): no verify outputs, no regions.
+_PREFILL_IN_PLACE = (graph_lints, outputs_are_named, no_functional_cache_updates, caches_are_inputs, no_host_sync_ops)
+PREFILL_PHASE_CHECKS = {
+    "defunctionalize_kv": _PREFILL_IN_PLACE,
+    "fuse_prefill_attention": _PREFILL_IN_PLACE,
+    "lower_kernels": _PREFILL_IN_PLACE,
+}

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 import graphspec
-from graphspec.config import MAX_K, SAMPLING_MODES
+from graphspec.config import DEFAULT_PREFILL_TOKENS, MAX_K, SAMPLING_MODES
 from graphspec.drafters import KINDS, NAMED_KINDS
 from graphspec.drafters.ngram import DEFAULT_NGRAM
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.pipeline import PASS_NAMES, describe
+from graphspec.trace_prefill import chunk_sizes
 
 EXAMPLES = """\
 examples:
@@ -223,6 +224,14 @@ def build_parser() -> Parser:
         help="KV-cache length per row: prompt + new tokens + k + 1 must fit",
     )
     compile_parser.add_argument(
+        "--prefill-tokens",
+        type=positive_int,
+        default=DEFAULT_PREFILL_TOKENS,
+        metavar="N",
+        help="prompt tokens per prefill chunk over a whole bucket (each bucket's chunk: the largest divisor "
+        "of --max-seq-len within N / bucket positions per row)",
+    )
+    compile_parser.add_argument(
         "--capture",
         choices=("auto", "full", "piecewise", "none"),
         default="auto",
@@ -377,7 +386,10 @@ def run_compile(args: argparse.Namespace) -> int:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    progress = Progress(sys.stderr, len(set(args.batch_sizes)) * len(set(args.modes)))
+    # A step graph per (mode, bucket) and the prefill chunk programs of each bucket.
+    buckets = set(args.batch_sizes)
+    prefill = sum(len(chunk_sizes(bucket, args.max_seq_len, args.prefill_tokens)) for bucket in buckets)
+    progress = Progress(sys.stderr, len(buckets) * len(set(args.modes)) + prefill)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")  # each warning once per place, as without catching
@@ -391,6 +403,7 @@ def run_compile(args: argparse.Namespace) -> int:
                 out=args.out,
                 dump_dir=args.dump_dir,
                 max_seq_len=args.max_seq_len,
+                prefill_tokens=args.prefill_tokens,
                 capture=args.capture,
                 lowering=args.lowering,
                 stop_after=args.stop_after,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from graphspec import trace
+from graphspec import trace, trace_prefill
 from graphspec.config import SpecConfig
 from graphspec.drafters import Drafter, State
 from graphspec.dump import PassRecord
@@ -29,6 +29,13 @@ class Compiled:
     signature: trace.StepSignature
     sm: int | None
     records: dict[str, list[PassRecord]] = field(default_factory=dict)
+    # The prefill chunk programs by (bucket, chunk size) (trace_prefill.py); empty for artifacts written
+    # before them.
+    prefill_graphs: dict[tuple[int, int], fx.GraphModule] = field(default_factory=dict)
+
+    def prefill_chunks(self, bucket: int) -> tuple[int, ...]:
+        """Positions per row of the bucket's prefill chunk programs, largest first."""
+        return trace_prefill.chunk_sizes(bucket, self.config.max_seq_len, self.config.prefill_tokens)
 
     @property
     def slots(self) -> int:
@@ -48,6 +55,11 @@ class Compiled:
     def weights(self) -> list[torch.Tensor]:
         """The step graphs' weight inputs in placeholder order: the target's, then the drafter's."""
         return [*trace.model_inputs(self.target.model).values(), *self.drafter.params().values()]
+
+
+def prefill_graph_name(bucket: int, chunk: int) -> str:
+    """The name of a bucket's prefill chunk program of `chunk` positions per row (dumps, artifact files)."""
+    return f"prefill_b{bucket}_c{chunk}"
 
 
 def device_sm(device: str) -> int | None:

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import torch
 
-from graphspec import trace
+from graphspec import checks, trace, trace_prefill
 from graphspec.artifact import check_out, save_artifact
-from graphspec.compiled import Compiled, device_sm
-from graphspec.config import SAMPLING_MODES, PassContext, SpecConfig
+from graphspec.compiled import Compiled, device_sm, prefill_graph_name
+from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, PassContext, SpecConfig
 from graphspec.counters import COUNTERS
 from graphspec.drafters import Drafter, check_context, check_drafter, drafter_kind, open_drafter
 from graphspec.errors import InputError
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
 from graphspec.models.spec import ModelSpec
-from graphspec.pipeline import run_pipeline, validate_names
+from graphspec.pipeline import PREFILL_PIPELINE, run_pipeline, validate_names
 
 log = logging.getLogger("graphspec")
 
@@ -47,6 +47,7 @@ def compile(
     out: str | Path | None = None,
     dump_dir: str | Path | None = None,
     max_seq_len: int = 1024,
+    prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
     capture: str = "auto",
     lowering: str = "auto",
     stop_after: str | None = None,
@@ -71,6 +72,7 @@ def compile(
         dtype=dtype,
         device=device,
         max_seq_len=max_seq_len,
+        prefill_tokens=prefill_tokens,
         capture=capture,
         lowering=lowering,
     )
@@ -131,7 +133,34 @@ def compile(
             COUNTERS.pipeline_runs += 1
             graphs[(mode, bucket)] = result.gm
             records[name] = result.records
-    compiled = Compiled(config, target_model, drafter_model, graphs, signature, sm, records)
+    prefill_graphs = {}
+    for bucket in config.batch_sizes:
+        for chunk in trace_prefill.chunk_sizes(bucket, max_seq_len, config.prefill_tokens):
+            name = prefill_graph_name(bucket, chunk)
+            progress(f"tracing {name}")
+            inputs = trace_prefill.example_prefill_inputs(
+                target_model.model, drafter_model, k, bucket, chunk, slots, max_seq_len, parse_dtype(dtype), device
+            )
+            gm, _ = trace_prefill.trace_prefill(target_model.model, drafter_model, k, inputs)
+            COUNTERS.traces += 1
+            ctx = PassContext(
+                k=k, batch=bucket, mode="prefill", sm=sm, device=device, dtype=dtype, capture=capture,
+                lowering=lowering, scratch_slot=slots - 1,
+            )  # fmt: skip
+            result = run_pipeline(
+                gm,
+                ctx,
+                dump_dir=Path(dump_dir) / name if dump_dir else None,
+                skip=[p for p in skip if p in {module.NAME for module in PREFILL_PIPELINE}],
+                title=f"{name}: drafter={drafter_model.kind}, chunk={chunk}, bucket={bucket}, sm={sm}",
+                on_pass=lambda p, n=name: progress(f"{n}: {p}"),
+                passes=PREFILL_PIPELINE,
+                phase_checks=checks.PREFILL_PHASE_CHECKS,
+            )
+            COUNTERS.pipeline_runs += 1
+            prefill_graphs[(bucket, chunk)] = result.gm
+            records[name] = result.records
+    compiled = Compiled(config, target_model, drafter_model, graphs, signature, sm, records, prefill_graphs)
     if out is not None:
         progress(f"writing artifact {out}")
         save_artifact(compiled, out, copy_weights=copy_weights)

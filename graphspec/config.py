@@ -10,6 +10,9 @@ import torch.fx as fx
 from graphspec.errors import InputError
 
 MAX_K = 16
+# Prompt tokens one prefill chunk runs over the whole bucket (trace_prefill.chunk_size): big enough that
+# the chunk's GEMMs run near the matmul rate, small enough that activations stay bounded.
+DEFAULT_PREFILL_TOKENS = 2048
 SAMPLING_MODES = ("greedy", "sample")
 
 
@@ -26,6 +29,7 @@ class SpecConfig:
     # capturable and falls back to piecewise; "piecewise" forces eager attention between pieces.
     capture: str = "auto"
     lowering: str = "auto"  # "auto": Triton kernels where the registry has one for this SM; "reference": none
+    prefill_tokens: int = DEFAULT_PREFILL_TOKENS  # tokens per prefill chunk, over all rows of a bucket
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int):
@@ -42,6 +46,8 @@ class SpecConfig:
             raise InputError(f"capture must be auto, full, piecewise or none, got {self.capture!r}")
         if self.lowering not in ("auto", "reference"):
             raise InputError(f"lowering must be auto or reference, got {self.lowering!r}")
+        if isinstance(self.prefill_tokens, bool) or not isinstance(self.prefill_tokens, int) or self.prefill_tokens < 1:
+            raise InputError(f"prefill_tokens must be a positive int, got {self.prefill_tokens!r}")
         if self.max_seq_len < self.k + 3:
             raise InputError(f"max_seq_len={self.max_seq_len} is too small for k={self.k}")
 

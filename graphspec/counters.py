@@ -13,7 +13,8 @@ class Counters:
     replays: int = 0  # CUDA graph replays
     eager_steps: int = 0  # steps run without a captured graph (CPU, or capture disabled)
     cpu_compiles: int = 0  # CPU steps handed to torch.compile (Runtime(compile_cpu=True))
-    prefills: int = 0
+    prefills: int = 0  # prefill() calls (each fills a group of prompts' slots)
+    prefill_chunks: int = 0  # prefill chunk programs run (replayed or eager)
 
     def expect(self, **expected: int) -> None:
         """Assert the named counters have exactly these values; the message shows all of them."""

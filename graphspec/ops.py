@@ -341,6 +341,33 @@ def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm=None, 
     return q.new_empty((batch, t, heads, head_dim))
 
 
+def prefill_attention_reference(
+    q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float
+) -> Tensor:
+    # Exactly kv_write then attention: the chunk's keys enter the cache first, so query t sees the
+    # row's cached prefix (positions < start_pos) and the chunk's keys up to itself.
+    _write_rows(cache, layer, slot_ids, start_pos, k, v)
+    return attention_reference(q, cache, layer, slot_ids, start_pos, scale).contiguous()
+
+
+@torch.library.custom_op("graphspec::prefill_attention", mutates_args=("cache",))
+def prefill_attention(
+    q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float
+) -> Tensor:
+    """One prefill chunk's attention: k and v [B, Hkv, T, D] (rotated k) are written into the cache at
+    positions start_pos[b] + t of slot slot_ids[b], and q [B, Hq, T, D] (rotated) attends causally to
+    the row's cached prefix and the chunk. Returns [B, T, Hq, D] like attention. The
+    fuse_prefill_attention pass makes it from a prefill program's kv_write + attention pair; its
+    kernel (kernels/prefill_attention.py) reads the chunk's keys from k/v, not back from the cache."""
+    return prefill_attention_reference(q, k, v, cache, layer, slot_ids, start_pos, scale)
+
+
+@prefill_attention.register_fake
+def _(q, k, v, cache, layer, slot_ids, start_pos, scale):
+    batch, heads, t, head_dim = q.shape
+    return q.new_empty((batch, t, heads, head_dim))
+
+
 # --------------------------------------------------------------------------------------------------
 # Counter-based randomness and logits processing
 # --------------------------------------------------------------------------------------------------
@@ -605,6 +632,7 @@ OPS = {
     "rotary_kv_write": torch.ops.graphspec.rotary_kv_write.default,
     "attention": torch.ops.graphspec.attention.default,
     "rotary_kv_attention": torch.ops.graphspec.rotary_kv_attention.default,
+    "prefill_attention": torch.ops.graphspec.prefill_attention.default,
     "argmax": torch.ops.graphspec.argmax.default,
     "sample": torch.ops.graphspec.sample.default,
     "verify_greedy": torch.ops.graphspec.verify_greedy.default,

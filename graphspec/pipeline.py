@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch.fx as fx
 
@@ -22,6 +23,7 @@ from graphspec.lowering import lower_kernels
 from graphspec.passes import (
     defunctionalize_kv,
     fuse_kv_attention,
+    fuse_prefill_attention,
     fuse_qk_norm,
     fuse_rotary_kv,
     insert_verify,
@@ -49,6 +51,17 @@ PIPELINE = (
 )
 PASS_NAMES = tuple(p.NAME for p in PIPELINE)
 
+# The prefill chunk program (trace_prefill.py): no verify, no padding masks (the runtime points padding
+# rows at the spare slot), no capture regions; the same in-place form and kernels as the step.
+PREFILL_PIPELINE = (
+    # Phase 1: leave functional form (prefill writes the target's and the drafter's states in place).
+    defunctionalize_kv,
+    # Phase 2: each layer's KV write and attention become one flash-style prefill attention.
+    fuse_prefill_attention,
+    # Phase 3: kernels chosen for ctx.sm.
+    lower_kernels,
+)
+
 
 @dataclass
 class PipelineResult:
@@ -58,8 +71,11 @@ class PipelineResult:
 
 
 def describe() -> str:
-    """One line per pass: index, name, first docstring line."""
-    return "\n".join(f"[{i:02d}] {p.NAME}: {_doc(p)}" for i, p in enumerate(PIPELINE, start=1))
+    """One line per pass: index, name, first docstring line; the step's pipeline, then the prefill program's."""
+    lines = [f"[{i:02d}] {p.NAME}: {_doc(p)}" for i, p in enumerate(PIPELINE, start=1)]
+    lines.append("prefill chunk program:")
+    lines += [f"[{i:02d}] {p.NAME}: {_doc(p)}" for i, p in enumerate(PREFILL_PIPELINE, start=1)]
+    return "\n".join(lines)
 
 
 def _doc(module: object) -> str:
@@ -81,11 +97,15 @@ def run_pipeline(
     check: bool | None = None,
     title: str = "graphspec pipeline",
     on_pass: Callable[[str], None] | None = None,
+    passes: tuple[ModuleType, ...] = PIPELINE,
+    phase_checks: dict[str, tuple[Callable[[fx.GraphModule], None], ...]] | None = None,
 ) -> PipelineResult:
-    """Run PIPELINE over gm in order. Each pass is timed, checked (GRAPHSPEC_CHECK=1 or check=True)
-    and dumped; a failure names the pass, the passes that ran and the last dump written."""
+    """Run `passes` (PIPELINE, or PREFILL_PIPELINE with checks.PREFILL_PHASE_CHECKS) over gm in order.
+    Each pass is timed, checked (GRAPHSPEC_CHECK=1 or check=True) and dumped; a failure names the
+    pass, the passes that ran and the last dump written."""
     skip = tuple(skip)
     validate_names(stop_after, skip)
+    phase_checks = checks.PHASE_CHECKS if phase_checks is None else phase_checks
     check = os.environ.get("GRAPHSPEC_CHECK") == "1" if check is None else check
     dump_dir = dump_dir or os.environ.get("GRAPHSPEC_DUMP") or None
     writer = DumpWriter(dump_dir) if dump_dir else None
@@ -95,7 +115,7 @@ def run_pipeline(
         traced = PassRecord(0, "traced", "the speculation step as traced", 0.0, nodes, nodes, False)
         writer.write_graph(traced, gm)
     ran: list[str] = []
-    for index, module in enumerate(PIPELINE, start=1):
+    for index, module in enumerate(passes, start=1):
         name = module.NAME
         before_ops, before_nodes = op_counts(gm), {n.name for n in all_nodes(gm)}
         if name in skip:
@@ -107,7 +127,7 @@ def run_pipeline(
             try:
                 result = module.run(gm, ctx)
                 if check:
-                    for invariant in checks.PHASE_CHECKS.get(name, ()):
+                    for invariant in phase_checks.get(name, ()):
                         invariant(result.gm)
             except Exception as error:
                 last = writer.last_path if writer else "(no dumps: pass --dump-dir)"

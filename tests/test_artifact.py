@@ -131,6 +131,48 @@ def test_loaded_graphs_are_the_compiled_graphs(compiled):
     assert [r.name for r in loaded.records["step_b1_greedy"]] == [r.name for r in compiled[0].records["step_b1_greedy"]]
 
 
+def test_loaded_prefill_programs_are_the_compiled_ones(compiled):
+    loaded = load_artifact(compiled[1])
+    assert set(loaded.prefill_graphs) == set(compiled[0].prefill_graphs) == {(1, 64), (2, 64)}
+    for key, gm in compiled[0].prefill_graphs.items():
+        assert loaded.prefill_graphs[key].code == gm.code, key
+    runtime = Runtime(loaded)
+    assert runtime.prefiller is not None
+    prompts = [[3, 4, 5, 6, 7], [9]]
+    params = {
+        "temperature": torch.zeros(2), "top_k": torch.zeros(2, dtype=torch.int64), "top_p": torch.ones(2),
+        "seed": torch.zeros(2, dtype=torch.int64), "step_counter": torch.zeros(2, dtype=torch.int64),
+    }  # fmt: skip
+    assert (
+        runtime.prefill(prompts, [1, 0], params).tolist() == runtime.reference_prefill(prompts, [1, 0], params).tolist()
+    )
+
+
+def test_refuses_flipped_byte_in_prefill_graph_file(compiled, tmp_path):
+    artifact = damaged(compiled, tmp_path)
+    flip_byte(artifact / "graphs" / "prefill_b2_c64.json")
+    with pytest.raises(ArtifactError, match=r"graphs/prefill_b2_c64.json has another sha256"):
+        load_artifact(artifact)
+
+
+def test_refuses_a_prefill_chunk_the_config_disagrees_with(compiled, tmp_path):
+    """A prefill_tokens edit in the manifest would give bucket 2 another chunk than its program runs."""
+    artifact = damaged(compiled, tmp_path)
+    edit_manifest(artifact, lambda m: m["config"].update(prefill_tokens=8))
+    with pytest.raises(ArtifactError, match=r"prefill programs \(bucket, chunk\) \[\(1, 64\), \(2, 64\)\], but"):
+        load_artifact(artifact)
+
+
+def test_artifact_without_prefill_programs_loads_with_a_warning_and_prefills_by_reference(compiled, expected, tmp_path):
+    artifact = damaged(compiled, tmp_path)
+    edit_manifest(artifact, lambda m: m.pop("prefill"))
+    with pytest.warns(ArtifactMismatchWarning, match="no compiled prefill programs"):
+        loaded = load_artifact(artifact)
+    runtime = Runtime(loaded)
+    assert runtime.prefiller is None
+    assert [r.token_ids for r in runtime.generate(PROMPTS, max_new_tokens=NEW_TOKENS)] == expected["greedy"]
+
+
 def test_split_graph_round_trips_with_its_pieces(checkpoints, tmp_path):
     original = graphspec.compile(
         *checkpoints, **{**COMPILE, "k": 2, "batch_sizes": (1,)}, capture="piecewise", modes=("greedy",), out=tmp_path
@@ -158,6 +200,8 @@ def test_kernel_choices_are_saved_and_restored(compiled, tmp_path):
     assert json.loads((tmp_path / "art" / "kernels.json").read_text()) == {
         "step_b1_greedy": {attention.name: "attention_sm90"},
         "step_b2_greedy": {},
+        "prefill_b1_c64": {},  # CPU: the prefill programs keep their reference ops too
+        "prefill_b2_c64": {},
     }
     loaded = load_artifact(tmp_path / "art").graphs[("greedy", 1)]
     assert {n.name: n.meta["gs_kernel"] for n in loaded.graph.nodes if "gs_kernel" in n.meta} == {

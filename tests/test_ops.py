@@ -42,6 +42,7 @@ def test_opcheck_every_op():
             (q, k, v, rand(2, 3, 8), rand(2, 3, 8), cache.clone(), 1, slots, start),
         ),
         (torch.ops.graphspec.attention.default, (q, cache, 1, slots, start, 0.3)),
+        (torch.ops.graphspec.prefill_attention.default, (q, k, v, cache.clone(), 1, slots, start, 0.3)),
         (torch.ops.graphspec.sample.default, (logits[:, 0], *params[:3], params[3], counter, 3)),
         (torch.ops.graphspec.argmax.default, (logits,)),
         (torch.ops.graphspec.verify_greedy.default, (logits, torch.randint(0, 10, (2, 2), generator=G))),

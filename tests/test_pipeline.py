@@ -21,7 +21,14 @@ def test_pipeline_order_is_the_documented_one():
         "split_attention",
     )
     described = pipeline.describe().splitlines()
-    assert [line.split()[1].rstrip(":") for line in described] == list(pipeline.PASS_NAMES)
+    step, prefill = described[: len(pipeline.PASS_NAMES)], described[len(pipeline.PASS_NAMES) + 1 :]
+    assert [line.split()[1].rstrip(":") for line in step] == list(pipeline.PASS_NAMES)
+    assert described[len(pipeline.PASS_NAMES)] == "prefill chunk program:"
+    assert [line.split()[1].rstrip(":") for line in prefill] == [
+        "defunctionalize_kv",
+        "fuse_prefill_attention",
+        "lower_kernels",
+    ]
 
 
 def test_dumps_one_parseable_file_per_pass_with_header(step_case, tmp_path):

@@ -92,6 +92,28 @@ class PrefillView:
 
 
 @dataclass
+class PrefillChunk:
+    """What prefill_chunk() may read inside the traced prefill program: one chunk of C positions per row
+    (right-padded; positions at or past a row's prompt length are dead, as in the step)."""
+
+    tokens: Tensor  # [B, C] int64: the prompt's tokens at positions start_pos .. start_pos + C - 1
+    next_tokens: Tensor  # [B, C] int64: the token one position later (0 where the prompt has none)
+    start_pos: Tensor  # [B] int64: the chunk's first position
+    slot_ids: Tensor  # [B]
+    hidden: Tensor  # [B, C, H] the target's final (normed) hidden states over the chunk
+
+
+@dataclass
+class PrefillEnd:
+    """What prefill_finish() may read once every chunk of the prompts has run."""
+
+    slot_ids: Tensor  # [rows]
+    lengths: Tensor  # [rows] prompt lengths
+    first: Tensor  # [rows] the target's first token (at position lengths)
+    last_hidden: Tensor  # [rows, H] the target's final hidden state at position lengths - 1
+
+
+@dataclass
 class StepView:
     """What propose() may read: the step's per-row inputs (trace.ROW_INPUTS) by name, K and the
     proposal rule. Positions: the last two committed tokens sit at committed_len - 2 and - 1."""
@@ -136,7 +158,20 @@ class Drafter(ABC):
 
     @abstractmethod
     def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
-        """Fill the state of the prompts' slots for their first step (eager, in place)."""
+        """Fill the state of the prompts' slots for their first step (eager, in place): the reference
+        prefill, over whole prompts at once (the runtime's oracle for the compiled one)."""
+
+    @abstractmethod
+    def prefill_chunk(
+        self, params: dict[str, Tensor], chunk: PrefillChunk, state: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """Every declared state after one prefill chunk (functional values), traced into the compiled
+        prefill program after the target's forward over the chunk. Must not branch on values. Together
+        with prefill_finish it must leave the state prefill() leaves, on every live position."""
+
+    def prefill_finish(self, end: PrefillEnd, state: dict[str, Tensor]) -> None:
+        """After a prompt's last chunk (eager, in place): what needs the target's first token. Default: nothing."""
+        del end, state
 
     def describe(self) -> dict[str, Any]:
         """Kind and settings as recorded in the artifact manifest and printed by `inspect` (settings are

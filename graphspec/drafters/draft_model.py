@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from graphspec.drafters.base import Drafter, PrefillView, Proposal, State, StepView
+from graphspec.drafters.base import Drafter, PrefillChunk, PrefillView, Proposal, State, StepView
 from graphspec.models.decoder import kv_cache_shape
 
 
@@ -57,3 +57,12 @@ class DraftModel(Drafter):
         # The cache cut to the prompt (a view): reference attention scores T positions, not max_seq_len.
         cache = state["draft_cache"][..., : prompt.tokens.shape[1], :]
         self.model(prompt.tokens, start, prompt.slot_ids, cache, in_place=True)
+
+    def prefill_chunk(
+        self, params: dict[str, Tensor], chunk: PrefillChunk, state: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        # The draft model reads the same chunk as the target, into its own cache; its outputs are unused.
+        _, cache = torch.func.functional_call(
+            self.model, params, (chunk.tokens, chunk.start_pos, chunk.slot_ids, state["draft_cache"])
+        )
+        return {"draft_cache": cache}

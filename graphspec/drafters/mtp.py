@@ -34,7 +34,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphspec import ops
-from graphspec.drafters.base import CommitWrite, Drafter, PrefillView, Proposal, State, StepView
+from graphspec.drafters.base import (
+    CommitWrite,
+    Drafter,
+    PrefillChunk,
+    PrefillEnd,
+    PrefillView,
+    Proposal,
+    State,
+    StepView,
+)
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape
 from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, mtp_layer_count, read_into
@@ -216,10 +225,25 @@ class Mtp(Drafter):
             cos, sin = self.target.rope(positions, self.head.inv_freq)
             cache = state["mtp_cache"][..., : tokens.shape[1] - 1, :]  # a view cut to the pairs, as the target's
             self.head(0, tokens[:, 1:], hidden[:, :-1], kv_start, slots, cache, cos, sin, in_place=True)
-        # The first step's catch-up row 0: the first token (at position P) with the prompt's last hidden.
-        state["mtp_tokens"][slots, 0] = prompt.first
-        state["mtp_hidden"][slots, 0] = hidden[rows, lengths - 1].to(state["mtp_hidden"].dtype)
-        state["mtp_start"][slots, 0] = lengths
+        self.prefill_finish(PrefillEnd(slots, lengths, prompt.first, hidden[rows, lengths - 1]), state)
+
+    def prefill_chunk(
+        self, params: dict[str, Tensor], chunk: PrefillChunk, state: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        # Pairs (x_{p+1}, h_p) for the chunk's positions p, KV at p, rotary at p + 1 (as prefill() above).
+        # The pair of the prompt's last position (its x is the first token, unknown yet) and those past
+        # it write dead KV: the first step's catch-up rewrites the entry at L - 1 before reading it.
+        positions = chunk.start_pos[:, None] + 1 + torch.arange(chunk.tokens.shape[1], device=chunk.tokens.device)
+        cos, sin = self.target.rope(positions, params["inv_freq"])
+        args = (0, chunk.next_tokens, chunk.hidden, chunk.start_pos, chunk.slot_ids, state["mtp_cache"], cos, sin)
+        _, cache = torch.func.functional_call(self.head, params, args)
+        return {"mtp_cache": cache, **{name: state[name] for name in ("mtp_hidden", "mtp_tokens", "mtp_start")}}
+
+    def prefill_finish(self, end: PrefillEnd, state: dict[str, Tensor]) -> None:
+        # The first step's catch-up row 0: the first token (at position L) with the prompt's last hidden.
+        state["mtp_tokens"][end.slot_ids, 0] = end.first
+        state["mtp_hidden"][end.slot_ids, 0] = end.last_hidden.to(state["mtp_hidden"].dtype)
+        state["mtp_start"][end.slot_ids, 0] = end.lengths
 
 
 def plan_head(

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from graphspec import ops
-from graphspec.drafters.base import CommitWrite, Drafter, PrefillView, Proposal, State, StepView
+from graphspec.drafters.base import CommitWrite, Drafter, PrefillChunk, PrefillView, Proposal, State, StepView
 from graphspec.errors import InputError
 
 MAX_NGRAM = 16
@@ -70,3 +70,9 @@ class NGram(Drafter):
     def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
         tokens = prompt.tokens  # right padding lands past L: dead
         state["token_history"][prompt.slot_ids, : tokens.shape[1]] = tokens
+
+    def prefill_chunk(
+        self, params: dict[str, Tensor], chunk: PrefillChunk, state: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        history = ops.slot_update(state["token_history"], chunk.slot_ids, chunk.start_pos, chunk.tokens)
+        return {"token_history": history}

@@ -200,6 +200,21 @@ def fits_rotary_kv_attention(node: fx.Node) -> bool:
     )
 
 
+def fits_prefill_attention(node: fx.Node) -> bool:
+    # prefill_attention(q, k, v, cache, layer, slot_ids, start_pos, scale): attention of q over the cache
+    # must fit, and the chunk's k/v enter the cache as is, so they share its dtype.
+    values = _vals_at(node, (0, 1, 2, 3, 5, 6))
+    if values is None or len(node.args) < 8 or type(node.args[4]) is not int:
+        return False
+    q, k, v, cache, slot_ids, start_pos = values
+    return (
+        _attention_fits(q, cache)
+        and k.dtype == v.dtype == cache.dtype
+        and _kv_write_fits(cache, node.args[4], slot_ids, start_pos, k, v)
+        and k.shape[2] == q.shape[2]
+    )
+
+
 def fits_verify_greedy(node: fx.Node) -> bool:
     values = _vals(node, 2)
     if values is None:
@@ -253,6 +268,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "kv_write": fits_kv_write,
     "rotary_kv_write": fits_rotary_kv_write,
     "rotary_kv_attention": fits_rotary_kv_attention,
+    "prefill_attention": fits_prefill_attention,
     "argmax": fits_argmax,
     "verify_greedy": fits_verify_greedy,
     "verify_rejection": fits_verify_rejection,

@@ -23,7 +23,8 @@ from graphspec.drafters.base import PrefillView
 from graphspec.errors import InputError, RuntimeBusyError
 from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, check_stop_token_ids, token_id
 from graphspec.runtime.buffers import StepBuffers, pick_bucket, split_batch
-from graphspec.runtime.graphs import StepGraph
+from graphspec.runtime.graphs import TRITON_COMPILES, StepGraph
+from graphspec.runtime.prefill import Prefiller, PrefillProgram
 from graphspec.trace import FEEDBACK, TARGET_CACHE
 
 
@@ -55,6 +56,11 @@ class RuntimeStats:
     emitted: int = 0
     step_seconds: float = 0.0  # wall time of the step loops (host reads included)
     graph_steps: int = 0  # step-graph invocations (one per bucket step, all rows together)
+    prefill_seconds: float = 0.0  # wall time of prefill() calls (on a GPU: until the work is queued)
+    # Work that belongs to start-up but happened inside generate()/stream() calls (both must stay 0:
+    # the Runtime warms up and captures every step and prefill program when it is built).
+    triton_compiles_during_requests: int = 0
+    captures_during_requests: int = 0
     accepted_histogram: list[int] = field(default_factory=list)  # [K+1]: row-steps that accepted n
 
     def __post_init__(self) -> None:
@@ -98,9 +104,14 @@ class Runtime:
 
     compile_cpu=True runs CPU steps through torch.compile (Inductor; see runtime/graphs.py): each
     (mode, bucket) step compiles on its first call, once per process (cached on disk across
-    processes), and is then about 1.5x faster on the shipped demo pair. It changes no token."""
+    processes), and is then about 1.5x faster on the shipped demo pair. It changes no token.
 
-    def __init__(self, compiled: Compiled, compile_cpu: bool = False) -> None:
+    Start-up does the compiling: on CUDA (capture on) building the Runtime warms up and captures every
+    (mode, bucket) step and every prefill chunk program, with a progress bar, so no request
+    compiles a Triton kernel or captures a graph (RuntimeStats counts any that do). warm_up=False
+    leaves it to each program's first call (tests, or a caller that warms up later with warm_up())."""
+
+    def __init__(self, compiled: Compiled, compile_cpu: bool = False, warm_up: bool = True) -> None:
         self.compiled = compiled
         self.config = compiled.config
         self.k = compiled.config.k
@@ -125,20 +136,49 @@ class Runtime:
         }
         self.stats = RuntimeStats(self.k)
         self._busy = threading.Lock()  # held from a call's first token to its last (see the class docstring)
+        # The compiled prefill chunk programs, by (bucket, chunk size), over the same weights and state;
+        # artifacts written before prefill programs existed have none and prefill through reference_prefill.
+        self.prefiller: Prefiller | None = None
+        if compiled.prefill_graphs:
+            programs = {
+                (bucket, chunk): PrefillProgram(
+                    gm, chunk, self.params, self.state, bucket, compiled.slots - 1, capture, pool
+                )
+                for (bucket, chunk), gm in compiled.prefill_graphs.items()
+            }
+            self.prefiller = Prefiller(programs, self.drafter, self.state)
+        if warm_up:
+            self.warm_up()
+
+    def warm_up(self) -> None:
+        """Warm up and capture every step and prefill program that has not been yet (CUDA graphs on;
+        elsewhere there is nothing to capture and programs run as they are)."""
+        pending = [graph for graph in self.graphs.values() if graph.capture and not graph.captured]
+        if self.prefiller is not None:
+            pending += [p for p in self.prefiller.programs.values() if p.capture and p.recorder is None]
+        if not pending:
+            return
+        from tqdm.auto import tqdm  # here: importing graphspec should not pull it in
+
+        for program in tqdm(pending, desc="graphspec: warm-up and capture", unit="graph"):
+            program.warm_up_and_capture()
 
     @classmethod
     def from_pretrained(
-        cls, target: str | Path, draft: str | Path, compile_cpu: bool = False, **options: object
+        cls, target: str | Path, draft: str | Path, compile_cpu: bool = False, warm_up: bool = True, **options: object
     ) -> Runtime:
         """compile(target, draft, **options) and a Runtime over the result, in one call."""
-        return cls(compile(target, draft, **options), compile_cpu=compile_cpu)
+        return cls(compile(target, draft, **options), compile_cpu=compile_cpu, warm_up=warm_up)
 
     @classmethod
-    def load(cls, artifact_dir: str | Path, allow_mismatch: bool = False, compile_cpu: bool = False) -> Runtime:
+    def load(
+        cls, artifact_dir: str | Path, allow_mismatch: bool = False, compile_cpu: bool = False, warm_up: bool = True
+    ) -> Runtime:
         """A Runtime over a `graphspec compile` artifact; verifies it before running anything."""
         from graphspec.artifact import load_artifact
 
-        return cls(load_artifact(artifact_dir, allow_mismatch=allow_mismatch), compile_cpu=compile_cpu)
+        compiled = load_artifact(artifact_dir, allow_mismatch=allow_mismatch)
+        return cls(compiled, compile_cpu=compile_cpu, warm_up=warm_up)
 
     # ---------------------------------------------------------------------------------------------
     # Input validation: everything is checked before any work starts.
@@ -199,9 +239,12 @@ class Runtime:
                 "a Runtime runs one generate()/stream() at a time; wait for it, close() the open stream, "
                 "pass all prompts to one call, or use one Runtime per thread"
             )
+        compiles, captures = TRITON_COMPILES.count, COUNTERS.captures
         try:
             yield from self._stream(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
         finally:
+            self.stats.triton_compiles_during_requests += TRITON_COMPILES.count - compiles
+            self.stats.captures_during_requests += COUNTERS.captures - captures
             self._busy.release()
 
     def _stream(
@@ -238,19 +281,54 @@ class Runtime:
                 stops,
             )
 
+    def _check_prefill(self, prompts: Sequence[Sequence[int]], slot_ids: Sequence[int]) -> None:
+        slots = self.compiled.slots - 1  # the last slot is the spare one padding rows write
+        if len(slot_ids) != len(prompts) or not prompts:
+            raise InputError(f"prefill needs one slot id per prompt, got {len(prompts)} prompts, {len(slot_ids)} slots")
+        if len(set(slot_ids)) != len(slot_ids) or not all(isinstance(s, int) and 0 <= s < slots for s in slot_ids):
+            raise InputError(f"slot ids must be distinct ints in [0, {slots}), got {list(slot_ids)}")
+        for index, prompt in enumerate(prompts):
+            if not 1 <= len(prompt) <= self.max_seq_len - self.k - 1:
+                raise InputError(
+                    f"prompt {index} has {len(prompt)} tokens; a prompt needs 1 to max_seq_len - k - 1 = "
+                    f"{self.max_seq_len - self.k - 1} tokens (room for one step)"
+                )
+
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], slot_ids: Sequence[int], row_params: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """Fill the target's KV cache and the drafter's state of cache slots `slot_ids` with `prompts`
+        (token id lists, one slot each) and return the target's first token per prompt ([rows] int64,
+        on the device), drawn with row_params ("temperature", "top_k", "top_p", "seed", "step_counter":
+        [rows] tensors, as the step takes them; the first token uses step_counter's lane 0). Other
+        slots are untouched (but the spare one, which no row owns). Runs the compiled prefill chunk
+        programs (reference_prefill for artifacts without them). The slots are then ready for a step at
+        committed_len = len(prompt) + 1."""
+        self._check_prefill(prompts, slot_ids)
+        start = time.perf_counter()
+        if self.prefiller is None:
+            first = self.reference_prefill(prompts, slot_ids, row_params)
+        else:
+            first = self.prefiller(prompts, list(slot_ids), row_params)
+        self.stats.prefill_seconds += time.perf_counter() - start
+        return first
+
     @torch.inference_mode()
-    def _prefill(self, prompts: list[list[int]], params: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Fill the target's cache and the drafter's state for the rows (slots 0..n-1); return the target's
-        first token per row."""
+    def reference_prefill(
+        self, prompts: Sequence[Sequence[int]], slot_ids: Sequence[int], row_params: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """prefill() eagerly through the reference ops, whole prompts at once (full fp32 attention
+        scores; memory grows with the prompt length squared): the oracle of the compiled prefill."""
+        self._check_prefill(prompts, slot_ids)
         rows = len(prompts)
         longest = max(len(p) for p in prompts)
         # Right padding: positions past a row's prompt write dead KV that later steps overwrite.
         tokens = torch.zeros((rows, longest), dtype=torch.int64)
         for row, prompt in enumerate(prompts):
-            tokens[row, : len(prompt)] = torch.tensor(prompt)
+            tokens[row, : len(prompt)] = torch.as_tensor(prompt, dtype=torch.int64)
         tokens = tokens.to(self.device)
         start = torch.zeros(rows, dtype=torch.int64, device=self.device)
-        slots = torch.arange(rows, device=self.device)
+        slots = torch.tensor(list(slot_ids), dtype=torch.int64, device=self.device)
         # The target cache cut to the prompt length (a view: writes land in the cache): the reference
         # attention then scores `longest` positions per row instead of all max_seq_len.
         target_cache = self.state[TARGET_CACHE][..., :longest, :]
@@ -261,7 +339,13 @@ class Runtime:
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         logits = self.target.logits(hidden[torch.arange(rows, device=self.device), lengths - 1])  # [rows, V]
         first = ops.sample(
-            logits, params["temperature"], params["top_k"], params["top_p"], params["seed"], params["step_counter"], 0
+            logits,
+            row_params["temperature"],
+            row_params["top_k"],
+            row_params["top_p"],
+            row_params["seed"],
+            row_params["step_counter"],
+            0,
         )
         self.drafter.prefill(PrefillView(tokens, slots, lengths, hidden, first, features), self.state)
         COUNTERS.prefills += 1
@@ -290,7 +374,7 @@ class Runtime:
             "seed": seeds.to(device),
             "step_counter": torch.zeros(rows, dtype=torch.int64, device=device),
         }
-        first = self._prefill(prompts, row_params).cpu().tolist()
+        first = self.prefill(prompts, list(range(rows)), row_params).cpu().tolist()
         emitted: list[list[int]] = [[] for _ in range(rows)]
         finished: list[str | None] = [None] * rows
         stats = [RequestStats() for _ in range(rows)]

@@ -1,0 +1,251 @@
+"""Time to first token: graphspec's compiled chunked prefill next to transformers (sdpa), and cold start.
+
+On random bf16 checkpoints shaped like Llama-3.1-8B (target) and Llama-3.2-1B (draft), made on the
+device (or the tiny stand-ins with --preset tiny-llama), in one run:
+- time to first token for each --shapes entry (prompt tokens x batch): graphspec's Runtime.prefill
+  (every chunk of the target and of the draft model, the first token sampled and read on the host)
+  next to transformers' forward over the prompt with attn_implementation="sdpa" and logits_to_keep=1
+  (the target alone, its argmax read on the host), median of --reps after one warm-up;
+- the compute floor: 2 x the target's matrix parameters (embedding gather excluded, lm_head included)
+  x prompt tokens / the bf16 matmul rate measured here (and the same with the draft model's added,
+  since graphspec prefills both);
+- cold start (--cold-start, default on): the compiled Runtime saved as an artifact (weights referenced,
+  not copied), then, in a fresh process, Runtime.load to ready (verification, weights, warm-up and
+  capture of every program), the first and the second request of the same prompt, and the Triton
+  compiles and graph captures those requests caused (both must be 0).
+
+    python benchmarks/bench_prefill.py --json prefill.json       # on the H200: one command, ~5 minutes
+    python benchmarks/bench_prefill.py --preset tiny-llama --device cpu --shapes 32x1,48x2 --max-seq-len 128 \
+        --cold-start-tokens 16                                   # smoke run of this script (~30 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import graphspec
+from benchmarks import common
+from benchmarks.bench_step import PRESETS, write_checkpoint
+
+SHAPES = "512x1,2048x1,4096x1,2048x8"
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for item in text.split(","):
+        tokens, _, batch = item.partition("x")
+        shapes.append((int(tokens), int(batch or 1)))
+    return shapes
+
+
+def prompts_for(tokens: int, batch: int, vocab: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, tokens), generator=generator)  # [batch, tokens]
+
+
+def greedy_params(rows: int, device: str) -> dict[str, torch.Tensor]:
+    return {
+        "temperature": torch.zeros(rows, device=device),
+        "top_k": torch.zeros(rows, dtype=torch.int64, device=device),
+        "top_p": torch.ones(rows, device=device),
+        "seed": torch.zeros(rows, dtype=torch.int64, device=device),
+        "step_counter": torch.zeros(rows, dtype=torch.int64, device=device),
+    }
+
+
+def wall_ms(fn, reps: int, device: str) -> dict[str, float]:
+    """Host wall time of fn() (which ends by reading its result on the host) after one warm-up call."""
+    fn()
+    samples = []
+    for _ in range(reps):
+        common.sync(device)
+        begin = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - begin) * 1e3)
+    return {"ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples)}
+
+
+def matmul_params(directory: Path) -> int:
+    """Parameters in matrix products per token (the embedding gather excluded), from a meta model."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return common.ModelCost.of(model).matmul_params
+
+
+def time_graphspec(runtime: graphspec.Runtime, shapes, reps: int, seed: int) -> dict[str, dict[str, float]]:
+    results = {}
+    for tokens, batch in shapes:
+        prompts = prompts_for(tokens, batch, runtime.vocab_size, seed).tolist()
+        params = greedy_params(batch, runtime.device)
+
+        def first_token(prompts: list[list[int]] = prompts, params: dict = params) -> list[int]:
+            return runtime.prefill(prompts, list(range(len(prompts))), params).tolist()
+
+        results[f"{tokens}x{batch}"] = wall_ms(first_token, reps, runtime.device)
+    return results
+
+
+def time_transformers(directory: Path, shapes, reps: int, seed: int, device: str) -> dict[str, dict[str, float]]:
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, attn_implementation="sdpa")
+    hf = hf.to(device).eval().requires_grad_(False)
+    results = {}
+    for tokens, batch in shapes:
+        ids = prompts_for(tokens, batch, hf.config.vocab_size, seed).to(device)
+
+        @torch.inference_mode()
+        def first_token(ids: torch.Tensor = ids, hf: torch.nn.Module = hf) -> list[int]:
+            return hf(ids, logits_to_keep=1).logits[:, -1].argmax(-1).tolist()
+
+        results[f"{tokens}x{batch}"] = wall_ms(first_token, reps, device)
+    del hf
+    common.free_device_memory()
+    return results
+
+
+def cold_start(artifact: Path, tokens: int, seed: int) -> dict[str, Any]:
+    """Run in a fresh process: Runtime.load to ready, then the same request twice."""
+    begin = time.perf_counter()
+    runtime = graphspec.Runtime.load(artifact)
+    common.sync(runtime.device)
+    ready_s = time.perf_counter() - begin
+    prompt = prompts_for(tokens, 1, runtime.vocab_size, seed).tolist()
+    requests = []
+    for _ in range(2):
+        common.sync(runtime.device)
+        begin = time.perf_counter()
+        runtime.generate(prompt, max_new_tokens=16, stop_token_ids=[])
+        requests.append((time.perf_counter() - begin) * 1e3)
+    return {
+        "load_to_ready_s": ready_s,
+        "first_request_ms": requests[0],
+        "second_request_ms": requests[1],
+        "triton_compiles_during_requests": runtime.stats.triton_compiles_during_requests,
+        "captures_during_requests": runtime.stats.captures_during_requests,
+        "prompt_tokens": tokens,
+        "new_tokens": 16,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="llama")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--shapes", default=SHAPES, help="prompt tokens x batch, comma separated")
+    parser.add_argument("-k", "--k", type=int, default=4)
+    parser.add_argument("--max-seq-len", type=int, default=8192)
+    parser.add_argument("--prefill-tokens", type=int, default=4096, help="graphspec's prefill chunk budget")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-cold-start", dest="cold_start", action="store_false")
+    parser.add_argument("--cold-start-tokens", type=int, default=512, help="prompt tokens of the cold-start requests")
+    parser.add_argument("--cold-start-artifact", default=None, help=argparse.SUPPRESS)  # the fresh process
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if args.cold_start_artifact:
+        print(json.dumps(cold_start(Path(args.cold_start_artifact), args.cold_start_tokens, args.seed)))
+        return 0
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("bench_prefill: CUDA is not available; pass --device cpu for a smoke run", file=sys.stderr)
+        return 2
+    shapes = parse_shapes(args.shapes)
+    buckets = tuple(sorted({batch for _, batch in shapes}))
+    report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args)}
+    target_shape, draft_shape = PRESETS[args.preset]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
+        target_dir = write_checkpoint(Path(workdir) / "target", target_shape, args.device, seed=1)
+        draft_dir = write_checkpoint(Path(workdir) / "draft", draft_shape, args.device, seed=2)
+        print(f"[bench] checkpoints written at {time.perf_counter() - started:.0f} s", flush=True)
+        begin = time.perf_counter()
+        runtime = graphspec.Runtime.from_pretrained(
+            target_dir, draft_dir, k=args.k, batch_sizes=buckets, dtype="bfloat16", device=args.device,
+            max_seq_len=args.max_seq_len, prefill_tokens=args.prefill_tokens, modes=("greedy",),
+        )  # fmt: skip
+        report["compile_and_warm_up_s"] = time.perf_counter() - begin
+        print(f"[bench] graphspec compiled and warmed up in {report['compile_and_warm_up_s']:.0f} s", flush=True)
+        report["chunks"] = {bucket: runtime.compiled.prefill_chunks(bucket) for bucket in buckets}
+        report["graphspec"] = time_graphspec(runtime, shapes, args.reps, args.seed)
+        artifact = Path(workdir) / "artifact"
+        if args.cold_start:
+            from graphspec.artifact import save_artifact
+
+            save_artifact(runtime.compiled, artifact, copy_weights=False)
+        del runtime
+        common.free_device_memory()
+        report["transformers"] = time_transformers(target_dir, shapes, args.reps, args.seed, args.device)
+        print(f"[bench] transformers timed at {time.perf_counter() - started:.0f} s", flush=True)
+        rate = common.measure_matmul_rate(args.device, torch.bfloat16 if args.device != "cpu" else torch.float32)
+        report["matmul_tflops"] = rate["tflops"]
+        params = {"target": matmul_params(target_dir), "draft": matmul_params(draft_dir)}
+        report["matmul_params"] = params
+        if args.cold_start:
+            command = [sys.executable, str(Path(__file__).resolve()), "--cold-start-artifact", str(artifact)]
+            command += ["--cold-start-tokens", str(args.cold_start_tokens)]
+            done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ), check=False)
+            if done.returncode != 0:
+                print(done.stderr, file=sys.stderr)
+                report["cold_start"] = {"error": done.stderr[-2000:]}
+            else:
+                report["cold_start"] = json.loads(done.stdout.strip().splitlines()[-1])
+    report["seconds"] = time.perf_counter() - started
+    print_table(report, shapes)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def print_table(report: dict[str, Any], shapes) -> None:
+    flops_per_second = report["matmul_tflops"] * 1e12
+    params = report["matmul_params"]
+    print(
+        f"\ntime to first token, {report['device']}, bf16, matmul rate {report['matmul_tflops']:.0f} TFLOP/s, "
+        f"prefill chunks {report['chunks']} positions per row"
+    )
+    header = (
+        f"{'prompt':>10} {'graphspec ms':>13} {'transformers ms':>16} {'speedup':>8} "
+        f"{'floor ms (target)':>18} {'gs / floor':>11} {'floor ms (+draft)':>18} {'gs / floor':>11}"
+    )
+    print(header)
+    for tokens, batch in shapes:
+        key = f"{tokens}x{batch}"
+        ours, theirs = report["graphspec"][key]["ms"], report["transformers"][key]["ms"]
+        floor = 2 * params["target"] * tokens * batch / flops_per_second * 1e3
+        floor_both = 2 * (params["target"] + params["draft"]) * tokens * batch / flops_per_second * 1e3
+        print(
+            f"{key:>10} {ours:>13.1f} {theirs:>16.1f} {theirs / ours:>7.2f}x {floor:>18.1f} {ours / floor:>10.2f}x "
+            f"{floor_both:>18.1f} {ours / floor_both:>10.2f}x"
+        )
+    cold = report.get("cold_start")
+    if cold and "error" not in cold:
+        print(
+            f"\ncold start (fresh process, artifact with referenced weights): Runtime.load to ready "
+            f"{cold['load_to_ready_s']:.1f} s; request of {cold['prompt_tokens']} + {cold['new_tokens']} tokens: "
+            f"first {cold['first_request_ms']:.0f} ms, second {cold['second_request_ms']:.0f} ms "
+            f"({cold['first_request_ms'] / cold['second_request_ms']:.2f}x); during requests: "
+            f"{cold['triton_compiles_during_requests']} Triton compiles, {cold['captures_during_requests']} captures"
+        )
+    elif cold:
+        print("\ncold start failed (see stderr)")
+    print(f"compile + warm-up {report['compile_and_warm_up_s']:.0f} s; whole run {report['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Run prompts through the compiled prefill chunk programs (trace_prefill.py), chunk by chunk, into cache slots.
+
+One PrefillProgram per (batch bucket, chunk size): the chunk program bound to static inputs (tokens, next
+tokens, start positions, slots, last indices; allocated once), the weights and the step's state (KV
+caches, drafter state; shared with the step graphs). On CUDA it is warmed up and captured as a CUDA
+graph once (Runtime start-up), then every chunk of every prompt replays it; elsewhere it runs eagerly.
+A prompt of L tokens takes chunks of a bucket's few sizes (trace_prefill.chunk_plan), so a few programs
+serve every prompt length and memory stays bounded by the largest chunk.
+
+What stays static across replays: the static inputs, the weights, the state. What is copied per chunk:
+the chunk's tokens and per-row positions (device to device, from one upload per group of prompts); out
+of it: the logits and hidden state of the rows whose prompt ends in the chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from graphspec import ops
+from graphspec.counters import COUNTERS
+from graphspec.drafters.base import Drafter, PrefillEnd
+from graphspec.runtime.buffers import pick_bucket
+from graphspec.runtime.graphs import TRITON_COMPILES, CudaGraphRecorder, Recorder
+from graphspec.trace_prefill import PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
+
+# Rows of the per-chunk table uploaded once per group of prompts: [chunks, len(ROW_TABLE), bucket].
+ROW_TABLE = ("start_pos", "slot_ids", "last_index")
+
+
+class PrefillProgram:
+    """One bucket's chunk program over its static inputs, the weights and the shared state."""
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        chunk: int,
+        params: list[torch.Tensor],
+        state: dict[str, torch.Tensor],
+        bucket: int,
+        spare_slot: int,
+        capture: bool,
+        pool: object | None = None,
+        recorder: Callable[[object | None], Recorder] | None = None,
+    ) -> None:
+        self.gm, self.chunk, self.bucket, self.spare_slot = gm, chunk, bucket, spare_slot
+        device = state[next(iter(state))].device
+        self.inputs = new_prefill_inputs(bucket, chunk, device)
+        names = [node.meta["gs_input"] for node in gm.graph.find_nodes(op="placeholder")][len(params) :]
+        if tuple(names[: len(PREFILL_INPUTS)]) != PREFILL_INPUTS:
+            raise ValueError(f"prefill graph inputs {names[: len(PREFILL_INPUTS)]} are not {PREFILL_INPUTS}")
+        self.args = [*params, *(self.inputs[n] if n in self.inputs else state[n] for n in names)]
+        self.output_names = PREFILL_OUTPUTS + tuple(names[len(PREFILL_INPUTS) :])
+        self.capture = capture
+        if capture and recorder is None and device.type != "cuda":
+            raise ValueError("CUDA-graph capture needs CUDA tensors; pass recorder=HostRecorder to emulate it")
+        self.new_recorder = recorder or CudaGraphRecorder
+        self.pool = pool
+        self.recorder: Recorder | None = None
+        self.outputs: Any = None
+        self.compiles_during_capture: int | None = None
+        if capture and device.type == "cuda":
+            TRITON_COMPILES.install()
+
+    def park(self) -> None:
+        """Point every row at the spare slot, position 0: a run then writes nothing a real row owns."""
+        self.inputs["slot_ids"].fill_(self.spare_slot)
+        self.inputs["start_pos"].zero_()
+        self.inputs["last_index"].zero_()
+
+    def warm_up_and_capture(self) -> None:
+        """Warm up (Triton JIT, cuBLAS workspaces) on a side stream, then capture, every row parked."""
+        self.park()
+        if self.inputs["tokens"].is_cuda:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.inference_mode():
+                for _ in range(2):
+                    self.gm(*self.args)
+            torch.cuda.current_stream().wait_stream(stream)
+        compiles = TRITON_COMPILES.count
+        recorder = self.new_recorder(self.pool)
+        with torch.inference_mode():
+            self.outputs = recorder.capture(self.gm, self.args)
+        self.recorder = recorder
+        COUNTERS.captures += 1
+        self.compiles_during_capture = TRITON_COMPILES.count - compiles
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        """One chunk over what the static inputs hold now; outputs stay valid until the next call."""
+        if not self.capture:
+            with torch.inference_mode():
+                outputs = self.gm(*self.args)
+        else:
+            if self.recorder is None:
+                self.warm_up_and_capture()
+            self.recorder.replay()
+            outputs = self.outputs
+        COUNTERS.prefill_chunks += 1
+        return dict(zip(self.output_names, outputs, strict=True))
+
+
+class Prefiller:
+    """Prefill prompts into given cache slots with the per-(bucket, chunk size) chunk programs."""
+
+    def __init__(
+        self, programs: dict[tuple[int, int], PrefillProgram], drafter: Drafter, state: dict[str, torch.Tensor]
+    ) -> None:
+        self.programs = programs
+        self.buckets = tuple(sorted({bucket for bucket, _ in programs}))
+        self.drafter = drafter
+        self.state = state  # the programs' (and the step graphs') shared state
+
+    @torch.inference_mode()
+    def __call__(
+        self, prompts: Sequence[Sequence[int]], slot_ids: Sequence[int], row_params: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The target's first token per prompt ([rows] int64, on the device); the slots' target cache
+        and drafter state are filled for the first step. At most the largest bucket's rows (the
+        cache has no more slots than that). All rows advance together, chunk by chunk (chunk_plan
+        over the longest prompt); a row whose prompt has ended is parked on the spare slot."""
+        rows = len(prompts)
+        bucket = pick_bucket(rows, self.buckets)
+        sizes = tuple(sorted((chunk for b, chunk in self.programs if b == bucket), reverse=True))
+        some = self.programs[(bucket, sizes[0])]
+        device, spare = some.inputs["tokens"].device, some.spare_slot
+        lengths = [len(prompt) for prompt in prompts]
+        plan = chunk_plan(max(lengths), sizes)
+        starts = [sum(plan[:index]) for index in range(len(plan))]
+        # Every chunk's tokens in one upload, one column more for next_tokens; zeros past each prompt.
+        tokens = torch.zeros((bucket, sum(plan) + 1), dtype=torch.int64)
+        for row, prompt in enumerate(prompts):
+            tokens[row, : len(prompt)] = torch.as_tensor(prompt, dtype=torch.int64)
+        # Per chunk and row: start position, slot, and the index of the row's last prompt token in the
+        # chunk; rows whose prompt ended before the chunk (and bucket padding) are parked.
+        table = torch.zeros((len(plan), len(ROW_TABLE), bucket), dtype=torch.int64)
+        table[:, 1] = spare
+        ending: list[list[int]] = [[] for _ in plan]  # rows whose prompt ends in each chunk
+        for index, (start, size) in enumerate(zip(starts, plan, strict=True)):
+            for row, length in enumerate(lengths):
+                if length > start:
+                    table[index, :2, row] = torch.tensor([start, slot_ids[row]])
+                if start < length <= start + size:
+                    table[index, 2, row] = length - 1 - start
+                    ending[index].append(row)
+        tokens, table = tokens.to(device), table.to(device)
+        logits = hidden = None
+        for index, (start, size) in enumerate(zip(starts, plan, strict=True)):
+            program = self.programs[(bucket, size)]
+            inputs = program.inputs
+            inputs["tokens"].copy_(tokens[:, start : start + size])
+            inputs["next_tokens"].copy_(tokens[:, start + 1 : start + size + 1])
+            for position, name in enumerate(ROW_TABLE):
+                inputs[name].copy_(table[index, position])
+            outputs = program()
+            if logits is None:
+                logits = outputs["last_logits"].new_empty((rows, outputs["last_logits"].shape[1]))
+                hidden = outputs["last_hidden"].new_empty((rows, outputs["last_hidden"].shape[1]))
+            if ending[index]:
+                done = torch.tensor(ending[index], device=device)
+                logits[done] = outputs["last_logits"][done]
+                hidden[done] = outputs["last_hidden"][done]
+        first = ops.sample(
+            logits,
+            row_params["temperature"],
+            row_params["top_k"],
+            row_params["top_p"],
+            row_params["seed"],
+            row_params["step_counter"],
+            0,
+        )
+        slots = torch.tensor(list(slot_ids), device=device)
+        self.drafter.prefill_finish(PrefillEnd(slots, torch.tensor(lengths, device=device), first, hidden), self.state)
+        COUNTERS.prefills += 1
+        return first
