@@ -169,8 +169,8 @@ class Engine:
 
     @property
     def load(self) -> tuple[int, int]:
-        """(live rows, waiting requests), for /metrics and /health."""
-        return len(self._live), len(self._waiting)
+        """(cache slots in use, waiting requests), for /metrics and /health."""
+        return max(self.buckets) - len(self._free), len(self._waiting)
 
     # ---------------------------------------------------------------------------------------------
     # Engine side (the loop thread only)
@@ -219,10 +219,10 @@ class Engine:
             list(request.logprobs) if request.params.logprobs else None,
             len(request.prompt),
         )
-        request.out.put((request.tag, result))
         for listener in self.listeners:
             listener.on_finish(request)
-        self._release(request)
+        self._release(request)  # before the caller hears of it: its slot is free once it has the result
+        request.out.put((request.tag, result))
 
     def _drop_cancelled(self) -> None:
         kept = []
