@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import torch.fx as fx
 
 from graphspec import trace
 from graphspec.config import SAMPLING_MODES, PassContext, SpecConfig
+from graphspec.context import default_max_seq_len
 from graphspec.counters import COUNTERS
 from graphspec.drafters import Drafter, State, check_context, check_drafter, drafter_kind, open_drafter
 from graphspec.dump import PassRecord
@@ -86,7 +88,7 @@ def compile(
     device: str = "cuda",
     out: str | Path | None = None,
     dump_dir: str | Path | None = None,
-    max_seq_len: int = 1024,
+    max_seq_len: int | None = None,
     capture: str = "auto",
     lowering: str = "auto",
     stop_after: str | None = None,
@@ -102,13 +104,14 @@ def compile(
     every config read, before any weight is.
 
     draft: a draft-model checkpoint directory, or "ngram" (no model; options ngram_min, ngram_max).
-    drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS)."""
+    drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS).
+    max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py)."""
     config = SpecConfig(
         k=k,
         batch_sizes=tuple(batch_sizes),
         dtype=dtype,
         device=device,
-        max_seq_len=max_seq_len,
+        max_seq_len=1024 if max_seq_len is None else max_seq_len,
         capture=capture,
         lowering=lowering,
     )
@@ -127,6 +130,13 @@ def compile(
     kind = drafter_kind(draft, drafter)
     target_config = load_config(target)
     target_spec = ModelSpec.from_config(target_config)
+    if max_seq_len is None:
+        specs = [target_spec]
+        if kind == "draft_model":  # a draft model keeps a KV cache as long as the target's
+            specs.append(ModelSpec.from_config(load_config(draft)))
+        slots = max(config.batch_sizes) + 1
+        max_seq_len = default_max_seq_len(specs, slots, parse_dtype(dtype), device)
+        config = dataclasses.replace(config, max_seq_len=max_seq_len)
     check_context(target, target_spec, max_seq_len)
     checked = check_drafter(draft, kind, target, target_config, max_seq_len, dict(drafter_options))
     progress(f"loading target {target}")
