@@ -185,7 +185,7 @@ def create_app(
                 if isinstance(item, GenerationResult):
                     parser = ChannelParser(markers) if markers else None
                     whole = channels(parser, item.text or "", final=True)
-                    message: dict[str, Any] = {"role": "assistant", **channel_fields(whole, 0)}
+                    message: dict[str, Any] = {"role": "assistant", **channel_fields(whole, 0, markers)}
                     message.setdefault("content", "")
                     reason = "tool_calls" if whole.tool_calls else item.finish_reason
                     out = {"index": 0, "message": message, "finish_reason": reason}
@@ -205,7 +205,7 @@ def create_app(
                 else:
                     parsed = channels(parser, text.finish(item.text or ""), final=True)
                     logprobs = None
-                fields = channel_fields(parsed, calls)
+                fields = channel_fields(parsed, calls, markers)
                 calls += len(parsed.tool_calls)
                 if fields or logprobs:
                     yield sse(chunk({"index": 0, "delta": fields, "logprobs": logprobs, "finish_reason": None}))
@@ -233,15 +233,15 @@ def channels(parser: ChannelParser | None, text: str, final: bool) -> ChannelDel
     return delta
 
 
-def channel_fields(delta: ChannelDelta, first_index: int) -> dict[str, Any]:
+def channel_fields(delta: ChannelDelta, first_index: int, markers: Markers | None) -> dict[str, Any]:
     """OpenAI delta/message fields of parsed text: content, reasoning_content (as vLLM names it), and
     tool_calls; a tool-call body that is not {"name": ..., "arguments": ...} JSON stays visible as content."""
     fields: dict[str, Any] = {}
     content, calls = delta.content, []
     for body in delta.tool_calls:
         call = parse_tool_call(body)
-        if call is None:
-            content += body
+        if call is None:  # shown as the model wrote it
+            content += f"{markers.tool_start}{body}{markers.tool_end}" if markers else body
         else:
             calls.append({"index": first_index + len(calls), "id": f"call_{uuid.uuid4().hex[:24]}", **call})
     if content:
