@@ -195,9 +195,11 @@ class Engine:
                     self._step()
             except Exception as error:  # a bug, not a bad request: fail what is running, keep serving
                 log.exception("engine step failed; failing the live requests")
-                for request in [*self._live, *(r for r in newcomers if r.slot >= 0 and r.finish_reason is None)]:
-                    request.out.put((request.tag, error))
+                failed = {r.id: r for r in [*self._live, *newcomers] if r.finish_reason is None}
+                for request in failed.values():
+                    request.finish_reason = "error"
                     self._release(request)
+                    request.out.put((request.tag, error))
                 self._live, self._loaded = [], None
 
     def _release(self, request: Request) -> None:

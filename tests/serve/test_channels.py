@@ -138,3 +138,13 @@ def test_text_stream_holds_a_partial_stop_string_and_never_shows_the_stop():
     stream = TextStream(tokenizer, stops=("STOP",))
     shown = "".join(stream.add([token]) for token in ids)
     assert shown == "the weather "
+
+
+def test_a_parsed_tool_call_becomes_an_openai_tool_call_and_a_bad_one_stays_text():
+    app = pytest.importorskip("graphspec.serve.app")
+    fields = app.channel_fields(ChannelDelta("why", "ok", [CALL, "{not json"]), 2, MARKERS)
+    assert fields["reasoning_content"] == "why"
+    assert fields["content"] == "ok<tool_call>{not json</tool_call>"
+    [call] = fields["tool_calls"]
+    assert call["index"] == 2 and call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Z\\u00fcrich"}'}
