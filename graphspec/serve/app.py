@@ -183,9 +183,9 @@ def create_app(
         if not body.stream:
             async for item in items(handle, sink):
                 if isinstance(item, GenerationResult):
-                    parser = ChannelParser(markers) if markers else None
+                    parser = ChannelParser(markers, is_tool_call) if markers else None
                     whole = channels(parser, item.text or "", final=True)
-                    message: dict[str, Any] = {"role": "assistant", **channel_fields(whole, 0, markers)}
+                    message: dict[str, Any] = {"role": "assistant", **channel_fields(whole, 0)}
                     message.setdefault("content", "")
                     reason = "tool_calls" if whole.tool_calls else item.finish_reason
                     out = {"index": 0, "message": message, "finish_reason": reason}
@@ -193,7 +193,7 @@ def create_app(
                     return {**chunk(out, "chat.completion"), "usage": usage(item)}
 
         text = TextStream(tokenizer, params.stop)
-        parser = ChannelParser(markers) if markers else None
+        parser = ChannelParser(markers, is_tool_call) if markers else None
 
         async def events() -> AsyncIterator[str]:
             yield sse(chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
@@ -205,7 +205,7 @@ def create_app(
                 else:
                     parsed = channels(parser, text.finish(item.text or ""), final=True)
                     logprobs = None
-                fields = channel_fields(parsed, calls, markers)
+                fields = channel_fields(parsed, calls)
                 calls += len(parsed.tool_calls)
                 if fields or logprobs:
                     yield sse(chunk({"index": 0, "delta": fields, "logprobs": logprobs, "finish_reason": None}))
@@ -233,17 +233,16 @@ def channels(parser: ChannelParser | None, text: str, final: bool) -> ChannelDel
     return delta
 
 
-def channel_fields(delta: ChannelDelta, first_index: int, markers: Markers | None) -> dict[str, Any]:
+def channel_fields(delta: ChannelDelta, first_index: int) -> dict[str, Any]:
     """OpenAI delta/message fields of parsed text: content, reasoning_content (as vLLM names it), and
-    tool_calls; a tool-call body that is not {"name": ..., "arguments": ...} JSON stays visible as content."""
+    tool_calls (the parser was given is_tool_call, so every body is {"name": ..., "arguments": ...} JSON;
+    the others stayed in content where the model wrote them)."""
     fields: dict[str, Any] = {}
     content, calls = delta.content, []
     for body in delta.tool_calls:
         call = parse_tool_call(body)
-        if call is None:  # shown as the model wrote it
-            content += f"{markers.tool_start}{body}{markers.tool_end}" if markers else body
-        else:
-            calls.append({"index": first_index + len(calls), "id": f"call_{uuid.uuid4().hex[:24]}", **call})
+        assert call is not None, body
+        calls.append({"index": first_index + len(calls), "id": f"call_{uuid.uuid4().hex[:24]}", **call})
     if content:
         fields["content"] = content
     if delta.reasoning:
@@ -251,6 +250,10 @@ def channel_fields(delta: ChannelDelta, first_index: int, markers: Markers | Non
     if calls:
         fields["tool_calls"] = calls
     return fields
+
+
+def is_tool_call(body: str) -> bool:
+    return parse_tool_call(body) is not None
 
 
 def parse_tool_call(body: str) -> dict[str, Any] | None:

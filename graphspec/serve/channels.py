@@ -11,6 +11,7 @@ For any split of a text into deltas, the channels joined equal those of parsing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from graphspec.serve.text import partial_overlap
@@ -55,8 +56,12 @@ class ChannelDelta:
 
 
 class ChannelParser:
-    def __init__(self, markers: Markers | None = None) -> None:
+    """is_tool_call(body) says whether a complete tool-call body is a call (say, JSON naming a function);
+    one that is not stays in content where it was written, markers included."""
+
+    def __init__(self, markers: Markers | None = None, is_tool_call: Callable[[str], bool] | None = None) -> None:
         self.markers = markers or Markers()
+        self.is_tool_call = is_tool_call
         self.channel = REASONING if self.markers.starts_in_reasoning else CONTENT
         self.pending = ""  # text not yet given to a channel: at most a partial marker after each feed()
         self.tool_body = ""
@@ -95,7 +100,10 @@ class ChannelParser:
             self._emit(out, self.pending[:index])
             self.pending = self.pending[index + len(marker) :]
             if self.channel == TOOL:
-                out.tool_calls.append(self.tool_body)
+                if self.is_tool_call is None or self.is_tool_call(self.tool_body):
+                    out.tool_calls.append(self.tool_body)
+                else:
+                    out.content += self.markers.tool_start + self.tool_body + self.markers.tool_end
                 self.tool_body = ""
             self.channel = transitions[marker]
 

@@ -41,8 +41,12 @@ def train_tokenizer(marker_tokens: bool) -> Tokenizer:
 TOKENIZERS = {"markers_split": train_tokenizer(False), "markers_whole": train_tokenizer(True)}
 
 
-def parse_deltas(deltas: list[str], starts_in_reasoning: bool) -> ChannelDelta:
-    parser = ChannelParser(Markers(starts_in_reasoning=starts_in_reasoning))
+def looks_like_json(body: str) -> bool:
+    return body.startswith('{"')
+
+
+def parse_deltas(deltas: list[str], starts_in_reasoning: bool, is_tool_call=None) -> ChannelDelta:
+    parser = ChannelParser(Markers(starts_in_reasoning=starts_in_reasoning), is_tool_call)
     joined = ChannelDelta()
     for piece in [parser.feed(delta) for delta in deltas] + [parser.finish()]:
         joined.reasoning += piece.reasoning
@@ -102,6 +106,9 @@ def test_every_split_position_of_every_marker_gives_the_whole_parse(name):
     for size in (1, 2, 3):  # and every marker cut into pieces of a few characters at once
         pieces = [text[i : i + size] for i in range(0, len(text), size)]
         assert parse_deltas(pieces, STARTS_IN_REASONING[name]) == whole(name), size
+        # With a tool-call check, a refused body stays in content at its place, however the text is cut.
+        checked = parse_deltas([text], STARTS_IN_REASONING[name], looks_like_json)
+        assert parse_deltas(pieces, STARTS_IN_REASONING[name], looks_like_json) == checked, size
 
 
 def test_seed_003_a_split_tool_marker_is_held_back_and_reaches_the_tool_channel_whole():
@@ -140,11 +147,15 @@ def test_text_stream_holds_a_partial_stop_string_and_never_shows_the_stop():
     assert shown == "the weather "
 
 
-def test_a_parsed_tool_call_becomes_an_openai_tool_call_and_a_bad_one_stays_text():
+def test_a_parsed_tool_call_becomes_an_openai_tool_call_and_a_bad_one_stays_text_in_place():
     app = pytest.importorskip("graphspec.serve.app")
-    fields = app.channel_fields(ChannelDelta("why", "ok", [CALL, "{not json"]), 2, MARKERS)
+    parser = ChannelParser(MARKERS, app.is_tool_call)
+    text = f"<think>why</think>a <tool_call>{{not json</tool_call> b <tool_call>{CALL}</tool_call> c"
+    parsed = parser.feed(text)
+    rest = parser.finish()
+    assert (parsed.content + rest.content, parsed.tool_calls) == ("a <tool_call>{not json</tool_call> b  c", [CALL])
+    fields = app.channel_fields(parsed, 2)
     assert fields["reasoning_content"] == "why"
-    assert fields["content"] == "ok<tool_call>{not json</tool_call>"
     [call] = fields["tool_calls"]
     assert call["index"] == 2 and call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Z\\u00fcrich"}'}

@@ -19,6 +19,7 @@ import graphspec  # noqa: E402
 from graphspec.examples import DEMO_DRAFT, DEMO_TARGET  # noqa: E402
 from graphspec.runtime.requests import SamplingParams  # noqa: E402
 from graphspec.serve.app import create_app  # noqa: E402
+from graphspec.serve.channels import Markers  # noqa: E402
 from graphspec.serve.chat import DEFAULT_CHAT_TEMPLATE  # noqa: E402
 
 MODEL = "demo"
@@ -36,9 +37,9 @@ def runtime() -> graphspec.Runtime:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def base_url(runtime) -> str:
-    server = uvicorn.Server(uvicorn.Config(create_app(runtime, MODEL), host="127.0.0.1", port=0, log_level="warning"))
+def run_server(app):
+    """Serve `app` with uvicorn on a free port of 127.0.0.1 in a thread; yield its URL, then stop it."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + WAIT_S
@@ -49,6 +50,11 @@ def base_url(runtime) -> str:
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(WAIT_S)
+
+
+@pytest.fixture(scope="module")
+def base_url(runtime) -> str:
+    yield from run_server(create_app(runtime, MODEL))
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +135,24 @@ def test_chat_completion_uses_the_default_template_and_streams_the_same_text(cli
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_chat_channels_streamed_join_to_the_whole_message(runtime):
+    # The demo model writes Python (here a docstring, then `import sys` lines), so pieces of that stand in
+    # for think and tool-call tags: the real server path (detokenizer, parser, SSE) must give the same
+    # channels streamed as whole.
+    markers = Markers(think_start='"""', think_end="warnings", tool_start="import", tool_end="\n")
+    for url in run_server(create_app(runtime, MODEL, markers=markers)):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=WAIT_S)
+        options = dict(model=MODEL, messages=[{"role": "user", "content": "def f(x, y):"}], temperature=0)
+        options["max_tokens"] = 48
+        whole = client.chat.completions.create(**options).choices[0].message
+        reasoning = getattr(whole, "reasoning_content", None) or ""
+        assert reasoning and whole.content  # the output had bracketed and plain text
+        chunks = list(client.chat.completions.create(stream=True, **options))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert "".join(d.content or "" for d in deltas) == whole.content
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == reasoning
 
 
 def test_chat_logprobs_are_the_engines(client, runtime):
