@@ -185,9 +185,10 @@ class Engine:
                         # Idle: end the thread (submit starts another) so an unused Runtime can be freed.
                         self._thread = None
                         return
-                newcomers = []
-                while self._waiting and len(newcomers) < len(self._free):
+                newcomers, admitted = [], 0
+                while self._waiting and admitted < len(self._free):
                     newcomers.append(self._waiting.popleft())
+                    admitted += not newcomers[-1].cancelled.is_set()  # cancelled ones leave without a slot
             try:
                 self._drop_cancelled()
                 self._admit(newcomers)

@@ -5,12 +5,15 @@ at any character never leaks into another channel; end of stream flushes what wa
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from graphspec.serve.channels import ChannelDelta, ChannelParser, Markers
-from graphspec.serve.text import TextStream
+hypothesis = pytest.importorskip("hypothesis")  # in the dev extra; GPU images may lack it
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+
+from graphspec.serve.channels import ChannelDelta, ChannelParser, Markers  # noqa: E402
+from graphspec.serve.text import TextStream  # noqa: E402
 
 K = 4
 MARKERS = Markers()

@@ -11,6 +11,8 @@ import pytest
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
 
 import torch  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
