@@ -213,6 +213,17 @@ def test_bad_requests_get_an_openai_error_and_change_nothing(client, options, er
     assert greedy_completion(client, max_tokens=10).choices[0].text == before
 
 
+def test_bad_requests_sent_while_a_stream_runs_leave_it_intact(client, base_url, runtime):
+    solo = runtime.tokenizer.decode(engine_tokens(runtime, PROMPT, max_tokens=40, stop_token_ids=()))
+    stream = greedy_completion(client, max_tokens=40, stream=True, extra_body={"stop_token_ids": []})
+    chunks = iter(stream)
+    text = next(chunks).choices[0].text
+    for body in ({"model": MODEL, "prompt": [5, 99999]}, {"model": "nope", "prompt": "x"}, {"model": MODEL}):
+        assert httpx.post(f"{base_url}/v1/completions", json=body).status_code in (400, 404)
+    text += "".join(chunk.choices[0].text for chunk in chunks)
+    assert text == solo
+
+
 def test_malformed_json_gets_a_400_openai_error(base_url):
     response = httpx.post(
         f"{base_url}/v1/completions",
@@ -249,8 +260,8 @@ def cancelled_count(base_url) -> float:
 
 def test_a_disconnected_stream_frees_its_slot_and_the_others_finish_intact(client, runtime, base_url):
     prompts = [f"def f{i}(x):\n    " for i in range(5)]  # 5 streams, 4 slots: the fifth waits for a slot
-    options = dict(model=MODEL, temperature=0, max_tokens=120, extra_body={"stop_token_ids": []})
-    solo = [runtime.tokenizer.decode(engine_tokens(runtime, p, max_tokens=120, stop_token_ids=())) for p in prompts]
+    options = dict(model=MODEL, temperature=0, max_tokens=80, extra_body={"stop_token_ids": []})
+    solo = [runtime.tokenizer.decode(engine_tokens(runtime, p, max_tokens=80, stop_token_ids=())) for p in prompts]
     before = cancelled_count(base_url)
     streams = [client.completions.create(prompt=p, stream=True, **options) for p in prompts[:4]]
     first = [next(iter(stream)) for stream in streams]  # all four hold a slot now
