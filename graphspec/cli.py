@@ -219,9 +219,10 @@ def build_parser() -> Parser:
     compile_parser.add_argument(
         "--max-seq-len",
         type=positive_int,
-        default=1024,
+        default=None,
         metavar="N",
-        help="KV-cache length per row: prompt + new tokens + k + 1 must fit",
+        help="KV-cache length per row: prompt + new tokens + k + 1 must fit; default: the models' "
+        "max_position_embeddings, capped so the caches take at most 30%% of GPU memory (4 GiB on the CPU)",
     )
     compile_parser.add_argument(
         "--prefill-tokens",
@@ -333,6 +334,40 @@ def build_parser() -> Parser:
     inspect_parser.add_argument("--json", action="store_true", help="print manifest.json as is")
     inspect_parser.set_defaults(run=run_inspect, subparser=inspect_parser)
 
+    serve_parser = commands.add_parser(
+        "serve",
+        help="serve a compiled artifact over an OpenAI-compatible HTTP API",
+        description="Load ART and serve /v1/completions, /v1/chat/completions (SSE streaming), /v1/models, "
+        "/health and /metrics (Prometheus) with continuous batching. Needs the `serve` extra: "
+        "pip install 'graphspec[serve]'.",
+        formatter_class=HelpFormatter,
+    )
+    serve_parser.add_argument("artifact", metavar="ART", help="artifact directory written by `graphspec compile`")
+    serve_parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve_parser.add_argument("--port", type=positive_int, default=8000, help="port to listen on")
+    serve_parser.add_argument(
+        "--model-name", default=None, metavar="NAME", help="the model id clients send (default: ART's directory name)"
+    )
+    serve_parser.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template file; default: the tokenizer's, else `role: content` lines (serve/chat.py)",
+    )
+    serve_parser.add_argument(
+        "--channels",
+        default=None,
+        metavar="THINK_START,THINK_END,TOOL_START,TOOL_END",
+        help="split chat output into reasoning_content, content and tool_calls at these markers; `default` means "
+        "<think>,</think>,<tool_call>,</tool_call>",
+    )
+    serve_parser.add_argument(
+        "--starts-in-reasoning",
+        action="store_true",
+        help="with --channels: the chat template opens the think block itself (output starts as reasoning)",
+    )
+    serve_parser.add_argument("--allow-mismatch", action="store_true", help="as for `graphspec generate`")
+    serve_parser.set_defaults(run=run_serve, subparser=serve_parser)
     return parser
 
 
@@ -520,6 +555,24 @@ def stats_line(runtime: Any, results: Sequence[Any], seconds: float) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        from graphspec.serve import serve
+        from graphspec.serve.channels import Markers
+    except ImportError as error:
+        raise UsageError(f"`graphspec serve` needs the serve extra ({error}); pip install 'graphspec[serve]'") from None
+    markers = None
+    if args.channels is not None:
+        names = "<think>,</think>,<tool_call>,</tool_call>" if args.channels == "default" else args.channels
+        parts = names.split(",")
+        if len(parts) != 4 or not all(parts):
+            raise UsageError(f"--channels takes four non-empty markers separated by commas, got {args.channels!r}")
+        markers = Markers(*parts, starts_in_reasoning=args.starts_in_reasoning)
+    template = Path(args.chat_template).read_text() if args.chat_template else None
+    serve(args.artifact, args.host, args.port, args.model_name, template, markers, args.allow_mismatch)
+    return 0
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     from graphspec.artifact import read_manifest
 
@@ -646,10 +699,6 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `graphspec` console script and `python -m graphspec`; returns the exit status."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        # Everything after `bench` is bench_systems.py's: argparse's REMAINDER would refuse `bench --small`
-        # as an unknown flag of ours. "--" makes argparse pass it all on (run_bench drops the "--").
-        argv = ["bench", "--", *argv[1:]]
     try:
         args = parser.parse_args(argv)
         run: Callable[[argparse.Namespace], int] = args.run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -12,6 +13,7 @@ from graphspec import checks, trace, trace_prefill
 from graphspec.artifact import check_out, save_artifact
 from graphspec.compiled import Compiled, device_sm, prefill_graph_name
 from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, PassContext, SpecConfig
+from graphspec.context import default_max_seq_len
 from graphspec.counters import COUNTERS
 from graphspec.drafters import Drafter, check_context, check_drafter, drafter_kind, open_drafter
 from graphspec.errors import InputError
@@ -46,7 +48,7 @@ def compile(
     device: str = "cuda",
     out: str | Path | None = None,
     dump_dir: str | Path | None = None,
-    max_seq_len: int = 1024,
+    max_seq_len: int | None = None,
     prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
     capture: str = "auto",
     lowering: str = "auto",
@@ -65,13 +67,14 @@ def compile(
     draft: a draft-model checkpoint directory, a head directory (EAGLE-3, or MTP in the NextN convention;
     the kind is read from its config's architectures), "mtp" (the target checkpoint's own MTP head), or
     "ngram" (no model; options ngram_min, ngram_max).
-    drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS)."""
+    drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS).
+    max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py)."""
     config = SpecConfig(
         k=k,
         batch_sizes=tuple(batch_sizes),
         dtype=dtype,
         device=device,
-        max_seq_len=max_seq_len,
+        max_seq_len=1024 if max_seq_len is None else max_seq_len,
         prefill_tokens=prefill_tokens,
         capture=capture,
         lowering=lowering,
@@ -88,6 +91,13 @@ def compile(
     kind = drafter_kind(draft, drafter)
     target_config = load_config(target)
     target_spec = ModelSpec.from_config(target_config)
+    if max_seq_len is None:
+        specs = [target_spec]
+        if kind == "draft_model":  # a draft model keeps a KV cache as long as the target's
+            specs.append(ModelSpec.from_config(load_config(draft)))
+        slots = max(config.batch_sizes) + 1
+        max_seq_len = default_max_seq_len(specs, slots, parse_dtype(dtype), device)
+        config = dataclasses.replace(config, max_seq_len=max_seq_len)
     check_context(target, target_spec, max_seq_len)
     checked = check_drafter(draft, kind, target, target_config, max_seq_len, dict(drafter_options))
     progress(f"loading target {target}")

@@ -10,8 +10,9 @@ class CheckpointError(GraphspecError):
     """A checkpoint directory is missing, incomplete, corrupt or of an unsupported architecture."""
 
 
-class InputError(GraphspecError):
-    """A generate/compile argument is invalid (prompt, token ids, lengths, K, buckets, ...)."""
+class InputError(GraphspecError, ValueError):
+    """A generate/compile argument is invalid (prompt, token ids, lengths, K, buckets, ...). A ValueError,
+    so callers that catch ValueError for bad arguments catch it too."""
 
 
 class ArtifactError(GraphspecError):
@@ -20,8 +21,3 @@ class ArtifactError(GraphspecError):
 
 class PassError(GraphspecError):
     """A compiler pass failed; the message names the pass, the passes before it and the last dump."""
-
-
-class RuntimeBusyError(GraphspecError):
-    """A Runtime was asked to generate while it is already generating (another thread, or an open
-    stream() iterator); it runs one call at a time."""

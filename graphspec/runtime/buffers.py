@@ -1,4 +1,4 @@
-"""Static step buffers per batch bucket, padding a batch up to a bucket, splitting above the largest.
+"""Static step buffers per batch bucket, and the smallest bucket that holds a batch.
 
 What stays static across replays: every tensor in StepBuffers.inputs (allocated once per bucket; CUDA
 graphs captured against their addresses) and the step's state (KV caches and drafter state, shared by
@@ -22,11 +22,6 @@ def pick_bucket(rows: int, buckets: tuple[int, ...]) -> int:
         if bucket >= rows:
             return bucket
     raise InputError(f"{rows} rows exceed the largest bucket {max(buckets)}; split the batch first")
-
-
-def split_batch(rows: int, largest: int) -> list[range]:
-    """Chunks of at most `largest` rows, in order: a batch above the largest bucket is split."""
-    return [range(start, min(start + largest, rows)) for start in range(0, rows, largest)]
 
 
 @dataclass

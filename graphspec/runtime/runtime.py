@@ -1,13 +1,10 @@
-"""Runtime.generate(): prefill, then compiled speculation steps until every row has stopped.
-
-The loop between graph replays is all that lives here. Per step the host reads one small tensor
-(emitted tokens and accepted counts), streams tokens, and stops rows at a stop token or length by
-clearing their row_valid flag; nothing inside the step waits for the host.
+"""Runtime: the compiled step's buffers, caches and graphs, and generate()/stream() as clients of the
+continuous-batching engine (runtime/engine.py), which owns the loop between graph replays.
 """
 
 from __future__ import annotations
 
-import threading
+import queue
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,30 +17,16 @@ from graphspec.compiled import Compiled
 from graphspec.compiler import compile
 from graphspec.counters import COUNTERS
 from graphspec.drafters.base import PrefillView
-from graphspec.errors import InputError, RuntimeBusyError
-from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, check_stop_token_ids, token_id
-from graphspec.runtime.buffers import StepBuffers, pick_bucket, split_batch
-from graphspec.runtime.graphs import TRITON_COMPILES, StepGraph
+from graphspec.errors import InputError
+from graphspec.inputs import check_max_new_tokens, check_prompts
+from graphspec.runtime.buffers import StepBuffers
+from graphspec.runtime.engine import Engine
+from graphspec.runtime.graphs import StepGraph
 from graphspec.runtime.prefill import Prefiller, PrefillProgram
-from graphspec.trace import FEEDBACK, TARGET_CACHE
+from graphspec.runtime.requests import Delta, GenerationResult, RequestStats, SamplingParams
+from graphspec.trace import TARGET_CACHE
 
-
-@dataclass
-class RequestStats:
-    steps: int = 0
-    accepted_per_step: list[int] = field(default_factory=list)
-
-    @property
-    def tokens_per_step(self) -> list[int]:
-        return [n + 1 for n in self.accepted_per_step]
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]
-    text: str | None
-    finish_reason: str  # "stop" or "length"
-    stats: RequestStats
+__all__ = ["GenerationResult", "RequestStats", "Runtime", "RuntimeStats", "SamplingParams"]
 
 
 @dataclass
@@ -95,12 +78,10 @@ class Runtime:
     """Runs a Compiled speculative program. Build with Runtime.from_pretrained(target, draft, ...),
     Runtime.load(artifact_dir), or Runtime(graphspec.compile(...)).
 
-    One request batch at a time: every bucket's step buffers and the KV caches are shared state, so
-    a generate() or stream() started while another is running (another thread, or an unfinished
-    stream() iterator in this one) is refused with RuntimeBusyError instead of corrupting both.
-    Refusing, not waiting: two stream() iterators advanced in turn by one thread would wait on each
-    other forever, and a server should queue requests where it can see the queue. Run batches one
-    after another, pass all prompts to one call, or use one Runtime per thread.
+    Safe to share between threads: generate() and stream() submit requests to the Runtime's engine
+    (self.engine), whose one loop thread owns the buffers and caches and batches whatever is submitted,
+    from any number of calls, into the compiled steps. A prompt's tokens do not depend on what runs
+    beside it (greedy: the same tokens; sampling: the same tokens for the same seed).
 
     compile_cpu=True runs CPU steps through torch.compile (Inductor; see runtime/graphs.py): each
     (mode, bucket) step compiles on its first call, once per process (cached on disk across
@@ -135,7 +116,6 @@ class Runtime:
             for (mode, bucket), gm in compiled.graphs.items()
         }
         self.stats = RuntimeStats(self.k)
-        self._busy = threading.Lock()  # held from a call's first token to its last (see the class docstring)
         # The compiled prefill chunk programs, by (bucket, chunk size), over the same weights and state;
         # artifacts written before prefill programs existed have none and prefill through reference_prefill.
         self.prefiller: Prefiller | None = None
@@ -147,6 +127,7 @@ class Runtime:
                 for (bucket, chunk), gm in compiled.prefill_graphs.items()
             }
             self.prefiller = Prefiller(programs, self.drafter, self.state)
+        self.engine = Engine(self)
         if warm_up:
             self.warm_up()
 
@@ -184,17 +165,17 @@ class Runtime:
     # Input validation: everything is checked before any work starts.
     # ---------------------------------------------------------------------------------------------
 
-    def _check_limits(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+    def check_length(self, prompt: list[int], max_new_tokens: int, index: int = 0) -> None:
+        """Refuse a prompt that with max_new_tokens would run past the cache."""
         check_max_new_tokens(max_new_tokens)
         # A step writes KV up to position committed_len - 1 + K, so the cache needs K + 1 spare positions.
-        for index, prompt in enumerate(prompts):
-            need = len(prompt) + max_new_tokens + self.k + 1
-            if need > self.max_seq_len:
-                raise InputError(
-                    f"prompt {index} ({len(prompt)} tokens) + max_new_tokens {max_new_tokens} + k+1 {self.k + 1} "
-                    f"= {need} exceeds max_seq_len {self.max_seq_len}; shorten it or compile with a larger "
-                    f"max_seq_len"
-                )
+        need = len(prompt) + max_new_tokens + self.k + 1
+        if need > self.max_seq_len:
+            raise InputError(
+                f"prompt {index} ({len(prompt)} tokens) + max_new_tokens {max_new_tokens} + k+1 {self.k + 1} "
+                f"= {need} exceeds max_seq_len {self.max_seq_len}; shorten it or compile with a larger "
+                f"max_seq_len"
+            )
 
     # ---------------------------------------------------------------------------------------------
 
@@ -231,55 +212,56 @@ class Runtime:
         stop_token_ids: Sequence[int] | None = None,
     ) -> Iterator[tuple[int, int | GenerationResult]]:
         """Like generate(), but yields (prompt index, token id) as tokens are committed, and
-        (prompt index, GenerationResult) when a prompt finishes. The Runtime is busy from the
-        first next() until the iterator is exhausted or closed."""
-        if not self._busy.acquire(blocking=False):
-            raise RuntimeBusyError(
-                "this Runtime is already generating (in another thread, or an unfinished stream() iterator): "
-                "a Runtime runs one generate()/stream() at a time; wait for it, close() the open stream, "
-                "pass all prompts to one call, or use one Runtime per thread"
-            )
-        compiles, captures = TRITON_COMPILES.count, COUNTERS.captures
-        try:
-            yield from self._stream(prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids)
-        finally:
-            self.stats.triton_compiles_during_requests += TRITON_COMPILES.count - compiles
-            self.stats.captures_during_requests += COUNTERS.captures - captures
-            self._busy.release()
-
-    def _stream(
-        self,
-        prompts: Sequence[str | Sequence[int]],
-        max_new_tokens: int,
-        temperature: float,
-        top_k: int | None,
-        top_p: float | None,
-        seed: int | Sequence[int] | None,
-        stop_token_ids: Sequence[int] | None,
-    ) -> Iterator[tuple[int, int | GenerationResult]]:
+        (prompt index, GenerationResult) when a prompt finishes. Closing the iterator early cancels
+        the prompts still running (their slots are freed at the next step boundary)."""
         encoded = check_prompts(prompts, self.vocab_size, self.tokenizer)
-        self._check_limits(encoded, max_new_tokens)
-        check_sampling(temperature, top_k, top_p)
-        mode = "greedy" if temperature == 0 else "sample"
-        if not any(m == mode for m, _ in self.graphs):
-            raise InputError(f"this runtime was compiled without the {mode!r} step; recompile with modes including it")
-        if stop_token_ids is None:
-            stops = {token_id(t, "the checkpoint's EOS ids") for t in self.eos_token_ids}
-        else:
-            stops = check_stop_token_ids(stop_token_ids, self.vocab_size)
-        seeds = ops.row_seeds(seed, len(encoded))
-        largest = max(self.config.batch_sizes)
-        for chunk in split_batch(len(encoded), largest):
-            yield from self._run_chunk(
-                [encoded[i] for i in chunk],
-                list(chunk),
-                max_new_tokens,
-                float(temperature),
-                top_k or 0,
-                1.0 if top_p is None else float(top_p),
-                seeds[chunk.start : chunk.stop],
-                stops,
+        for index, prompt in enumerate(encoded):
+            self.check_length(prompt, max_new_tokens, index)
+        ops.row_seeds(seed, len(encoded))  # refuses bad seeds before anything is submitted
+        seeds = list(seed) if isinstance(seed, Sequence) else [seed] * len(encoded)
+        params = [
+            SamplingParams(
+                max_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k or 0,
+                top_p=1.0 if top_p is None else top_p,
+                seed=row_seed,
+                stop_token_ids=stop_token_ids,
             )
+            for row_seed in seeds
+        ]
+        return self._follow(encoded, params)
+
+    def _follow(
+        self, encoded: list[list[int]], params: list[SamplingParams]
+    ) -> Iterator[tuple[int, int | GenerationResult]]:
+        out: queue.SimpleQueue = queue.SimpleQueue()
+        handles = self.engine.submit_all(
+            [
+                (prompt, row_params, index)
+                for index, (prompt, row_params) in enumerate(zip(encoded, params, strict=True))
+            ],
+            out,
+        )
+        try:
+            running = len(handles)
+            while running:
+                index, item = out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, Delta):
+                    for token in item.token_ids:
+                        yield index, token
+                else:
+                    running -= 1
+                    yield index, item
+        finally:
+            for handle in handles:  # no-op for the finished ones
+                handle.cancel()
+
+    # ---------------------------------------------------------------------------------------------
+    # Called by the engine's loop thread only
+    # ---------------------------------------------------------------------------------------------
 
     def _check_prefill(self, prompts: Sequence[Sequence[int]], slot_ids: Sequence[int]) -> None:
         slots = self.compiled.slots - 1  # the last slot is the spare one padding rows write
@@ -351,84 +333,20 @@ class Runtime:
         COUNTERS.prefills += 1
         return first
 
-    def _run_chunk(
-        self,
-        prompts: list[list[int]],
-        indices: list[int],
-        max_new_tokens: int,
-        temperature: float,
-        top_k: int,
-        top_p: float,
-        seeds: torch.Tensor,
-        stops: set[int],
-    ) -> Iterator[tuple[int, int | GenerationResult]]:
-        rows = len(prompts)
-        bucket = pick_bucket(rows, self.config.batch_sizes)
-        mode = "greedy" if temperature == 0 else "sample"
-        graph = self.graphs[(mode, bucket)]
-        device = self.device
-        row_params = {
-            "temperature": torch.full((rows,), temperature, dtype=torch.float32, device=device),
-            "top_k": torch.full((rows,), top_k, dtype=torch.int64, device=device),
-            "top_p": torch.full((rows,), top_p, dtype=torch.float32, device=device),
-            "seed": seeds.to(device),
-            "step_counter": torch.zeros(rows, dtype=torch.int64, device=device),
-        }
-        first = self.prefill(prompts, list(range(rows)), row_params).cpu().tolist()
-        emitted: list[list[int]] = [[] for _ in range(rows)]
-        finished: list[str | None] = [None] * rows
-        stats = [RequestStats() for _ in range(rows)]
+    @torch.inference_mode()
+    def token_logprobs(self, slot: int, sequence: list[int], start: int) -> list[float]:
+        """log p(sequence[i] | sequence[:i]) for i in start..len(sequence)-1 under the target's raw
+        distribution (log-softmax of its logits in fp32: no temperature, top-k or top-p).
 
-        def accept(row: int, new_tokens: list[int]) -> Iterator[tuple[int, int | GenerationResult]]:
-            for token in new_tokens:
-                emitted[row].append(token)
-                yield indices[row], token
-                if token in stops or len(emitted[row]) >= max_new_tokens:
-                    finished[row] = "stop" if token in stops else "length"
-                    yield indices[row], self._result(emitted[row], finished[row], stats[row])
-                    return
-
-        for row in range(rows):
-            yield from accept(row, [first[row]])
-        if all(finished):
-            return
-        graph.buffers.load_rows(
-            {
-                **row_params,
-                "last_tokens": torch.tensor([[p[-1], f] for p, f in zip(prompts, first, strict=True)], device=device),
-                "committed_len": torch.tensor([len(p) + 1 for p in prompts], device=device),
-                "slot_ids": torch.arange(rows, device=device),
-                "step_counter": torch.ones(rows, dtype=torch.int64, device=device),
-            }
-        )
-        valid = graph.buffers.inputs["row_valid"]
-        for row in range(rows):
-            if finished[row]:
-                valid[row] = False
-        start = time.perf_counter()
-        while not all(finished):
-            outputs = graph()
-            for name, target in FEEDBACK.items():
-                graph.buffers.inputs[target].copy_(outputs[name])
-            # The one host read per step: emitted tokens and accepted counts together.
-            host = torch.cat((outputs["tokens"], outputs["num_accepted"][:, None]), dim=1).cpu()
-            self.stats.graph_steps += 1
-            for row in range(rows):
-                if finished[row]:
-                    continue
-                accepted = int(host[row, -1])
-                stats[row].steps += 1
-                stats[row].accepted_per_step.append(accepted)
-                self.stats.steps += 1
-                self.stats.accepted += accepted
-                self.stats.accepted_histogram[accepted] += 1
-                before = len(emitted[row])
-                yield from accept(row, host[row, : accepted + 1].tolist())
-                self.stats.emitted += len(emitted[row]) - before
-                if finished[row]:
-                    valid[row] = False
-        self.stats.step_seconds += time.perf_counter() - start
-
-    def _result(self, token_ids: list[int], reason: str, stats: RequestStats) -> GenerationResult:
-        text = self.tokenizer.decode(token_ids) if self.tokenizer is not None else None
-        return GenerationResult(list(token_ids), text, reason, stats)
+        One target forward over the new tokens' predecessors, reading the committed KV of `slot`
+        (positions < start - 1) from a copy of that slot's prefix: the cache the step uses is never
+        written, so asking for logprobs cannot change any token."""
+        end = len(sequence)
+        cache = self.state[TARGET_CACHE][:, :, slot : slot + 1, :, :end, :].clone()  # [L, 2, 1, Hkv, end, D]
+        tokens = torch.tensor([sequence[start - 1 : end - 1]], dtype=torch.int64, device=self.device)
+        begin = torch.tensor([start - 1], dtype=torch.int64, device=self.device)
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+        hidden, _ = self.target(tokens, begin, zero, cache, in_place=True)
+        logprobs = torch.log_softmax(self.target.logits(hidden[0]).float(), dim=-1)  # [end - start, V]
+        chosen = torch.tensor(sequence[start:end], device=self.device)
+        return logprobs[torch.arange(end - start, device=self.device), chosen].tolist()

@@ -10,6 +10,7 @@ from graphspec.counters import COUNTERS
 from graphspec.errors import InputError
 from graphspec.reference import reference_generate
 from tests.e2e.conftest import MAX_SEQ
+from tests.engine_hooks import between_steps
 
 # Mixed prompt lengths 1..64; five prompts with buckets (1, 4) also exercise padding and splitting.
 PROMPT_LENGTHS = [1, 7, 64, 3, 20]
@@ -81,20 +82,19 @@ def test_kv_rollback_survives_poisoned_dead_slots(runtime_for):
     batch = prompts(seed=3, lengths=[4, 11, 2])
     clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
     assert any(a < 4 for r in clean for a in r.stats.accepted_per_step)  # rejections happened
-    graph = runtime.graphs[("greedy", 4)]
     target, draft = runtime.state["target_cache"], runtime.state["draft_cache"]
-    poisoned = {i: [] for i in range(len(batch))}
-    for index, item in runtime.stream(batch, max_new_tokens=30, stop_token_ids=[]):
-        if isinstance(item, int):
-            poisoned[index].append(item)
-        lengths = graph.buffers.inputs["committed_len"].tolist()
-        for row in range(len(batch)):
+
+    def poison(slots: list[int], lengths: list[int]) -> None:
+        for slot, length in zip(slots, lengths, strict=True):
             # target KV is valid below committed_len - 1; the draft re-writes from committed_len - 2.
-            target[:, :, row, :, lengths[row] - 1 :] = float("nan")
-            draft[:, :, row, :, lengths[row] - 2 :] = float("nan")
+            target[:, :, slot, :, length - 1 :] = float("nan")
+            draft[:, :, slot, :, length - 2 :] = float("nan")
         target[:, :, -1] = float("nan")
         draft[:, :, -1] = float("nan")
-    assert [poisoned[i] for i in range(len(batch))] == [r.token_ids for r in clean]
+
+    with between_steps(runtime, poison):
+        poisoned = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    assert [r.token_ids for r in poisoned] == [r.token_ids for r in clean]
 
 
 def test_sampling_is_reproducible_per_seed_and_batch_independent(runtime_for):

@@ -8,6 +8,7 @@ import transformers
 
 import graphspec
 from tests.checkpoints import load_hf, make_mtp_checkpoint, split_nextn_head
+from tests.engine_hooks import between_steps
 
 MAX_SEQ = 128
 LENGTHS = [2, 9, 30, 5, 17]  # five prompts over buckets (1, 4): padding rows and a split batch
@@ -99,23 +100,21 @@ def test_dead_head_state_is_never_read(mtp_runtime):
     batch = prompts(seed=3, lengths=[4, 17, 2])
     clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
     assert any(0 < a for r in clean for a in r.stats.accepted_per_step)
-    graph, state = runtime.graphs[("greedy", 4)], runtime.state
-    seen = {i: [] for i in range(len(batch))}
-    steps_before = runtime.stats.graph_steps
-    for index, item in runtime.stream(batch, max_new_tokens=30, stop_token_ids=[]):
-        if isinstance(item, int):
-            seen[index].append(item)
-        if runtime.stats.graph_steps == steps_before:
-            continue  # prefill's tokens: the step buffers still hold the last call's rows
-        for row, length in enumerate(graph.buffers.inputs["committed_len"].tolist()):
-            accepted = length - 1 - int(state["mtp_start"][row, 0])
-            state["mtp_cache"][:, :, row, :, length - 1 :] = float("nan")
-            state["mtp_hidden"][row, accepted + 1 :] = float("nan")
-            state["mtp_tokens"][row, accepted + 1 :] = 10**9
+    state = runtime.state
+
+    def poison(slots: list[int], lengths: list[int]) -> None:
+        for slot, length in zip(slots, lengths, strict=True):
+            accepted = length - 1 - int(state["mtp_start"][slot, 0])
+            state["mtp_cache"][:, :, slot, :, length - 1 :] = float("nan")
+            state["mtp_hidden"][slot, accepted + 1 :] = float("nan")
+            state["mtp_tokens"][slot, accepted + 1 :] = 10**9
         for name in ("mtp_cache", "mtp_hidden"):
             state[name].select(2 if name == "mtp_cache" else 0, -1).fill_(float("nan"))
         state["mtp_tokens"][-1] = 5  # padding rows embed these: wrong but valid ids
-    assert [seen[i] for i in range(len(batch))] == [r.token_ids for r in clean]
+
+    with between_steps(runtime, poison):
+        poisoned = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    assert [r.token_ids for r in poisoned] == [r.token_ids for r in clean]
 
 
 def test_sampling_is_reproducible_and_greedy_at_top_k_1(mtp_runtime):

@@ -8,6 +8,7 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 
 import graphspec
 from tests.e2e.conftest import MAX_SEQ
+from tests.engine_hooks import between_steps
 
 # Mixed lengths, five prompts over buckets (1, 4): padding rows and a split batch. Repetitive prompts
 # (a few distinct tokens) so the history holds matches.
@@ -84,16 +85,16 @@ def test_dead_history_is_never_read(ngram_runtime):
     runtime = ngram_runtime(4)
     batch = prompts(seed=3, lengths=[4, 17, 2])
     clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
-    graph = runtime.graphs[("greedy", 4)]
     history = runtime.state["token_history"]
-    seen = {i: [] for i in range(len(batch))}
-    for index, item in runtime.stream(batch, max_new_tokens=30, stop_token_ids=[]):
-        if isinstance(item, int):
-            seen[index].append(item)
-        for row, length in enumerate(graph.buffers.inputs["committed_len"].tolist()):
-            history[row, length:] = 10**9 + row
+
+    def poison(slots: list[int], lengths: list[int]) -> None:
+        for slot, length in zip(slots, lengths, strict=True):
+            history[slot, length:] = 10**9 + slot
         history[-1] = -(10**9)
-    assert [seen[i] for i in range(len(batch))] == [r.token_ids for r in clean]
+
+    with between_steps(runtime, poison):
+        poisoned = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    assert [r.token_ids for r in poisoned] == [r.token_ids for r in clean]
 
 
 def test_sampling_is_reproducible_and_greedy_at_top_k_1(ngram_runtime):

@@ -1,4 +1,4 @@
-"""Static step buffers: picking a bucket, splitting above the largest, padding rows on load."""
+"""Static step buffers: picking a bucket, padding rows on load."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from graphspec import trace
 from graphspec.errors import InputError
-from graphspec.runtime.buffers import StepBuffers, pick_bucket, split_batch
+from graphspec.runtime.buffers import StepBuffers, pick_bucket
 
 BUCKETS = (1, 4, 8)
 
@@ -24,17 +24,6 @@ def test_pick_bucket_ignores_bucket_order() -> None:
 def test_pick_bucket_refuses_rows_above_the_largest_bucket() -> None:
     with pytest.raises(InputError, match="exceed the largest bucket 8"):
         pick_bucket(9, BUCKETS)
-
-
-@pytest.mark.parametrize(
-    ("rows", "largest", "chunks"),
-    [(1, 8, [(0, 1)]), (8, 8, [(0, 8)]), (9, 8, [(0, 8), (8, 9)]), (20, 8, [(0, 8), (8, 16), (16, 20)])],
-)
-def test_split_batch_covers_every_row_once_in_order(rows: int, largest: int, chunks: list[tuple[int, int]]) -> None:
-    split = split_batch(rows, largest)
-    assert [(c.start, c.stop) for c in split] == chunks
-    assert [row for chunk in split for row in chunk] == list(range(rows))
-    assert all(len(chunk) <= largest for chunk in split)
 
 
 def test_allocate_has_every_per_row_step_input_and_starts_all_invalid() -> None:

@@ -19,6 +19,7 @@ from graphspec.compiled import Compiled
 from graphspec.counters import COUNTERS
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.graphs import TRITON_COMPILES, HostRecorder, StepGraph, pieces
+from graphspec.runtime.requests import SamplingParams
 from graphspec.trace import FEEDBACK
 
 try:
@@ -276,6 +277,27 @@ def test_captured_generate_matches_eager_generate_at_batch_1_3_5_8(
     )
     assert captured.stats.captures_during_requests == 0 and captured.stats.triton_compiles_during_requests == 0
     assert captured.stats.graph_steps >= 3 * 4 * 40 // (K + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_continuous_batching_on_captured_graphs_matches_the_eager_engine(compiled_for, temperature: float) -> None:
+    """24 requests of mixed lengths through 8 slots: rows join and leave between replays of captured
+    buckets (1, 4, 8) and every request gets the tokens the uncaptured engine gives it."""
+    compiled = compiled_for("cuda")
+    captured, eager = graphspec.Runtime(compiled), graphspec.Runtime(without_capture(compiled))
+    rng = random.Random(7)
+    requests = []
+    for index in range(24):
+        prompt = [rng.randrange(128) for _ in range(rng.randrange(2, 40))]
+        params = SamplingParams(max_tokens=rng.randrange(1, 60), temperature=temperature, seed=index, stop_token_ids=())
+        requests.append((prompt, params, index))
+
+    def serve(runtime: graphspec.Runtime) -> list[list[int]]:
+        return [handle.result().token_ids for handle in runtime.engine.submit_all(requests)]
+
+    assert serve(captured) == serve(eager)
+    assert {key[1] for key, graph in captured.graphs.items() if graph.captured} == set(GPU_BUCKETS)
 
 
 @pytest.mark.gpu

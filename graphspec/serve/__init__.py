@@ -1,0 +1,28 @@
+"""`graphspec serve ARTIFACT`: an OpenAI-compatible HTTP server over a Runtime's continuous-batching
+engine. Needs the optional `serve` extra (pip install 'graphspec[serve]': fastapi, uvicorn,
+prometheus-client); importing graphspec never imports this package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def serve(
+    artifact: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    model_name: str | None = None,
+    chat_template: str | None = None,
+    markers: Any = None,
+    allow_mismatch: bool = False,
+) -> None:
+    """Load the artifact and serve it until interrupted."""
+    import uvicorn
+
+    from graphspec.runtime.runtime import Runtime
+    from graphspec.serve.app import create_app
+
+    runtime = Runtime.load(artifact, allow_mismatch=allow_mismatch)
+    name = model_name or Path(artifact).resolve().name
+    uvicorn.run(create_app(runtime, name, chat_template, markers), host=host, port=port, log_level="info")

@@ -1,0 +1,287 @@
+"""The OpenAI-compatible HTTP front door: FastAPI routes over a Runtime's engine.
+
+Each request is checked (pydantic for the JSON, then the engine's own checks) before it is queued, so
+a bad request gets a 4xx OpenAI error and never reaches the loop. Tokens come back from the engine's
+thread through call_soon_threadsafe into the request's asyncio queue; a streaming client that goes away
+cancels its request, which frees its cache slot at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from graphspec.errors import InputError
+from graphspec.runtime.engine import RequestHandle
+from graphspec.runtime.requests import Delta, GenerationResult, SamplingParams
+from graphspec.serve.channels import ChannelDelta, ChannelParser, Markers
+from graphspec.serve.chat import render
+from graphspec.serve.metrics import Metrics
+from graphspec.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from graphspec.serve.text import TextStream
+
+
+class Sink:
+    """Where the engine's loop thread puts a request's items: handed to the event loop's queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop has closed (server shutting down): nobody is listening
+            pass
+
+
+def create_app(
+    runtime: Any, model_name: str, chat_template: str | None = None, markers: Markers | None = None
+) -> FastAPI:
+    """The app serving `runtime` as model `model_name`. markers: split chat output into reasoning,
+    content and tool calls with these marker strings (None: all output is content)."""
+    app = FastAPI(title="graphspec", version="0.1.0")
+    metrics = Metrics(runtime.k, model_name, lambda: runtime.engine.load)
+    runtime.engine.listeners.append(metrics)
+    app.state.metrics = metrics
+    sample_default = "sample" in runtime.engine.modes
+    created = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
+        return JSONResponse(ApiError(400, message, where or None).body(), status_code=400)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        running, waiting = runtime.engine.load
+        return {"status": "ok", "running": running, "waiting": waiting}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "graphspec"}
+        return {"object": "list", "data": [{**card, "max_model_len": runtime.max_seq_len}]}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {model_name!r}", "model")
+
+    def submit(prompt: str | list[int], params: SamplingParams) -> tuple[RequestHandle, Sink]:
+        if prompt == "" or prompt == []:
+            raise ApiError(400, "prompt is empty; it needs at least one token", "prompt")
+        sink = Sink(asyncio.get_running_loop())
+        try:
+            handle = runtime.engine.submit(prompt, params, out=sink)
+        except InputError as error:
+            raise ApiError(400, str(error)) from None
+        return handle, sink
+
+    async def items(handle: RequestHandle, sink: Sink) -> AsyncIterator[Delta | GenerationResult]:
+        """The request's deltas then its result, timing them; cancels the request if abandoned."""
+        arrival = last = time.perf_counter()
+        try:
+            while True:
+                _, item = await sink.queue.get()
+                if isinstance(item, BaseException):
+                    raise ApiError(500, f"generation failed: {item}", kind="internal_error")
+                now = time.perf_counter()
+                if isinstance(item, GenerationResult):
+                    metrics.e2e.observe(now - arrival)
+                    yield item
+                    return
+                (metrics.ttft if last == arrival else metrics.itl).observe(now - last)
+                last = now
+                yield item
+        finally:
+            handle.cancel()  # a no-op once finished; frees the slot of a client that went away
+
+    def usage(result: GenerationResult) -> dict[str, int]:
+        done = len(result.token_ids)
+        return {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": done,
+            "total_tokens": result.prompt_tokens + done,
+        }
+
+    def sse(payload: dict[str, Any]) -> str:
+        return f"data: {json.dumps(payload)}\n\n"
+
+    # ---------------------------------------------------------------------------------------------
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> Any:
+        check_model(body.model)
+        prompt = body.single_prompt()
+        params = body.sampling(body.max_tokens, body.logprobs == 0, sample_default)
+        handle, sink = submit(prompt, params)
+        ident, tokenizer = f"cmpl-{uuid.uuid4().hex}", runtime.tokenizer
+
+        def choice(text: str, ids: list[int], logprobs: list[float] | None, reason: str | None) -> dict[str, Any]:
+            out: dict[str, Any] = {"index": 0, "text": text, "finish_reason": reason, "token_ids": ids}
+            out["logprobs"] = completion_logprobs(tokenizer, ids, logprobs) if logprobs is not None else None
+            return out
+
+        def chunk(choice_: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+            head = {"id": ident, "object": "text_completion", "created": int(time.time()), "model": model_name}
+            return {**head, "choices": [choice_], **(extra or {})}
+
+        if not body.stream:
+            async for item in items(handle, sink):
+                if isinstance(item, GenerationResult):
+                    return chunk(choice(item.text or "", item.token_ids, item.logprobs, item.finish_reason),
+                                 {"usage": usage(item)})  # fmt: skip
+
+        text = TextStream(tokenizer, params.stop) if tokenizer is not None else None
+
+        async def events() -> AsyncIterator[str]:
+            async for item in items(handle, sink):
+                if isinstance(item, Delta):
+                    delta = text.add(item.token_ids) if text else ""
+                    yield sse(chunk(choice(delta, item.token_ids, item.logprobs, None)))
+                else:
+                    rest = text.finish(item.text or "") if text else ""
+                    yield sse(chunk(choice(rest, [], [] if params.logprobs else None, item.finish_reason)))
+                    if (body.stream_options or {}).get("include_usage"):
+                        yield sse({**chunk(choice("", [], None, None)), "choices": [], "usage": usage(item)})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> Any:
+        check_model(body.model)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        prompt = render(runtime.tokenizer, chat_template, messages, body.tools)
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        params = body.sampling(max_tokens, body.checked_logprobs(), sample_default)
+        handle, sink = submit(prompt, params)
+        ident, tokenizer = f"chatcmpl-{uuid.uuid4().hex}", runtime.tokenizer
+
+        def chunk(choice_: dict[str, Any], obj: str = "chat.completion.chunk") -> dict[str, Any]:
+            head = {"id": ident, "object": obj, "created": int(time.time()), "model": model_name}
+            return {**head, "choices": [choice_]}
+
+        if not body.stream:
+            async for item in items(handle, sink):
+                if isinstance(item, GenerationResult):
+                    parser = ChannelParser(markers, is_tool_call) if markers else None
+                    whole = channels(parser, item.text or "", final=True)
+                    message: dict[str, Any] = {"role": "assistant", **channel_fields(whole, 0)}
+                    message.setdefault("content", "")
+                    reason = "tool_calls" if whole.tool_calls else item.finish_reason
+                    out = {"index": 0, "message": message, "finish_reason": reason}
+                    out["logprobs"] = chat_logprobs(tokenizer, item.token_ids, item.logprobs)
+                    return {**chunk(out, "chat.completion"), "usage": usage(item)}
+
+        text = TextStream(tokenizer, params.stop)
+        parser = ChannelParser(markers, is_tool_call) if markers else None
+
+        async def events() -> AsyncIterator[str]:
+            yield sse(chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
+            calls = 0
+            async for item in items(handle, sink):
+                if isinstance(item, Delta):
+                    parsed = channels(parser, text.add(item.token_ids), final=False)
+                    logprobs = chat_logprobs(tokenizer, item.token_ids, item.logprobs)
+                else:
+                    parsed = channels(parser, text.finish(item.text or ""), final=True)
+                    logprobs = None
+                fields = channel_fields(parsed, calls)
+                calls += len(parsed.tool_calls)
+                if fields or logprobs:
+                    yield sse(chunk({"index": 0, "delta": fields, "logprobs": logprobs, "finish_reason": None}))
+                if isinstance(item, GenerationResult):
+                    reason = "tool_calls" if calls else item.finish_reason
+                    yield sse(chunk({"index": 0, "delta": {}, "finish_reason": reason}))
+                    if (body.stream_options or {}).get("include_usage"):
+                        yield sse({**chunk({}), "choices": [], "usage": usage(item)})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def channels(parser: ChannelParser | None, text: str, final: bool) -> ChannelDelta:
+    if parser is None:
+        return ChannelDelta(content=text)
+    delta = parser.feed(text)
+    if final:
+        rest = parser.finish()
+        delta = ChannelDelta(
+            delta.reasoning + rest.reasoning, delta.content + rest.content, delta.tool_calls + rest.tool_calls
+        )
+    return delta
+
+
+def channel_fields(delta: ChannelDelta, first_index: int) -> dict[str, Any]:
+    """OpenAI delta/message fields of parsed text: content, reasoning_content (as vLLM names it), and
+    tool_calls (the parser was given is_tool_call, so every body is {"name": ..., "arguments": ...} JSON;
+    the others stayed in content where the model wrote them)."""
+    fields: dict[str, Any] = {}
+    content, calls = delta.content, []
+    for body in delta.tool_calls:
+        call = parse_tool_call(body)
+        assert call is not None, body
+        calls.append({"index": first_index + len(calls), "id": f"call_{uuid.uuid4().hex[:24]}", **call})
+    if content:
+        fields["content"] = content
+    if delta.reasoning:
+        fields["reasoning_content"] = delta.reasoning
+    if calls:
+        fields["tool_calls"] = calls
+    return fields
+
+
+def is_tool_call(body: str) -> bool:
+    return parse_tool_call(body) is not None
+
+
+def parse_tool_call(body: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get("arguments", {})
+    arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"type": "function", "function": {"name": value["name"], "arguments": arguments}}
+
+
+def completion_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    tokens = [tokenizer.decode([t]) if tokenizer is not None else str(t) for t in ids]
+    offsets, offset = [], 0
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": offsets}
+
+
+def chat_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float] | None) -> dict[str, Any] | None:
+    if logprobs is None:
+        return None
+    content = []
+    for token_id, logprob in zip(ids, logprobs, strict=True):
+        token = tokenizer.decode([token_id])
+        content.append({"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []})
+    return {"content": content}

@@ -1,0 +1,116 @@
+"""The OpenAI request bodies graphspec serves (pydantic models: FastAPI parses and refuses malformed
+JSON with them), their translation to SamplingParams, and OpenAI's error JSON.
+
+Fields beyond OpenAI's, as vLLM spells them: top_k, stop_token_ids. Sampling defaults follow OpenAI
+(temperature 1) when the artifact has a sampling step, else greedy (temperature 0).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from graphspec.runtime.requests import SamplingParams
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
+
+
+class ApiError(Exception):
+    """A request the server refuses: HTTP status, OpenAI error type, message, and the offending field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def body(self) -> dict[str, Any]:
+        code = "model_not_found" if self.status == 404 else None
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
+
+
+class SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields (user, metadata, ...) are ignored
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    n: int = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+
+    def sampling(self, max_tokens: int | None, logprobs: bool, sample_default: bool) -> SamplingParams:
+        """SamplingParams of this request; ApiError for values no engine check covers."""
+        if self.n != 1:
+            raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}", "n")
+        temperature = self.temperature
+        if temperature is None:
+            temperature = 1.0 if sample_default else 0.0
+        if not math.isfinite(temperature):
+            raise ApiError(400, f"temperature must be a finite number >= 0, got {temperature}", "temperature")
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+            temperature=temperature,
+            top_k=self.top_k or 0,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            seed=self.seed,
+            stop_token_ids=None if self.stop_token_ids is None else tuple(self.stop_token_ids),
+            stop=tuple(stop),
+            logprobs=logprobs,
+        )
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+
+    def single_prompt(self) -> str | list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ApiError(400, "one prompt per request (a list of prompts is not supported)", "prompt")
+            prompt = prompt[0]
+        if self.echo:
+            raise ApiError(400, "echo is not supported", "echo")
+        if self.logprobs not in (None, 0):
+            raise ApiError(
+                400, "logprobs: only each emitted token's own logprob is available; pass logprobs=0", "logprobs"
+            )
+        return prompt
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text":
+                raise ApiError(400, f"only text message parts are supported, got {part.get('type')!r}", "messages")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    def checked_logprobs(self) -> bool:
+        if self.top_logprobs:
+            raise ApiError(400, "top_logprobs is not supported (each emitted token's logprob is)", "top_logprobs")
+        return self.logprobs

@@ -1,0 +1,282 @@
+"""`graphspec serve` end to end: the real `openai` client against the app served by uvicorn on
+127.0.0.1 in this process, over the shipped demo pair (fp32, CPU)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+
+import torch  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+import graphspec  # noqa: E402
+from graphspec.examples import DEMO_DRAFT, DEMO_TARGET  # noqa: E402
+from graphspec.runtime.requests import SamplingParams  # noqa: E402
+from graphspec.serve.app import create_app  # noqa: E402
+from graphspec.serve.channels import Markers  # noqa: E402
+from graphspec.serve.chat import DEFAULT_CHAT_TEMPLATE  # noqa: E402
+
+MODEL = "demo"
+PROMPT = "def parse_header(line):\n    "
+WAIT_S = 300  # only bounds a hang; nothing asserts on time
+
+
+@pytest.fixture(scope="module")
+def runtime() -> graphspec.Runtime:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared CPU
+    yield graphspec.Runtime.from_pretrained(
+        DEMO_TARGET, DEMO_DRAFT, k=3, batch_sizes=(4,), dtype="float32", device="cpu", max_seq_len=320
+    )
+    torch.set_num_threads(threads)
+
+
+def run_server(app):
+    """Serve `app` with uvicorn on a free port of 127.0.0.1 in a thread; yield its URL, then stop it."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(WAIT_S)
+
+
+@pytest.fixture(scope="module")
+def base_url(runtime) -> str:
+    yield from run_server(create_app(runtime, MODEL))
+
+
+@pytest.fixture(scope="module")
+def client(base_url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=WAIT_S)
+
+
+def engine_tokens(runtime, prompt, **params) -> list[int]:
+    return runtime.engine.submit(prompt, SamplingParams(**params)).result().token_ids
+
+
+def greedy_completion(client, **options):
+    return client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, **options)
+
+
+# --------------------------------------------------------------------------------------------------
+# Completions and chat completions, whole and streamed
+# --------------------------------------------------------------------------------------------------
+
+
+def test_completion_is_the_engines_greedy_output(client, runtime):
+    completion = greedy_completion(client, max_tokens=12)
+    expected = engine_tokens(runtime, PROMPT, max_tokens=12)
+    choice = completion.choices[0]
+    assert choice.text == runtime.tokenizer.decode(expected)
+    assert completion.usage.completion_tokens == len(expected)
+    assert completion.usage.prompt_tokens == len(runtime.tokenizer(PROMPT)["input_ids"])
+    assert completion.model == MODEL and completion.object == "text_completion"
+
+
+def test_max_tokens_ends_a_completion_with_reason_length(client):
+    completion = greedy_completion(client, max_tokens=5, extra_body={"stop_token_ids": []})
+    assert completion.usage.completion_tokens == 5
+    assert completion.choices[0].finish_reason == "length"
+
+
+def test_streamed_completion_joins_to_the_whole_one(client):
+    whole = greedy_completion(client, max_tokens=20).choices[0]
+    chunks = list(greedy_completion(client, max_tokens=20, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    assert len([c for c in chunks if c.choices[0].text]) > 1  # it did arrive in pieces
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+
+
+def test_stop_string_cuts_the_text_before_it_whole_and_streamed(client):
+    full = greedy_completion(client, max_tokens=24, extra_body={"stop_token_ids": []}).choices[0].text
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert stop.strip(), full  # a visible stop string
+    expected = full[: full.index(stop)]
+    cut = greedy_completion(client, max_tokens=24, stop=[stop], extra_body={"stop_token_ids": []}).choices[0]
+    assert (cut.text, cut.finish_reason) == (expected, "stop")
+    chunks = list(greedy_completion(client, max_tokens=24, stop=stop, stream=True, extra_body={"stop_token_ids": []}))
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible_and_equals_the_engine(client, runtime):
+    options = dict(model=MODEL, prompt=PROMPT, temperature=1.0, top_p=0.95, seed=1234, max_tokens=16)
+    first, second = (client.completions.create(**options).choices[0].text for _ in range(2))
+    assert first == second
+    expected = engine_tokens(runtime, PROMPT, max_tokens=16, temperature=1.0, top_p=0.95, seed=1234)
+    assert first == runtime.tokenizer.decode(expected)
+
+
+def test_chat_completion_uses_the_default_template_and_streams_the_same_text(client, runtime):
+    messages = [{"role": "system", "content": "Python only."}, {"role": "user", "content": "import os"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=16)
+    rendered = runtime.tokenizer.apply_chat_template(
+        messages, chat_template=DEFAULT_CHAT_TEMPLATE, add_generation_prompt=True, tokenize=False
+    )
+    assert rendered == "system: Python only.\nuser: import os\nassistant:"
+    expected = engine_tokens(runtime, rendered, max_tokens=16)
+    assert whole.choices[0].message.content == runtime.tokenizer.decode(expected)
+    assert whole.choices[0].message.role == "assistant"
+    chunks = list(
+        client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=16, stream=True)
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_chat_channels_streamed_join_to_the_whole_message(runtime):
+    # The demo model writes Python (here a docstring, then `import sys` lines), so pieces of that stand in
+    # for think and tool-call tags: the real server path (detokenizer, parser, SSE) must give the same
+    # channels streamed as whole.
+    markers = Markers(think_start='"""', think_end="warnings", tool_start="import", tool_end="\n")
+    for url in run_server(create_app(runtime, MODEL, markers=markers)):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=WAIT_S)
+        options = dict(model=MODEL, messages=[{"role": "user", "content": "def f(x, y):"}], temperature=0)
+        options["max_tokens"] = 48
+        whole = client.chat.completions.create(**options).choices[0].message
+        reasoning = getattr(whole, "reasoning_content", None) or ""
+        assert reasoning and whole.content  # the output had bracketed and plain text
+        chunks = list(client.chat.completions.create(stream=True, **options))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert "".join(d.content or "" for d in deltas) == whole.content
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == reasoning
+
+
+def test_chat_logprobs_are_the_engines(client, runtime):
+    messages = [{"role": "user", "content": "class A:"}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=6, logprobs=True)
+    rendered = runtime.tokenizer.apply_chat_template(
+        messages, chat_template=DEFAULT_CHAT_TEMPLATE, add_generation_prompt=True, tokenize=False
+    )
+    result = runtime.engine.submit(rendered, SamplingParams(max_tokens=6, logprobs=True)).result()
+    assert [entry.logprob for entry in chat.choices[0].logprobs.content] == pytest.approx(result.logprobs, abs=1e-5)
+    assert all(entry.logprob <= 0 for entry in chat.choices[0].logprobs.content)
+
+
+def test_models_health_and_metrics(client, base_url):
+    assert [model.id for model in client.models.list()] == [MODEL]
+    greedy_completion(client, max_tokens=12)
+    assert httpx.get(f"{base_url}/health").json()["status"] == "ok"
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
+    value = {name: sum(s.value for s in f.samples if s.name.endswith("_total")) for name, f in families.items()}
+    drafts, accepted = (
+        value["graphspec:spec_decode_num_draft_tokens"],
+        value["graphspec:spec_decode_num_accepted_tokens"],
+    )
+    assert drafts > 0 and 0 < accepted <= drafts
+    assert value["graphspec:spec_decode_num_accepted_tokens_per_pos"] == accepted
+    positions = {s.labels["position"] for s in families["graphspec:spec_decode_num_accepted_tokens_per_pos"].samples}
+    assert positions == {"0", "1", "2"}
+    for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "spec_decode_tokens_per_step"):
+        count = [s for s in families[f"graphspec:{histogram}"].samples if s.name.endswith("_count")]
+        assert count and count[0].value > 0, histogram
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad requests: an OpenAI error with a 4xx status; the server keeps serving, outputs unchanged
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "words"),
+    [
+        ({"model": "gpt-4"}, "NotFoundError", "does not exist"),
+        ({"prompt": ""}, "BadRequestError", "empty"),
+        ({"max_tokens": -3}, "BadRequestError", "max_new_tokens"),
+        ({"prompt": [5, 99999]}, "BadRequestError", "outside"),
+        ({"prompt": [5] * 400}, "BadRequestError", "exceeds max_seq_len"),
+        ({"n": 2}, "BadRequestError", "n must be 1"),
+    ],
+)
+def test_bad_requests_get_an_openai_error_and_change_nothing(client, options, error, words):
+    before = greedy_completion(client, max_tokens=10).choices[0].text
+    request = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, **options}
+    with pytest.raises(getattr(openai, error)) as raised:
+        client.completions.create(**request)
+    assert 400 <= raised.value.status_code < 500
+    assert words in raised.value.body["message"] if isinstance(raised.value.body, dict) else raised.value.message
+    assert greedy_completion(client, max_tokens=10).choices[0].text == before
+
+
+def test_bad_requests_sent_while_a_stream_runs_leave_it_intact(client, base_url, runtime):
+    solo = runtime.tokenizer.decode(engine_tokens(runtime, PROMPT, max_tokens=40, stop_token_ids=()))
+    stream = greedy_completion(client, max_tokens=40, stream=True, extra_body={"stop_token_ids": []})
+    chunks = iter(stream)
+    text = next(chunks).choices[0].text
+    for body in ({"model": MODEL, "prompt": [5, 99999]}, {"model": "nope", "prompt": "x"}, {"model": MODEL}):
+        assert httpx.post(f"{base_url}/v1/completions", json=body).status_code in (400, 404)
+    text += "".join(chunk.choices[0].text for chunk in chunks)
+    assert text == solo
+
+
+def test_malformed_json_gets_a_400_openai_error(base_url):
+    response = httpx.post(
+        f"{base_url}/v1/completions",
+        content=b'{"model": "demo", "prompt": ',
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_temperature_nan_gets_a_400_naming_it(base_url):
+    # JSON has no NaN, but Python's json (and so many clients) write one; the openai client refuses to.
+    body = b'{"model": "demo", "prompt": "x", "max_tokens": 2, "temperature": NaN}'
+    response = httpx.post(f"{base_url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "temperature" in response.json()["error"]["message"]
+
+
+def test_a_missing_field_names_it(base_url):
+    response = httpx.post(f"{base_url}/v1/chat/completions", json={"model": MODEL})
+    assert response.status_code == 400 and "messages" in response.json()["error"]["message"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Cancellation: a client that goes away frees its slot; the others are untouched
+# --------------------------------------------------------------------------------------------------
+
+
+def cancelled_count(base_url) -> float:
+    for family in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text):
+        if family.name == "graphspec:request_success":
+            return sum(s.value for s in family.samples if s.labels.get("finished_reason") == "cancelled")
+    return 0.0
+
+
+def test_a_disconnected_stream_frees_its_slot_and_the_others_finish_intact(client, runtime, base_url):
+    prompts = [f"def f{i}(x):\n    " for i in range(5)]  # 5 streams, 4 slots: the fifth waits for a slot
+    options = dict(model=MODEL, temperature=0, max_tokens=80, extra_body={"stop_token_ids": []})
+    solo = [runtime.tokenizer.decode(engine_tokens(runtime, p, max_tokens=80, stop_token_ids=())) for p in prompts]
+    before = cancelled_count(base_url)
+    streams = [client.completions.create(prompt=p, stream=True, **options) for p in prompts[:4]]
+    first = [next(iter(stream)) for stream in streams]  # all four hold a slot now
+    streams[1].close()  # the client goes away mid-stream
+    waiting = client.completions.create(prompt=prompts[4], stream=True, **options)
+    texts = {}
+    for index in (0, 2, 3):
+        texts[index] = first[index].choices[0].text + "".join(c.choices[0].text for c in streams[index])
+    texts[4] = "".join(c.choices[0].text for c in waiting)
+    assert texts == {i: solo[i] for i in (0, 2, 3, 4)}
+    assert cancelled_count(base_url) == before + 1
+    assert runtime.engine.load == (0, 0)
+
+
+def test_serve_refuses_malformed_channel_markers_before_loading():
+    from graphspec.cli import main
+
+    assert main(["serve", "no-such-artifact", "--channels", "<think>,</think>"]) == 2
