@@ -519,6 +519,45 @@ def num_splits(rows: int, vocab: int, block_v: int, chunk_v: int, sms: int) -> i
     return max(1, min(wanted, MAX_SPLITS, cdiv(vocab, block_v)))
 
 
+def distribution_stats(
+    target_logits: Tensor,
+    draft_logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    block_v: int,
+    nprobe: int,
+    num_warps: int,
+    chunk_v: int,
+) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Run the stats passes over the B * (2K+1) stat rows of target_logits [B, K+1, V] and draft_logits
+    [B, K, V] (K = 0: one stat row per batch row, draft_logits unread). Returns (part [R, splits,
+    NPROBE] int64 holding the MASS pass's per-split sums of kept weights at probe 0, state [R, 4] int64
+    (search lo, hi, threshold key, argmax), fstate [R, 4] float64 (max, Z_k, bound), splits)."""
+    batch, positions, vocab = target_logits.shape
+    k = positions - 1
+    device = target_logits.device
+    rows = batch * (2 * k + 1)
+    splits = num_splits(rows, vocab, block_v, chunk_v, sm_count(device))
+    # Double-buffered by launch parity: launch l reads buffer (l - 1) % 2 and writes buffer l % 2.
+    part = torch.empty((2, rows, splits, nprobe), dtype=torch.int64, device=device)
+    index = torch.empty((2, rows, splits), dtype=torch.int32, device=device)
+    state = torch.empty((2, rows, 4), dtype=torch.int64, device=device)
+    fstate = torch.empty((2, rows, 4), dtype=torch.float64, device=device)
+    previous = NONE
+    for launch, phase in enumerate(pass_sequence(nprobe)):
+        src, dst = (launch + 1) % 2, launch % 2
+        verify_rejection_stats_kernel[(rows, splits)](
+            target_logits, draft_logits, temperature, top_k, top_p, part[src], part[dst], index[src], index[dst],
+            state[src], state[dst], fstate[src], fstate[dst], vocab, splits,
+            *target_logits.stride(), *draft_logits.stride(),
+            K=k, PHASE=phase, PREVIOUS=previous, BLOCK_V=block_v, NPROBE=nprobe, BLOCK_S=next_power_of_2(splits),
+            num_warps=num_warps,
+        )  # fmt: skip
+        previous = phase
+    return part[dst], state[dst], fstate[dst], splits
+
+
 def verify_rejection(
     target_logits: Tensor,
     draft_logits: Tensor,
@@ -545,36 +584,20 @@ def verify_rejection(
     accepted = torch.empty((batch,), dtype=torch.int64, device=device)
     if batch == 0:
         return tokens, accepted
-    rows = batch * (2 * k + 1)
-    splits = num_splits(rows, vocab, block_v, chunk_v, sm_count(device))
-    # Double-buffered by launch parity: launch l reads buffer (l - 1) % 2 and writes buffer l % 2.
-    part = torch.empty((2, rows, splits, nprobe), dtype=torch.int64, device=device)
-    index = torch.empty((2, rows, splits), dtype=torch.int32, device=device)
-    state = torch.empty((2, rows, 4), dtype=torch.int64, device=device)
-    fstate = torch.empty((2, rows, 4), dtype=torch.float64, device=device)
-    previous = NONE
-    for launch, phase in enumerate(pass_sequence(nprobe)):
-        src, dst = (launch + 1) % 2, launch % 2
-        verify_rejection_stats_kernel[(rows, splits)](
-            target_logits, draft_logits, temperature, top_k, top_p, part[src], part[dst], index[src], index[dst],
-            state[src], state[dst], fstate[src], fstate[dst], vocab, splits,
-            *target_logits.stride(), *draft_logits.stride(),
-            K=k, PHASE=phase, PREVIOUS=previous, BLOCK_V=block_v, NPROBE=nprobe, BLOCK_S=next_power_of_2(splits),
-            num_warps=num_warps,
-        )  # fmt: skip
-        previous = phase
-    last = dst
+    part, state, fstate, splits = distribution_stats(
+        target_logits, draft_logits, temperature, top_k, top_p, block_v, nprobe, num_warps, chunk_v
+    )
     residual_part = torch.empty((batch, splits, 2), dtype=torch.float64, device=device)
     common = dict(K=k, ACCEPT=ACCEPT_LANE, RESAMPLE=RESAMPLE_LANE, NPROBE=nprobe, BLOCK_V=block_v,
                   BLOCK_P=next_power_of_2(positions), BLOCK_S=next_power_of_2(splits), num_warps=num_warps)  # fmt: skip
     strides = (*target_logits.stride(), *draft_logits.stride(), *draft_tokens.stride())
     verify_rejection_residual_kernel[(batch, splits)](
-        target_logits, draft_logits, draft_tokens, temperature, seed, counter, part[last], state[last],
-        fstate[last], residual_part, vocab, splits, *strides, **common,
+        target_logits, draft_logits, draft_tokens, temperature, seed, counter, part, state,
+        fstate, residual_part, vocab, splits, *strides, **common,
     )  # fmt: skip
     verify_rejection_kernel[(batch,)](
-        target_logits, draft_logits, draft_tokens, temperature, seed, counter, part[last], state[last],
-        fstate[last], residual_part, tokens, accepted, vocab, splits, *strides, **common,
+        target_logits, draft_logits, draft_tokens, temperature, seed, counter, part, state,
+        fstate, residual_part, tokens, accepted, vocab, splits, *strides, **common,
     )  # fmt: skip
     return tokens, accepted
 
