@@ -75,7 +75,7 @@ NONE, MAX, SEARCH_K, MASS_K, SEARCH_P, MASS = -1, 0, 1, 2, 3, 4
 # ops.sampling_weights' fixed-point scale: a weight is trunc(exp(s - max) * WEIGHT_SCALE) as int64 (the
 # fp32 product is exact), so every mass below is an exact integer sum, the same in any split or order.
 WEIGHT_SCALE = tl.constexpr(float(2**WEIGHT_BITS))
-NEG_INF_BITS = -8388608  # int32 bit pattern of fp32 -inf (0xFF800000)
+NEG_INF_BITS = tl.constexpr(-8388608)  # int32 bit pattern of fp32 -inf (0xFF800000)
 
 
 @triton.jit
