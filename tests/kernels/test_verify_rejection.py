@@ -1,8 +1,9 @@
 """verify_rejection kernels vs graphspec.ops.verify_rejection_reference.
 
 Three bars: the counter-based uniform is bit-exact; the tokens and accepted counts are exactly the
-reference's, on bf16 logits with ties at the top-k and top-p cuts too (both keep every tied token); and the emitted tokens follow the target distribution
-(the lossless property) in a G-test over many rows with different seeds.
+reference's, on bf16 logits with ties at the top-k and top-p cuts too (both keep every tied token);
+and the emitted tokens follow the target distribution (the lossless property) in a G-test over many
+rows with different seeds.
 """
 
 from __future__ import annotations
