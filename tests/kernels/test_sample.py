@@ -157,28 +157,36 @@ def test_sample_real_shapes_gpu(batch: int) -> None:
     assert same.float().mean().item() >= 0.98, same
 
 
-@pytest.mark.gpu
-def test_sample_draws_the_q_that_verify_rejection_uses_gpu() -> None:
-    """The kernel's q is verify_rejection kernel's q: with draft = target every draft is accepted
-    (u * q < p holds with p == q exactly), which a q off by one rounding would break in some rows."""
+def accepted_with_draft_equal_to_target(batch: int, k: int, vocab: int, device, dtype, **config) -> torch.Tensor:
+    """Draft tokens drawn by the sample kernel from logits that are also every target position's:
+    q_j == p_j, so verify_rejection's kernel accepts every draft (u * q < p holds for u < 1) exactly
+    when its q is the sample kernel's q; a token outside verify's top-k/top-p set, or a q that differs
+    by one rounding, is rejected in some rows."""
     from graphspec.kernels import verify_rejection
 
-    cuda = torch.device("cuda")
-    batch, k, vocab = 64, 4, 128256
-    logits, temperature, top_k, top_p, seeds, counter = make_case(batch, vocab, torch.bfloat16, 9, True, cuda)
-    draft = logits[:, None].expand(batch, k, vocab).contiguous()  # [B, K, V]: q_j == p_j at every j
+    logits, temperature, top_k, top_p, seeds, counter = make_case(batch, vocab, dtype, 9, True, device)
+    temperature[0] = 0.8  # no greedy row: every row samples
+    draft = logits[:, None].expand(batch, k, vocab).contiguous()  # [B, K, V]
     drafts = torch.stack(
-        [
-            kernel.sample(draft[:, j], temperature, top_k, top_p, seeds, counter, j, **kernel.CONFIGS[90])
-            for j in range(k)
-        ],
-        dim=1,
+        [kernel.sample(draft[:, j], temperature, top_k, top_p, seeds, counter, j, **config) for j in range(k)], dim=1
     )
     target = torch.cat((draft, logits[:, None]), dim=1)
     _, accepted = verify_rejection.verify_rejection(
-        target, draft, drafts, temperature, top_k, top_p, seeds, counter, **verify_rejection.CONFIGS[90]
+        target, draft, drafts, temperature, top_k, top_p, seeds, counter, **config
     )
-    assert (accepted == k).all(), accepted
+    return accepted
+
+
+def test_sample_draws_the_q_that_verify_rejection_uses() -> None:
+    accepted = accepted_with_draft_equal_to_target(6, 2, 200, DEVICE, torch.bfloat16, **FEW_PASSES)
+    assert (accepted == 2).all(), accepted
+
+
+@pytest.mark.gpu
+def test_sample_draws_the_q_that_verify_rejection_uses_gpu() -> None:
+    config = kernel.CONFIGS[90]
+    accepted = accepted_with_draft_equal_to_target(64, 4, 128256, torch.device("cuda"), torch.bfloat16, **config)
+    assert (accepted == 4).all(), accepted
 
 
 @pytest.mark.gpu
