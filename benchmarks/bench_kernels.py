@@ -251,6 +251,37 @@ def bench_verify(batch: int, k: int, sm: int, copy_gb_s: float) -> list[dict]:
     return rows
 
 
+def bench_sample(batch: int, sm: int, copy_gb_s: float) -> list[dict]:
+    """One draft position's token: graphspec::sample (sort-free) next to graphspec::argmax (greedy's),
+    with top-k/top-p off and on; the torch column is the reference (a full-vocabulary sort per row)."""
+    wide = torch.randn(batch, VOCAB + 64, dtype=DTYPE, device="cuda") * 3
+    logits = wide[:, :VOCAB]  # a slice, as the draft's last-position logits are
+    nbytes = logits.numel() * logits.element_size()
+    argmax_values = tuple(config("argmax", sm).values())
+    rows = [
+        row(
+            "argmax", f"B={batch} V={VOCAB}",
+            timed(lambda: torch.ops.graphspec.argmax_triton(logits, *argmax_values)),
+            nbytes, copy_gb_s, timed(lambda: ops.argmax(logits)),
+        )
+    ]  # fmt: skip
+    sample_values = tuple(config("sample", sm).values())
+    for top_k, top_p in ((0, 1.0), (50, 0.9), (0, 0.9)):
+        args = (
+            logits, torch.full((batch,), 0.8, device="cuda"), torch.full((batch,), top_k, device="cuda"),
+            torch.full((batch,), top_p, device="cuda"), torch.arange(batch, device="cuda"),
+            torch.zeros(batch, dtype=torch.int64, device="cuda"),
+        )  # fmt: skip
+        rows.append(
+            row(
+                "sample", f"B={batch} top_k={top_k} top_p={top_p}",
+                timed(lambda args=args: torch.ops.graphspec.sample_triton(*args, 0, *sample_values), reps=10),
+                nbytes, copy_gb_s, timed(lambda args=args: ops.sample(*args, 0), reps=10),
+            )
+        )  # fmt: skip
+    return rows
+
+
 # CONFIG_FIELDS order: block_n, num_warps, num_stages, programs_per_sm (split-K only matters at small B).
 SWEEP_GRID = {
     (1, 32768, 4): list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (2, 4, 8))),
@@ -319,6 +350,7 @@ def main() -> int:
     sections += [(bench_rotary, (1, 5)), (bench_rotary, (64, 9)), (bench_verify, (1, 4)), (bench_verify, (64, 4))]
     sections += [(bench_kv_write, (1, 5)), (bench_kv_write, (64, 9)), (bench_silu_mul, (5,)), (bench_silu_mul, (576,))]
     sections += [(bench_rotary_kv_write, (1, 5)), (bench_rotary_kv_write, (64, 9))]
+    sections += [(bench_sample, (1,)), (bench_sample, (8,)), (bench_sample, (64,))]
     for bench, shape in sections:
         try:  # one failing kernel must not hide the others' numbers
             result = bench(*shape, sm, copy_gb_s)

@@ -7,6 +7,9 @@ the GPU, compiles the pair (greedy, K=4, buckets 1/4/8) and per bucket reports:
 - tokens per step from a generate() run, and tokens/s = rows * tokens per step / step time;
 - the floor of a step: (bytes of target weights + K * bytes of draft weights) / copy bandwidth,
   the bandwidth measured in this run by a large device-to-device copy (bytes read + bytes written).
+With --sampling the pair is also compiled in sampling mode and each bucket's row adds the captured
+sampling step (draft tokens drawn by graphspec::sample, verify by rejection sampling) with every row
+at --temperature/--top-k/--top-p, next to the greedy step of the same bucket ("sample/greedy").
 Then a piecewise-captured bucket 1 (attention eager between captured pieces), a self-draft pair
 (the target drafting for itself: the all-accepted ceiling), and a parity check: captured generate()
 against eager generate() token for token at batch 1, 3, 5, 8 over fresh prompts. Random weights make
@@ -14,6 +17,7 @@ an unrelated 8B/1B pair accept almost nothing, so its tokens/s is the one-token-
 
     python benchmarks/bench_step.py --json bench_step.json            # on the H200 (~3-4 minutes)
     python benchmarks/bench_step.py --preset tiny-llama --device cpu  # smoke test of this script
+    python benchmarks/bench_step.py --sampling --no-stock --no-piecewise --self-draft none  # sampling vs greedy
 
 The table is printed last; --json writes every number, the kernel profile and the parity result.
 """
@@ -48,6 +52,8 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import graphspec
 from benchmarks import common
 from graphspec.compiled import Compiled
+from graphspec.errors import InputError
+from graphspec.inputs import check_sampling
 from graphspec.models.decoder import checkpoint_shapes
 from graphspec.models.loading import build_model
 from graphspec.runtime.graphs import StepGraph
@@ -141,30 +147,52 @@ def fill_caches(runtime: Runtime, seed: int) -> None:
             cache[layer].copy_(torch.randn(cache[layer].shape, generator=generator, device=runtime.device))
 
 
-def load_bucket(graph: StepGraph, rows: int, context: int, vocab: int, seed: int, device: str) -> None:
-    """`rows` real rows with committed lengths around `context` in slots 0..rows-1; rest padding."""
+def load_bucket(
+    graph: StepGraph,
+    rows: int,
+    context: int,
+    vocab: int,
+    seed: int,
+    device: str,
+    sampling: dict[str, Any] | None = None,
+) -> None:
+    """`rows` real rows with committed lengths around `context` in slots 0..rows-1; rest padding.
+    `sampling` (temperature, top_k, top_p) sets every real row's sampling parameters and a seed each."""
     rng = random.Random(seed)
-    graph.buffers.load_rows(
-        {
-            "last_tokens": torch.tensor([[rng.randrange(vocab), rng.randrange(vocab)] for _ in range(rows)]).to(device),
-            "committed_len": torch.tensor([context + rng.randrange(-16, 16) for _ in range(rows)]).to(device),
-            "slot_ids": torch.arange(rows, device=device),
-            "step_counter": torch.ones(rows, dtype=torch.int64, device=device),
-        }
-    )
+    values = {
+        "last_tokens": torch.tensor([[rng.randrange(vocab), rng.randrange(vocab)] for _ in range(rows)]).to(device),
+        "committed_len": torch.tensor([context + rng.randrange(-16, 16) for _ in range(rows)]).to(device),
+        "slot_ids": torch.arange(rows, device=device),
+        "step_counter": torch.ones(rows, dtype=torch.int64, device=device),
+    }
+    if sampling is not None:
+        values["temperature"] = torch.full((rows,), float(sampling["temperature"]), device=device)
+        values["top_k"] = torch.full((rows,), int(sampling["top_k"]), dtype=torch.int64, device=device)
+        values["top_p"] = torch.full((rows,), float(sampling["top_p"]), device=device)
+        values["seed"] = torch.tensor([rng.randrange(2**62) for _ in range(rows)], device=device)
+    graph.buffers.load_rows(values)
 
 
-def time_step(runtime: Runtime, bucket: int, args: argparse.Namespace, iterations: int) -> dict[str, Any]:
+def sampling_params(args: argparse.Namespace) -> dict[str, Any]:
+    return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+
+
+def time_step(
+    runtime: Runtime, bucket: int, args: argparse.Namespace, iterations: int, mode: str = "greedy"
+) -> dict[str, Any]:
     """Median ms of the bucket's step with `bucket` real rows; inputs are not fed back, so every call
-    does the same work. The first call captures (or warms up) and is not timed."""
-    graph = runtime.graphs[("greedy", bucket)]
-    load_bucket(graph, bucket, args.context, runtime.vocab_size, bucket, runtime.device)
+    does the same work. The first call captures (or warms up) and is not timed. In mode "sample" the
+    rows sample with the --temperature/--top-k/--top-p parameters."""
+    graph = runtime.graphs[(mode, bucket)]
+    sampling = sampling_params(args) if mode == "sample" else None
+    load_bucket(graph, bucket, args.context, runtime.vocab_size, bucket, runtime.device, sampling)
     graph()
     for _ in range(args.warmup):
         graph()
     times = timed(graph, iterations, runtime.device)
     return {
-        "mode": graph.mode,
+        "mode": graph.mode,  # how the step runs: captured (full, piecewise) or eager
+        "step_mode": mode,  # what it computes: greedy or sample
         "median_ms": statistics.median(times),
         "mean_ms": statistics.fmean(times),
         "min_ms": min(times),
@@ -319,6 +347,8 @@ def measure_pair(
             row["captured"] = time_step(captured, bucket, args, args.replays)
             if eager is not None:
                 row["eager"] = time_step(eager, bucket, args, args.eager_steps)
+            if ("sample", bucket) in captured.graphs:
+                row["sampled"] = {**time_step(captured, bucket, args, args.replays, "sample"), **sampling_params(args)}
             row["accept"] = acceptance(captured, bucket, args, seed=bucket)
             fill_caches(captured, 0)  # generate() wrote real KV; keep timing inputs the same
         except Exception as error:  # keep the other buckets' numbers when one fails
@@ -335,6 +365,9 @@ def summarize(row: dict[str, Any]) -> str:
     parts = [f"{row['captured']['mode']} {row['captured']['median_ms']:.2f} ms"]
     if "eager" in row:
         parts.append(f"eager {row['eager']['median_ms']:.2f} ms")
+    if "sampled" in row:
+        sampled = row["sampled"]["median_ms"]
+        parts.append(f"sampling {sampled:.2f} ms ({sampled / row['captured']['median_ms']:.2f}x greedy)")
     parts.append(f"{row['accept']['tokens_per_step']:.2f} tok/step")
     return ", ".join(parts)
 
@@ -358,12 +391,15 @@ def table(rows: list[dict[str, Any]]) -> str:
         "tok/s",
         "eager tok/s",
         "loop tok/s",
+        "sample ms",
+        "sample/greedy",
     )
     lines = [header]
     for row in rows:
         if "error" in row:
-            lines.append((row["pair"], str(row["batch"]), "ERROR", row["error"][:60], *[""] * 8))
+            lines.append((row["pair"], str(row["batch"]), "ERROR", row["error"][:60], *[""] * 10))
             continue
+        sampled = row.get("sampled", {}).get("median_ms")
         step, tokens = row["captured"]["median_ms"], row["accept"]["tokens_per_step"]
         eager = row.get("eager", {}).get("median_ms")
         floor = row.get("floor_ms")
@@ -381,6 +417,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 f"{row['batch'] * tokens / step * 1e3:.0f}",
                 f"{row['batch'] * tokens / eager * 1e3:.0f}" if eager else "-",
                 f"{row['accept']['loop_tokens_per_s']:.0f}",
+                f"{sampled:.2f}" if sampled else "-",
+                f"{sampled / step:.2f}x" if sampled else "-",
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -414,7 +452,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help="where checkpoints go (default /dev/shm, else /tmp)")
     parser.add_argument("--skip-passes", default="", help="comma list of pipeline passes to skip (A/B runs)")
     parser.add_argument("--json", default=None)
-    return parser.parse_args(argv)
+    parser.add_argument("--sampling", action="store_true", help="also time the sampling-mode step per bucket")
+    parser.add_argument("--temperature", type=float, default=0.8, help="sampling rows' temperature (--sampling)")
+    parser.add_argument("--top-k", type=int, default=50, help="sampling rows' top-k, 0 = off (--sampling)")
+    parser.add_argument("--top-p", type=float, default=0.9, help="sampling rows' top-p, 1 = off (--sampling)")
+    args = parser.parse_args(argv)
+    if args.sampling:
+        try:
+            check_sampling(args.temperature, args.top_k, args.top_p)
+        except InputError as error:
+            parser.error(str(error))
+        if args.temperature <= 0:
+            parser.error("--sampling needs --temperature > 0 (0 is greedy)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -444,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     target_shape, draft_shape = PRESETS[args.preset]
-    options = dict(k=args.k, dtype="bfloat16", device=device, max_seq_len=args.max_seq_len, modes=("greedy",))
+    modes = ("greedy", "sample") if args.sampling else ("greedy",)
+    options = dict(k=args.k, dtype="bfloat16", device=device, max_seq_len=args.max_seq_len, modes=modes)
     options["skip"] = tuple(name for name in args.skip_passes.split(",") if name)
     try:
         bandwidth = copy_bandwidth(device, args.copy_gib if cuda else 0.25)

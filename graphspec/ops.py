@@ -419,11 +419,38 @@ def row_seeds(seed: int | Sequence[int] | None, count: int) -> Tensor:
     return _fmix32(values & _MASK32) | (((values >> 32) & _MASK32) << 32)
 
 
-def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """Sampling distribution [..., V] (float32) per row: temperature, then top-k, then top-p.
-    temperature [B] (0 means greedy: a one-hot at the argmax), top_k [B] (0 = off), top_p [B] (1 = off).
-    logits may carry extra dims between B and V; parameters broadcast over them."""
+# Sampling weights are fixed point: exp(s - max) in fp32 times 2**WEIGHT_BITS, truncated to int64, so
+# every mass (normalizer, top-p prefix, inverse-CDF running sum) is an exact integer sum whose value does
+# not depend on summation order, vocab split or batch. 2**44 keeps V * 2**44 < 2**63 for V < 2**19 and
+# a weight's resolution (2**-44 of the max token's) far below fp32's rounding of the probabilities.
+WEIGHT_BITS = 44
+MAX_SAMPLING_VOCAB = 2**19
+
+
+def order_key(s: Tensor) -> Tensor:
+    """int64 order key of fp32 values: the int32 bit pattern with the 31 low bits of negatives flipped,
+    so integer order is float order (-0.0 sorts just below +0.0; -inf lowest, NaN above +inf)."""
+    bits = s.contiguous().view(torch.int32)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(torch.int64)
+
+
+def sampling_weights(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Unnormalized sampling distribution [..., V] as int64 weights: the one definition of temperature,
+    top-k and top-p that graphspec::sample, graphspec::verify_rejection and their kernels all implement.
+    temperature [B] (0 means greedy: weight 1 at the argmax, 0 elsewhere), top_k [B] (0 = off),
+    top_p [B] in (0, 1] (1 = off); logits may carry extra dims between B and V.
+
+    Per row, with s = fp32(logits) / temperature (IEEE division) and m = max s:
+      w_i = trunc(exp(s_i - m) * 2**WEIGHT_BITS)    (fp32 exp; the scaling is exact)
+      top-k keeps every token whose s is >= the top_k-th largest s (ties with it all kept);
+      top-p then keeps token i iff W_> < top_p * Z_k in float64, where Z_k is the sum of the kept
+        weights and W_> the sum of the kept weights with s strictly above s_i (the token crossing
+        top_p included, tokens tied with it all kept);
+    "s above" is order_key order. Every sum is exact in int64, so the rule has no summation order."""
     logits = logits.to(torch.float32)
+    vocab = logits.shape[-1]
+    if vocab >= MAX_SAMPLING_VOCAB:
+        raise InputError(f"sampling needs a vocab below {MAX_SAMPLING_VOCAB} (int64 fixed-point sums), got {vocab}")
     extra = logits.dim() - 2
 
     def per_row(x: Tensor) -> Tensor:
@@ -431,17 +458,30 @@ def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Te
 
     greedy = per_row(temperature <= 0)
     scaled = logits / per_row(torch.where(temperature > 0, temperature, 1.0).to(torch.float32))
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-    rank = torch.arange(logits.shape[-1], device=logits.device)
-    keep = (per_row(top_k) <= 0) | (rank < per_row(top_k))
-    sorted_probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
-    # top-p keeps the smallest prefix whose mass reaches top_p (the token crossing it included).
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    keep = keep & (mass_before < per_row(top_p).to(torch.float32))
-    sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
-    probs = torch.zeros_like(scaled).scatter(-1, order, torch.softmax(sorted_logits, dim=-1))
-    one_hot = torch.zeros_like(scaled).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.where(greedy, one_hot, probs)
+    weight = (torch.exp(scaled - scaled.amax(-1, keepdim=True)) * 2.0**WEIGHT_BITS).to(torch.int64)
+    key = order_key(scaled)
+    ascending, order = key.sort(-1)
+    # top-k threshold: the top_k-th largest key (rows with top-k off keep everything).
+    top_k = per_row(top_k.to(torch.int64))
+    kth = ascending.gather(-1, (vocab - top_k.clamp(1, vocab)).expand((*key.shape[:-1], 1)))
+    threshold = torch.where((top_k > 0) & (top_k < vocab), kth, torch.iinfo(torch.int64).min)
+    weight = torch.where(key >= threshold, weight, 0)
+    # W_> per token: the kept mass at keys strictly above its own, from a prefix sum in key order.
+    prefix = torch.cumsum(weight.gather(-1, order), dim=-1)
+    prefix = torch.cat((torch.zeros_like(prefix[..., :1]), prefix), dim=-1)  # prefix[j]: mass of the j lowest
+    total = prefix[..., -1:]
+    above = total - prefix.gather(-1, torch.searchsorted(ascending, key, right=True))
+    top_p = per_row(top_p.to(torch.float32))
+    keep_p = (top_p >= 1.0) | (above.to(torch.float64) < top_p.to(torch.float64) * total.to(torch.float64))
+    weight = torch.where(keep_p, weight, 0)
+    one_hot = torch.zeros_like(weight).scatter(-1, logits.argmax(-1, keepdim=True), 1)
+    return torch.where(greedy, one_hot, weight)
+
+
+def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Sampling distribution [..., V] (float64) per row: sampling_weights divided by their (exact) sum."""
+    weight = sampling_weights(logits, temperature, top_k, top_p)
+    return weight.to(torch.float64) / weight.sum(-1, keepdim=True).to(torch.float64)
 
 
 @torch.library.custom_op("graphspec::argmax", mutates_args=())
@@ -458,11 +498,16 @@ def _(logits: Tensor) -> Tensor:
 
 
 def sample_from(probs: Tensor, u: Tensor) -> Tensor:
-    """Inverse-CDF draw: probs [..., V] (unnormalized is fine), u [...] in [0, 1) -> token ids [...]."""
-    cdf = torch.cumsum(probs.to(torch.float64), dim=-1)
+    """Inverse-CDF draw: the first index whose inclusive running sum exceeds u * total, in float64.
+    probs [..., V] (unnormalized is fine; int64 weights are summed exactly, then compared in float64),
+    u [...] in [0, 1) -> token ids [...]."""
+    if probs.dtype.is_floating_point:
+        cdf = torch.cumsum(probs.to(torch.float64), dim=-1)
+    else:
+        cdf = torch.cumsum(probs.to(torch.int64), dim=-1).to(torch.float64)
     target = (u * cdf[..., -1]).unsqueeze(-1)
     index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    # u * total can round up to total; clamp onto the last token with mass.
+    # u * total can round up to total; clamp onto the last token.
     return index.clamp(max=probs.shape[-1] - 1)
 
 
@@ -470,9 +515,11 @@ def sample_from(probs: Tensor, u: Tensor) -> Tensor:
 def sample(
     logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor, lane: int
 ) -> Tensor:
-    """One token per row from logits [B, V]; rows with temperature 0 take the argmax. Returns [B] int64."""
-    probs = process_logits(logits, temperature, top_k, top_p)
-    return sample_from(probs, uniform(seed, counter, lane))
+    """One token per row from logits [B, V]; rows with temperature 0 take the argmax. Returns [B] int64.
+    The draw is sample_from over sampling_weights (exact integer running sums) with uniform(seed,
+    counter, lane): the same q, bit for bit, that verify_rejection recomputes for a drafted token."""
+    weight = sampling_weights(logits, temperature, top_k, top_p)
+    return sample_from(weight, uniform(seed, counter, lane))
 
 
 @sample.register_fake

@@ -10,14 +10,18 @@ counter-based hash, bit for bit, so a row's result does not depend on the kernel
 Where the reference sorts, the kernels search: a filtered distribution keeps exactly the tokens whose
 scaled logit s = logits / temperature is >= a threshold, so each processed distribution ("stat row":
 the K+1 target and K draft positions of every batch row, R = B * (2K+1) in all) is described by
-(max m, argmax, threshold, normalizer Z) and p(i) = exp(s_i - m) / Z for s_i >= threshold (a one-hot
-at the argmax for greedy rows, temperature <= 0). Thresholds are found by a multi-probe search over
-the order key of the fp32 s, key = bits ^ ((bits >> 31) & 0x7FFFFFFF) on its int32 bit pattern
-(negative floats get their 31 low bits flipped so integer order is float order; written out inline,
-since under TRITON_INTERPRET=1 every nested jit call costs milliseconds). Each search pass counts, for
-NPROBE candidate keys at once, the weight above each candidate, so 32 key bits take 8 passes at 16:
-  top-k threshold: the smallest key x with  #{key > x} < top_k          (= the top_k-th largest key)
-  top-p threshold: the smallest key x with  mass{key > x} < top_p * Z_k   (mass within the top-k set)
+(max m, argmax, threshold, normalizer Z) and p(i) = w_i / Z for s_i >= threshold, w_i the fixed-point
+weight trunc(exp(s_i - m) * 2**WEIGHT_BITS) of ops.sampling_weights and Z the exact int64 sum of the
+kept weights (a one-hot at the argmax for greedy rows, temperature <= 0). Thresholds are found by a
+multi-probe search over the order key of the fp32 s (ops.order_key: key = bits ^ ((bits >> 31) &
+0x7FFFFFFF) on its int32 bit pattern, written out inline, since under TRITON_INTERPRET=1 every nested
+jit call costs milliseconds). Each search pass counts, for NPROBE candidate keys at once, the weight
+above each candidate, so 32 key bits take 8 passes at 16:
+  top-k threshold: the smallest key x with  #{key > x} < top_k                  (= the top_k-th largest key)
+  top-p threshold: the smallest key x with  float64(W{key > x}) < top_p * float64(Z_k)   (W within the top-k set)
+which is ops.sampling_weights' rule (ties with the threshold all kept). Every count and mass is an
+exact integer sum, so thresholds and Z do not depend on how the vocab is split: graphspec::sample's
+kernel (kernels/sample.py, the same stats passes) and this one compute the same q bit for bit.
 
 Work is split so that batch 1 still fills the GPU: every pass is one launch of
 verify_rejection_stats_kernel over (stat row, vocab split) programs, each scanning one chunk of the
@@ -30,10 +34,9 @@ partials are double-buffered by launch parity. verify_rejection_residual_kernel 
 accept count and writes per-split sums of the residual, and verify_rejection_kernel draws the token
 (finds the split whose prefix crosses u * total, then scans inside it) and writes the outputs.
 
-Differences from the reference, at float ties only: tokens tied with the threshold value are all kept
-(the reference keeps an arbitrary subset, by sort order), and sums run in a different order (the
-reference's cumulative sums are sequential fp32/fp64), so a comparison within rounding of its bound,
-such as a top-p cut through a large flat tail, may go the other way.
+Differences from the reference: tl.exp and torch.exp may differ in the last fp32 bit, which moves a
+weight by a few fp32 ulps of itself (a decision exactly at a bound can then go the other way); the
+residual draw sums float64 (p - q) per split where the reference's cumulative sum is sequential.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from graphspec.kernels.common import (
 )
 from torch import Tensor
 
-from graphspec.ops import ACCEPT_LANE, RESAMPLE_LANE, verify_rejection_reference
+from graphspec.ops import ACCEPT_LANE, RESAMPLE_LANE, WEIGHT_BITS, verify_rejection_reference
 
 __all__ = ["CONFIGS", "verify_rejection", "verify_rejection_reference", "verify_rejection_triton"]
 
@@ -69,6 +72,10 @@ CONFIG_FIELDS = check_config_table(CONFIGS)
 MAX_SPLITS = 64  # vocab splits per stat row (the combine step holds one partial per split)
 # Pass kinds (constexpr PHASE / PREVIOUS of verify_rejection_stats_kernel); NONE: no previous pass.
 NONE, MAX, SEARCH_K, MASS_K, SEARCH_P, MASS = -1, 0, 1, 2, 3, 4
+# ops.sampling_weights' fixed-point scale: a weight is trunc(exp(s - max) * WEIGHT_SCALE) as int64 (the
+# fp32 product is exact), so every mass below is an exact integer sum, the same in any split or order.
+WEIGHT_SCALE = tl.constexpr(float(2**WEIGHT_BITS))
+NEG_INF_BITS = tl.constexpr(-8388608)  # int32 bit pattern of fp32 -inf (0xFF800000)
 
 
 @triton.jit
@@ -101,13 +108,13 @@ def verify_rejection_stats_kernel(
     temperature_ptr,
     top_k_ptr,
     top_p_ptr,
-    part_in_ptr,  # float32 [R, splits, NPROBE]: the previous pass's partials
+    part_in_ptr,  # int64 [R, splits, NPROBE]: the previous pass's partials (MAX: fp32 bits of the max)
     part_out_ptr,
     index_in_ptr,  # int32 [R, splits]: partial argmax of the MAX pass
     index_out_ptr,
     state_in_ptr,  # int64 [R, 4]: search lo, search hi, threshold key, argmax
     state_out_ptr,
-    fstate_in_ptr,  # float32 [R, 4]: max scaled logit, Z_k, search bound, unused
+    fstate_in_ptr,  # float64 [R, 4]: max scaled logit, Z_k, search bound, unused
     fstate_out_ptr,
     vocab,
     num_splits,
@@ -150,51 +157,51 @@ def verify_rejection_stats_kernel(
     threshold = tl.full([], -2147483648, tl.int64)  # keep every token until a search sets it
     argmax = tl.full([], 0, tl.int64)
     row_max = tl.full([], float("-inf"), tl.float32)
-    mass_k = tl.full([], 0.0, tl.float32)
-    bound = tl.full([], 0.0, tl.float32)
+    mass_k = tl.full([], 0.0, tl.float64)
+    bound = tl.full([], 0.0, tl.float64)
     if PREVIOUS != -1:
         lo = tl.load(state_in_ptr + row * 4)
         hi = tl.load(state_in_ptr + row * 4 + 1)
         threshold = tl.load(state_in_ptr + row * 4 + 2)
         argmax = tl.load(state_in_ptr + row * 4 + 3)
-        row_max = tl.load(fstate_in_ptr + row * 4)
+        row_max = tl.load(fstate_in_ptr + row * 4).to(tl.float32)  # stored exactly as float64
         mass_k = tl.load(fstate_in_ptr + row * 4 + 1)
         bound = tl.load(fstate_in_ptr + row * 4 + 2)
     splits = tl.arange(0, BLOCK_S)
     split_ok = splits < num_splits
     parts = (row * num_splits + splits).to(tl.int64) * NPROBE  # first partial of each split
     if PREVIOUS == 0:  # MAX: the overall max, then the smallest index holding it (torch.argmax's first)
-        maxima = tl.load(part_in_ptr + parts, mask=split_ok, other=float("-inf"))
+        maxima = tl.load(part_in_ptr + parts, mask=split_ok, other=NEG_INF_BITS).to(tl.int32)
+        maxima = maxima.to(tl.float32, bitcast=True)
         indices = tl.load(index_in_ptr + row * num_splits + splits, mask=split_ok, other=2147483647)
         row_max = tl.max(maxima, 0)
         argmax = tl.min(tl.where(maxima == row_max, indices, 2147483647), 0).to(tl.int64)
-        max_bits = row_max.to(tl.int32, bitcast=True)
-        # Top-k search range: #{key > INT32_MIN - 1} = V >= top_k fails at lo; #{key > key(max)} = 0 holds at hi.
+        # Top-k search range: #{key > INT32_MIN - 1} = V >= top_k fails at lo; #{key > INT32_MAX} = 0
+        # holds at hi (not key(max): tl.max may return -0.0 where +0.0, a larger key, is also present).
         lo = tl.full([], -2147483649, tl.int64)
-        hi = (max_bits ^ ((max_bits >> 31) & 0x7FFFFFFF)).to(tl.int64)
-        bound = top_k.to(tl.float32)
+        hi = tl.full([], 2147483647, tl.int64)
+        bound = top_k.to(tl.float64)
     if (PREVIOUS == 1) | (PREVIOUS == 3):  # a search pass: move (lo, hi] onto the probes that bracket it
         active = active_k if PREVIOUS == 1 else active_p
         if active & (hi - lo > 1):
             probe = tl.arange(0, NPROBE)
-            weights = tl.load(part_in_ptr + parts[:, None] + probe[None, :], mask=split_ok[:, None], other=0.0)
-            weight_above = tl.sum(weights, 0)  # [NPROBE] W(key > probe) over the whole vocab
-            # The predicate fails on a prefix of the probes (each sum is the next one with more terms
-            # zeroed, so they are monotone even with rounding); the answer lies in (probe f-1, probe f].
-            failing = tl.sum((weight_above >= bound).to(tl.int64), 0)
+            weights = tl.load(part_in_ptr + parts[:, None] + probe[None, :], mask=split_ok[:, None], other=0)
+            weight_above = tl.sum(weights, 0)  # [NPROBE] int64 W(key > probe) over the whole vocab, exact
+            # The predicate fails on a prefix of the probes (the sums are non-increasing in the probe and
+            # the int64 -> float64 conversion is monotone); the answer lies in (probe f-1, probe f].
+            failing = tl.sum((weight_above.to(tl.float64) >= bound).to(tl.int64), 0)
             width = hi - lo
             hi = lo + (width * (failing + 1) + (NPROBE - 1)) // NPROBE
             lo = lo + (width * failing + (NPROBE - 1)) // NPROBE
     if PREVIOUS == 2:  # MASS_K: Z_k, the normalizer of the top-k set
-        mass_k = tl.sum(tl.load(part_in_ptr + parts, mask=split_ok, other=0.0), 0)
+        mass_k = tl.sum(tl.load(part_in_ptr + parts, mask=split_ok, other=0), 0).to(tl.float64)
     if PHASE == 2:  # after the last top-k pass: (lo, hi] has narrowed to the threshold key hi
         threshold = tl.where(active_k, hi, -2147483648)
     if (PHASE == 3) & (PREVIOUS == 2):
-        # Top-p search range: mass{key > threshold - 1} = Z_k fails at lo (top_p < 1); 0 holds at key(max).
-        max_bits = row_max.to(tl.int32, bitcast=True)
+        # Top-p search range: mass{key > threshold - 1} = Z_k fails at lo (top_p < 1); 0 holds at INT32_MAX.
         lo = threshold - 1
-        hi = (max_bits ^ ((max_bits >> 31) & 0x7FFFFFFF)).to(tl.int64)
-        bound = top_p * mass_k
+        hi = tl.full([], 2147483647, tl.int64)
+        bound = top_p.to(tl.float64) * mass_k  # float64, as ops.sampling_weights
     if PHASE == 4:  # after the last top-p pass
         threshold = tl.where(active_p, hi, threshold)
 
@@ -214,7 +221,7 @@ def verify_rejection_stats_kernel(
             better = block_max > best
             best_index = tl.where(better, start + block_arg, best_index)
             best = tl.where(better, block_max, best)
-        tl.store(part_out_ptr + out, best)
+        tl.store(part_out_ptr + out, best.to(tl.int32, bitcast=True).to(tl.int64))  # the fp32 bits
         tl.store(index_out_ptr + row * num_splits + split, best_index)
     if (PHASE == 1) | (PHASE == 3):  # a search pass: W(key > probe) over the chunk for NPROBE probes
         active = active_k if PHASE == 1 else active_p
@@ -223,7 +230,7 @@ def verify_rejection_stats_kernel(
             step = (tl.arange(0, NPROBE) + 1).to(tl.int64)
             # probe j = lo + ceil(width * (j+1) / NPROBE), in (lo, hi]: int32, since lo >= INT32_MIN - 1
             probes = (lo + (width * step + (NPROBE - 1)) // NPROBE).to(tl.int32)
-            weight_above = tl.full([NPROBE], 0.0, tl.float32)
+            weight_above = tl.full([NPROBE], 0, tl.int64)
             for start in range(start_v, end_v, BLOCK_V):
                 index = start + tl.arange(0, BLOCK_V)
                 ok = index < end_v
@@ -233,14 +240,14 @@ def verify_rejection_stats_kernel(
                 key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # order key
                 key = tl.where(ok, key, -2147483648)  # padding lanes: INT32_MIN, never above a probe (> lo)
                 above = key[:, None] > probes[None, :]  # [BLOCK_V, NPROBE]
-                if PHASE == 1:  # top-k counts tokens (exact in int32, then fp32: V < 2**24)
-                    weight_above += tl.sum(above.to(tl.int32), 0).to(tl.float32)
-                else:  # top-p weighs exp(s - max); keys above a probe (>= lo + 1 = threshold_k) are in the top-k set
-                    weight = tl.where(ok, tl.exp(s - row_max), 0.0)
-                    weight_above += tl.sum(tl.where(above, weight[:, None], 0.0), 0)
+                if PHASE == 1:  # top-k counts tokens
+                    weight_above += tl.sum(above.to(tl.int32), 0).to(tl.int64)
+                else:  # top-p sums fixed-point weights; keys above a probe (>= lo + 1 = threshold_k) are top-k
+                    weight = tl.where(ok, (tl.exp(s - row_max) * WEIGHT_SCALE).to(tl.int64), 0)
+                    weight_above += tl.sum(tl.where(above, weight[:, None], 0), 0)
             tl.store(part_out_ptr + out + tl.arange(0, NPROBE), weight_above)
-    if (PHASE == 2) | (PHASE == 4):  # MASS_K / MASS: partial sum of exp(s - max) over kept tokens
-        total = tl.full([], 0.0, tl.float32)
+    if (PHASE == 2) | (PHASE == 4):  # MASS_K / MASS: partial sum of the kept tokens' fixed-point weights
+        total = tl.full([], 0, tl.int64)
         for start in range(start_v, end_v, BLOCK_V):
             index = start + tl.arange(0, BLOCK_V)
             ok = index < end_v
@@ -248,7 +255,8 @@ def verify_rejection_stats_kernel(
             s = tl.math.div_rn(x.to(tl.float32), temperature)
             bits = s.to(tl.int32, bitcast=True)
             key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # order key
-            total += tl.sum(tl.where(ok & (key >= threshold), tl.exp(s - row_max), 0.0), 0)
+            weight = (tl.exp(s - row_max) * WEIGHT_SCALE).to(tl.int64)
+            total += tl.sum(tl.where(ok & (key >= threshold), weight, 0), 0)
         tl.store(part_out_ptr + out, total)
 
     # Split 0 carries the row's state to the next pass.
@@ -257,22 +265,24 @@ def verify_rejection_stats_kernel(
     tl.store(state_out_ptr + row * 4 + 1, hi, mask=first)
     tl.store(state_out_ptr + row * 4 + 2, threshold, mask=first)
     tl.store(state_out_ptr + row * 4 + 3, argmax, mask=first)
-    tl.store(fstate_out_ptr + row * 4, row_max, mask=first)
+    tl.store(fstate_out_ptr + row * 4, row_max.to(tl.float64), mask=first)
     tl.store(fstate_out_ptr + row * 4 + 1, mass_k, mask=first)
     tl.store(fstate_out_ptr + row * 4 + 2, bound, mask=first)
 
 
 @triton.jit
 def _probability(logit_ptrs, index, ok, temperature, greedy, row_max, threshold, argmax, normalizer):
-    """p(index) in fp32, like process_logits, from a stat row's (max, threshold key, argmax, Z): a
-    one-hot at the argmax for greedy rows, else exp(s - max) / Z where the key is >= the threshold.
+    """p(index) in float64, like process_logits, from a stat row's (max, threshold key, argmax, Z): a
+    one-hot at the argmax for greedy rows, else w / Z where the key is >= the threshold, with w the
+    fixed-point weight trunc(exp(s - max) * WEIGHT_SCALE) and Z the exact int64 sum of the kept w.
     Scalars or one value per lane; logit_ptrs point at the logits of (row, index)."""
     x = tl.load(logit_ptrs, mask=ok, other=float("-inf")).to(tl.float32)
     s = tl.math.div_rn(x, temperature)
     bits = s.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # order key
-    sampled = tl.where(key >= threshold, tl.exp(s - row_max) / normalizer, 0.0)
-    return tl.where(ok, tl.where(greedy, (index == argmax).to(tl.float32), sampled), 0.0)
+    weight = (tl.exp(s - row_max) * WEIGHT_SCALE).to(tl.int64)
+    sampled = tl.where(key >= threshold, weight.to(tl.float64) / normalizer.to(tl.float64), 0.0)
+    return tl.where(ok, tl.where(greedy, (index == argmax).to(tl.float64), sampled), 0.0)
 
 
 @triton.jit
@@ -281,8 +291,8 @@ def _row_stats(part_ptr, state_ptr, fstate_ptr, rows, num_splits, NPROBE: tl.con
     the MASS pass's per-split partials [rows, BLOCK_S]."""
     splits = tl.arange(0, BLOCK_S)
     parts = (rows[:, None] * num_splits + splits[None, :]).to(tl.int64) * NPROBE
-    normalizer = tl.sum(tl.load(part_ptr + parts, mask=(splits < num_splits)[None, :], other=0.0), 1)
-    row_max = tl.load(fstate_ptr + rows * 4)
+    normalizer = tl.sum(tl.load(part_ptr + parts, mask=(splits < num_splits)[None, :], other=0), 1)  # int64
+    row_max = tl.load(fstate_ptr + rows * 4).to(tl.float32)
     threshold = tl.load(state_ptr + rows * 4 + 2)
     argmax = tl.load(state_ptr + rows * 4 + 3)
     return row_max, threshold, argmax, normalizer
@@ -320,7 +330,7 @@ def _accept(
                            draft_index, is_draft, temperature, greedy, t_max, t_threshold, t_argmax, t_z)  # fmt: skip
     q_draft = _probability(draft_ptr + b64 * stride_db + draft_j * stride_dj + draft_offset * stride_dv,
                            draft_index, is_draft, temperature, greedy, d_max, d_threshold, d_argmax, d_z)  # fmt: skip
-    rejected = is_draft & (u * q_draft.to(tl.float64) >= p_draft.to(tl.float64))
+    rejected = is_draft & (u * q_draft >= p_draft)  # float64, as the reference
     accepted = tl.min(tl.where(rejected, j, K), 0)  # the first rejection, K when all pass
     u_resample = tl.sum(tl.where(j == K, u, 0.0), 0)
     return accepted, u_resample, j, drafts
@@ -392,8 +402,8 @@ def verify_rejection_residual_kernel(
                          t_max, t_threshold, t_argmax, t_z)  # fmt: skip
         q = _probability(draft_logits + offsets * stride_dv, index, ok & (index < draft_vocab), temperature, greedy,
                          d_max, d_threshold, d_argmax, d_z)  # fmt: skip
-        residual_sum += tl.sum(tl.maximum(p - q, 0.0).to(tl.float64), 0)
-        p_sum += tl.sum(p.to(tl.float64), 0)
+        residual_sum += tl.sum(tl.maximum(p - q, 0.0), 0)
+        p_sum += tl.sum(p, 0)
     out = (b * num_splits + split).to(tl.int64) * 2
     tl.store(residual_part_ptr + out, residual_sum)
     tl.store(residual_part_ptr + out + 1, p_sum)
@@ -476,7 +486,7 @@ def verify_rejection_kernel(
                          t_max, t_threshold, t_argmax, t_z)  # fmt: skip
         q = _probability(draft_logits + offsets * stride_dv, index, ok & (index < draft_vocab), temperature, greedy,
                          d_max, d_threshold, d_argmax, d_z)  # fmt: skip
-        mass = tl.where(use_p, p, tl.maximum(p - q, 0.0)).to(tl.float64)
+        mass = tl.where(use_p, p, tl.maximum(p - q, 0.0))
         cdf = running + tl.cumsum(mass, 0)
         found = tl.min(tl.where(ok & (cdf > goal), index, 2147483647), 0)
         running += tl.sum(mass, 0)
@@ -509,6 +519,45 @@ def num_splits(rows: int, vocab: int, block_v: int, chunk_v: int, sms: int) -> i
     return max(1, min(wanted, MAX_SPLITS, cdiv(vocab, block_v)))
 
 
+def distribution_stats(
+    target_logits: Tensor,
+    draft_logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    block_v: int,
+    nprobe: int,
+    num_warps: int,
+    chunk_v: int,
+) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Run the stats passes over the B * (2K+1) stat rows of target_logits [B, K+1, V] and draft_logits
+    [B, K, V] (K = 0: one stat row per batch row, draft_logits unread). Returns (part [R, splits,
+    NPROBE] int64 holding the MASS pass's per-split sums of kept weights at probe 0, state [R, 4] int64
+    (search lo, hi, threshold key, argmax), fstate [R, 4] float64 (max, Z_k, bound), splits)."""
+    batch, positions, vocab = target_logits.shape
+    k = positions - 1
+    device = target_logits.device
+    rows = batch * (2 * k + 1)
+    splits = num_splits(rows, vocab, block_v, chunk_v, sm_count(device))
+    # Double-buffered by launch parity: launch l reads buffer (l - 1) % 2 and writes buffer l % 2.
+    part = torch.empty((2, rows, splits, nprobe), dtype=torch.int64, device=device)
+    index = torch.empty((2, rows, splits), dtype=torch.int32, device=device)
+    state = torch.empty((2, rows, 4), dtype=torch.int64, device=device)
+    fstate = torch.empty((2, rows, 4), dtype=torch.float64, device=device)
+    previous = NONE
+    for launch, phase in enumerate(pass_sequence(nprobe)):
+        src, dst = (launch + 1) % 2, launch % 2
+        verify_rejection_stats_kernel[(rows, splits)](
+            target_logits, draft_logits, temperature, top_k, top_p, part[src], part[dst], index[src], index[dst],
+            state[src], state[dst], fstate[src], fstate[dst], vocab, splits,
+            *target_logits.stride(), *draft_logits.stride(),
+            K=k, PHASE=phase, PREVIOUS=previous, BLOCK_V=block_v, NPROBE=nprobe, BLOCK_S=next_power_of_2(splits),
+            num_warps=num_warps,
+        )  # fmt: skip
+        previous = phase
+    return part[dst], state[dst], fstate[dst], splits
+
+
 def verify_rejection(
     target_logits: Tensor,
     draft_logits: Tensor,
@@ -535,36 +584,20 @@ def verify_rejection(
     accepted = torch.empty((batch,), dtype=torch.int64, device=device)
     if batch == 0:
         return tokens, accepted
-    rows = batch * (2 * k + 1)
-    splits = num_splits(rows, vocab, block_v, chunk_v, sm_count(device))
-    # Double-buffered by launch parity: launch l reads buffer (l - 1) % 2 and writes buffer l % 2.
-    part = torch.empty((2, rows, splits, nprobe), dtype=torch.float32, device=device)
-    index = torch.empty((2, rows, splits), dtype=torch.int32, device=device)
-    state = torch.empty((2, rows, 4), dtype=torch.int64, device=device)
-    fstate = torch.empty((2, rows, 4), dtype=torch.float32, device=device)
-    previous = NONE
-    for launch, phase in enumerate(pass_sequence(nprobe)):
-        src, dst = (launch + 1) % 2, launch % 2
-        verify_rejection_stats_kernel[(rows, splits)](
-            target_logits, draft_logits, temperature, top_k, top_p, part[src], part[dst], index[src], index[dst],
-            state[src], state[dst], fstate[src], fstate[dst], vocab, splits,
-            *target_logits.stride(), *draft_logits.stride(),
-            K=k, PHASE=phase, PREVIOUS=previous, BLOCK_V=block_v, NPROBE=nprobe, BLOCK_S=next_power_of_2(splits),
-            num_warps=num_warps,
-        )  # fmt: skip
-        previous = phase
-    last = dst
+    part, state, fstate, splits = distribution_stats(
+        target_logits, draft_logits, temperature, top_k, top_p, block_v, nprobe, num_warps, chunk_v
+    )
     residual_part = torch.empty((batch, splits, 2), dtype=torch.float64, device=device)
     common = dict(K=k, ACCEPT=ACCEPT_LANE, RESAMPLE=RESAMPLE_LANE, NPROBE=nprobe, BLOCK_V=block_v,
                   BLOCK_P=next_power_of_2(positions), BLOCK_S=next_power_of_2(splits), num_warps=num_warps)  # fmt: skip
     strides = (*target_logits.stride(), *draft_logits.stride(), *draft_tokens.stride())
     verify_rejection_residual_kernel[(batch, splits)](
-        target_logits, draft_logits, draft_tokens, temperature, seed, counter, part[last], state[last],
-        fstate[last], residual_part, vocab, splits, *strides, **common,
+        target_logits, draft_logits, draft_tokens, temperature, seed, counter, part, state,
+        fstate, residual_part, vocab, splits, *strides, **common,
     )  # fmt: skip
     verify_rejection_kernel[(batch,)](
-        target_logits, draft_logits, draft_tokens, temperature, seed, counter, part[last], state[last],
-        fstate[last], residual_part, tokens, accepted, vocab, splits, *strides, **common,
+        target_logits, draft_logits, draft_tokens, temperature, seed, counter, part, state,
+        fstate, residual_part, tokens, accepted, vocab, splits, *strides, **common,
     )  # fmt: skip
     return tokens, accepted
 

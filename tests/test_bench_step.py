@@ -31,3 +31,25 @@ def test_tiny_preset_runs_and_reports(tmp_path, capsys, preset: str) -> None:
     regions = data["regions_batch_1"]
     assert all(regions[f"{name}_ms"] > 0 for name in ("draft", "verify", "accept"))
     assert "step/floor" in printed and "parity captured vs eager generate(): IDENTICAL" in printed
+
+
+def test_sampling_flag_times_the_sampling_step_next_to_greedy(tmp_path, capsys) -> None:
+    report = tmp_path / "bench_step.json"
+    args = ["--preset", "tiny-llama", "--device", "cpu", "--batch-sizes", "1,2", "--replays", "2", "--eager-steps", "1"]
+    args += ["--gen-tokens", "6", "--parity-steps", "6", "--parity-tokens", "4", "--self-draft", "none"]
+    args += ["--sampling", "--temperature", "0.7", "--top-k", "20", "--top-p", "0.9"]
+    code = bench_step.main([*args, "--max-seq-len", "128", "--context", "32", "--json", str(report)])
+    printed = capsys.readouterr().out
+    data = json.loads(report.read_text())
+    assert code == 0, data
+    for row in data["rows"]:
+        sampled = row["sampled"]
+        assert sampled["step_mode"] == "sample" and sampled["median_ms"] > 0 and sampled["top_k"] == 20
+    assert "sample/greedy" in printed
+
+
+def test_sampling_flag_refuses_greedy_parameters() -> None:
+    with pytest.raises(SystemExit):
+        bench_step.parse_args(["--sampling", "--temperature", "0"])
+    with pytest.raises(SystemExit):
+        bench_step.parse_args(["--sampling", "--top-p", "1.5"])

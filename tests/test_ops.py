@@ -6,6 +6,7 @@ import torch
 from torch.library import opcheck
 
 from graphspec import ops
+from graphspec.errors import InputError
 
 G = torch.Generator().manual_seed(0)
 
@@ -154,11 +155,42 @@ def test_process_logits_top_k_top_p_and_greedy():
     probs = ops.process_logits(
         logits, torch.tensor([1.0, 1.0, 0.0]), torch.tensor([2, 0, 0]), torch.tensor([1.0, 0.7, 1.0])
     )
-    assert (probs[0, 2:] == 0).all() and torch.isclose(probs[0].sum(), torch.tensor(1.0))
-    full = torch.softmax(logits[0], -1)
+    assert probs.dtype == torch.float64
+    assert (probs[0, 2:] == 0).all() and torch.isclose(probs[0].sum(), torch.tensor(1.0, dtype=torch.float64))
+    full = torch.softmax(logits[0].double(), -1)
     assert probs[1, 0] > 0 and probs[1, 1] > 0 and (probs[1, 2:] == 0).all()  # 0.66 < 0.7: needs two
     torch.testing.assert_close(probs[1, :2], full[:2] / full[:2].sum())
     assert probs[2].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0]])
+    weight = ops.sampling_weights(logits, torch.ones(1), torch.tensor([2]), torch.ones(1))
+    assert (weight[0] > 0).tolist() == [False, True, True, True, False]
+
+
+def test_top_p_keeps_a_tied_group_whole():
+    # p = (0.4, 0.2, 0.2, 0.2): top_p 0.5 is crossed inside the tied group; the mass strictly above each
+    # tied token is 0.4 < 0.5, so all three stay (a sort would keep one of them, whichever came first).
+    logits = torch.tensor([[2.0, 1.0, 1.0, 1.0]]).log()
+    no_top_k = torch.zeros(1, dtype=torch.int64)
+    probs = ops.process_logits(logits, torch.ones(1), no_top_k, torch.tensor([0.5]))
+    assert (probs[0] > 0).all()
+    probs = ops.process_logits(logits, torch.ones(1), no_top_k, torch.tensor([0.3]))
+    assert (probs[0] > 0).tolist() == [True, False, False, False]
+
+
+def test_sampling_weights_are_exact_integer_sums_in_any_order():
+    """Weights are fixed point, so the normalizer is the same whatever the order of the sum."""
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(5)) * 4
+    weight = ops.sampling_weights(logits, torch.full((3,), 0.7), torch.zeros(3, dtype=torch.int64), torch.ones(3))
+    assert weight.dtype == torch.int64 and (weight.max(-1).values == 2**ops.WEIGHT_BITS).all()
+    assert torch.equal(weight.sum(-1), weight.flip(-1).cumsum(-1)[:, -1])
+
+
+def test_sampling_refuses_a_vocab_too_large_for_exact_sums():
+    with pytest.raises(InputError, match="vocab below"):
+        ops.sampling_weights(torch.zeros(1, ops.MAX_SAMPLING_VOCAB), torch.ones(1), torch.zeros(1), torch.ones(1))
 
 
 def g_test_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:

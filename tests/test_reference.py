@@ -190,7 +190,9 @@ def test_sampled_tokens_follow_the_documented_random_stream(cases) -> None:
         for count, token in enumerate(tokens):
             with torch.no_grad():
                 logits = case.hf(torch.tensor([prompt + tokens[:count]])).logits[:, -1]  # [1, V]
-            probs = ops.process_logits(logits, torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([1.0]))
+            probs = ops.sampling_weights(
+                logits, torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([1.0])
+            )
             u = ops.uniform(seeds[row : row + 1], torch.tensor([count]), ops.DRAFT_LANE)
             assert token == ops.sample_from(probs, u).item(), f"row {row} token {count}"
 

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from graphspec.ops import MAX_SAMPLING_VOCAB
+
 MIN_SM = 80  # bf16 tensor-core dots and cp.async pipelining need Ampere or newer
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT32_LIMIT = 2**31
@@ -252,8 +254,22 @@ def fits_verify_rejection(node: fx.Node) -> bool:
         and not drafts.dtype.is_floating_point
         and tuple(draft.shape) == (target.shape[0], target.shape[1] - 1, target.shape[2])
         and tuple(drafts.shape) == tuple(draft.shape[:2])
-        and target.shape[2] < INT32_LIMIT
+        and target.shape[2] < MAX_SAMPLING_VOCAB
         and all(value.dim() == 1 and value.shape[0] == target.shape[0] for value in values[3:])
+    )
+
+
+def fits_sample(node: fx.Node) -> bool:
+    values = _vals(node, 6)
+    if values is None:
+        return False
+    logits = values[0]
+    return (
+        logits.dim() == 2
+        and logits.dtype in FLOAT_DTYPES
+        and 0 < logits.shape[1] < MAX_SAMPLING_VOCAB
+        and all(value.dim() == 1 and value.shape[0] == logits.shape[0] for value in values[1:])
+        and not any(value.dtype.is_floating_point for value in values[4:])  # seed, counter
     )
 
 
@@ -272,6 +288,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "argmax": fits_argmax,
     "verify_greedy": fits_verify_greedy,
     "verify_rejection": fits_verify_rejection,
+    "sample": fits_sample,
 }
 
 

@@ -25,7 +25,8 @@ def hot_step(x, residual, weight, q, k, cos, sin, cache, slot_ids, start_pos, ta
     tokens, accepted = ops.verify_rejection(
         target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, seed, counter
     )
-    return normed, total, act, k_rot, attn, greedy_tokens, greedy_accepted, proposals, tokens, accepted
+    drawn = ops.sample(draft_logits[:, -1], temperature, top_k, top_p, seed, counter, ops.DRAFT_LANE + 1)
+    return normed, total, act, k_rot, attn, greedy_tokens, greedy_accepted, proposals, tokens, accepted, drawn
 
 
 def hot_inputs(head_dim: int = 64, batch: int = 2, t: int = 3, vocab: int = 40, seed: int = 0) -> list[torch.Tensor]:

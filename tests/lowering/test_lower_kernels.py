@@ -20,7 +20,7 @@ from tests.step_case import StepCase
 
 HOT_OPS = (
     "rms_norm", "add_rms_norm", "silu_mul", "rotary", "kv_write", "attention", "argmax", "verify_greedy",
-    "verify_rejection",
+    "verify_rejection", "sample",
 )  # fmt: skip
 
 
