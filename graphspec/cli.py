@@ -716,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     except (GraphspecError, OSError) as error:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return 1
-    except SystemExit as exit_:  # --help and --version exit through argparse; bench_systems.py exits with messages
+    except SystemExit as exit_:  # --help and --version exit through argparse
         if exit_.code is None or isinstance(exit_.code, int):
             return exit_.code or 0
         print(f"error: {' '.join(str(exit_.code).split())}", file=sys.stderr)  # sys.exit("message") exits 1
