@@ -39,6 +39,8 @@ PREFILL_OUTPUTS = (
     "last_logits",  # [B, V] the target's logits at last_index
     "last_hidden",  # [B, H] the target's final (normed) hidden state at last_index
 )
+# Only when the drafter declares target_features: [B, F] those features at last_index.
+FEATURE_OUTPUT = "last_features"
 
 
 @dataclass(frozen=True)
@@ -119,18 +121,23 @@ def prefill_chunk(
 ) -> dict[str, torch.Tensor]:
     """One chunk: PREFILL_OUTPUTS, then every state (functional values)."""
     tokens, start_pos, slot_ids = inputs["tokens"], inputs["start_pos"], inputs["slot_ids"]
+    capture = drafter.target_features
+    output = "hidden_and_features" if capture else "hidden"
     hidden, target_cache = torch.func.functional_call(
-        target, target_params, (tokens, start_pos, slot_ids, state[TARGET_CACHE], "hidden")
-    )  # [B, C, H]
+        target, target_params, (tokens, start_pos, slot_ids, state[TARGET_CACHE], output), {"capture": capture}
+    )  # [B, C, H] (and features [B, C, F])
+    hidden, features = hidden if capture else (hidden, None)
     rows = torch.arange(tokens.shape[0], device=tokens.device)
     last_hidden = hidden[rows, inputs["last_index"]]  # [B, H]
+    extra = {} if features is None else {"last_features": features[rows, inputs["last_index"]]}  # [B, F]
     # Tied embeddings appear once among the parameters, under the embedding's name.
     head = target_params.get("lm_head.weight", target_params.get("model.embed_tokens.weight"))
     last_logits = F.linear(last_hidden, head)  # [B, V]
     drafter_state = {name: value for name, value in state.items() if name != TARGET_CACHE}
-    chunk = PrefillChunk(tokens, inputs["next_tokens"], start_pos, slot_ids, hidden)
+    chunk = PrefillChunk(tokens, inputs["next_tokens"], start_pos, slot_ids, hidden, features)
     drafter_state = drafter.prefill_chunk(draft_params, chunk, drafter_state)
-    return {"last_logits": last_logits, "last_hidden": last_hidden, TARGET_CACHE: target_cache, **drafter_state}
+    outputs = {"last_logits": last_logits, "last_hidden": last_hidden, **extra}
+    return {**outputs, TARGET_CACHE: target_cache, **drafter_state}
 
 
 def trace_prefill(

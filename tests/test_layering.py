@@ -28,10 +28,22 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def type_checking_imports(tree: ast.AST) -> set[ast.AST]:
+    """Import statements under `if TYPE_CHECKING:` (annotations only: never run, so never a cycle)."""
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            guarded.update(child for statement in node.body for child in ast.walk(statement))
+    return guarded
+
+
 def imported_names(tree: ast.AST, modules: set[str]) -> set[str]:
     """Every module an import statement names; `from pkg import mod` counts as importing pkg.mod."""
     names = set()
+    guarded = type_checking_imports(tree)
     for node in ast.walk(tree):
+        if node in guarded:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -72,3 +84,8 @@ def test_the_checker_sees_imports_inside_functions():
         "os",
         "graphspec.passes.split_attention",
     }
+
+
+def test_the_checker_skips_annotation_only_imports():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from graphspec.runtime import runtime\n")
+    assert imported_names(tree, {"graphspec.runtime.runtime"}) == {"typing"}

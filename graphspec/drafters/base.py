@@ -101,6 +101,7 @@ class PrefillChunk:
     start_pos: Tensor  # [B] int64: the chunk's first position
     slot_ids: Tensor  # [B]
     hidden: Tensor  # [B, C, H] the target's final (normed) hidden states over the chunk
+    features: Tensor | None = None  # [B, C, F] the target features the drafter declares (target_features)
 
 
 @dataclass
@@ -111,6 +112,7 @@ class PrefillEnd:
     lengths: Tensor  # [rows] prompt lengths
     first: Tensor  # [rows] the target's first token (at position lengths)
     last_hidden: Tensor  # [rows, H] the target's final hidden state at position lengths - 1
+    last_features: Tensor | None = None  # [rows, F] the declared target features there (None: none declared)
 
 
 @dataclass

@@ -37,7 +37,16 @@ from safetensors import safe_open
 from torch import Tensor, nn
 
 from graphspec import ops
-from graphspec.drafters.base import CommitWrite, Drafter, PrefillView, Proposal, State, StepView
+from graphspec.drafters.base import (
+    CommitWrite,
+    Drafter,
+    PrefillChunk,
+    PrefillEnd,
+    PrefillView,
+    Proposal,
+    State,
+    StepView,
+)
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import (
     DecoderLayer,
@@ -349,7 +358,27 @@ class Eagle3(Drafter):
             cache = state["eagle3_cache"][..., : tokens.shape[1] - 1, :]  # a view cut to the pairs, as the target's
             hidden = self.head.fc(features[:, :-1])
             self.head(tokens[:, 1:], hidden, kv_start, slots, cache, cos, sin, in_place=True)
+        last = rows, lengths - 1
+        self.prefill_finish(PrefillEnd(slots, lengths, prompt.first, prompt.hidden[last], features[last]), state)
+
+    def prefill_chunk(
+        self, params: dict[str, Tensor], chunk: PrefillChunk, state: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        # Pairs (x_{p+1}, f_p) for the chunk's positions p: KV and rotary at p (as prefill() above). The
+        # pair of the prompt's last position (its x is the first token, unknown yet) and those past it
+        # write dead KV: the first step's catch-up rewrites the entry at L - 1 before reading it.
+        assert chunk.features is not None, "prefill needs the target features the drafter declares"
+        positions = chunk.start_pos[:, None] + torch.arange(chunk.tokens.shape[1], device=chunk.tokens.device)
+        cos, sin = rope_tables(positions, params["inv_freq"], self.head.rope_scale)
+        hidden = F.linear(chunk.features, params["fc.weight"])
+        args = (chunk.next_tokens, hidden, chunk.start_pos, chunk.slot_ids, state["eagle3_cache"], cos, sin)
+        _, _, cache = torch.func.functional_call(self.head, params, args)
+        kept = ("eagle3_features", "eagle3_tokens", "eagle3_start")
+        return {"eagle3_cache": cache, **{name: state[name] for name in kept}}
+
+    def prefill_finish(self, end: PrefillEnd, state: dict[str, Tensor]) -> None:
         # The first step's catch-up row 0: the first token (at position P) with the prompt's last features.
-        state["eagle3_tokens"][slots, 0] = prompt.first
-        state["eagle3_features"][slots, 0] = features[rows, lengths - 1].to(state["eagle3_features"].dtype)
-        state["eagle3_start"][slots, 0] = lengths
+        assert end.last_features is not None, "prefill needs the target features the drafter declares"
+        state["eagle3_tokens"][end.slot_ids, 0] = end.first
+        state["eagle3_features"][end.slot_ids, 0] = end.last_features.to(state["eagle3_features"].dtype)
+        state["eagle3_start"][end.slot_ids, 0] = end.lengths

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from graphspec.config import PassContext, PassResult
-from graphspec.lowering.lower_kernels import positional_args
+from graphspec.op_nodes import positional_args
 from graphspec.passes.cleanup import may_mutate, nodes_between, region_for, tag, tidy
 
 NAME = "fuse_prefill_attention"

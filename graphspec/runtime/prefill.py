@@ -25,7 +25,7 @@ from graphspec.counters import COUNTERS
 from graphspec.drafters.base import Drafter, PrefillEnd
 from graphspec.runtime.buffers import pick_bucket
 from graphspec.runtime.graphs import TRITON_COMPILES, CudaGraphRecorder, Recorder
-from graphspec.trace_prefill import PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
+from graphspec.trace_prefill import FEATURE_OUTPUT, PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
 
 # Rows of the per-chunk table uploaded once per group of prompts: [chunks, len(ROW_TABLE), bucket].
 ROW_TABLE = ("start_pos", "slot_ids", "last_index")
@@ -53,7 +53,11 @@ class PrefillProgram:
         if tuple(names[: len(PREFILL_INPUTS)]) != PREFILL_INPUTS:
             raise ValueError(f"prefill graph inputs {names[: len(PREFILL_INPUTS)]} are not {PREFILL_INPUTS}")
         self.args = [*params, *(self.inputs[n] if n in self.inputs else state[n] for n in names)]
-        self.output_names = PREFILL_OUTPUTS + tuple(names[len(PREFILL_INPUTS) :])
+        states = tuple(names[len(PREFILL_INPUTS) :])
+        # Programs of drafters that read target features also return them at last_index (FEATURE_OUTPUT).
+        returned = len(gm.graph.find_nodes(op="output")[0].args[0])
+        extra = (FEATURE_OUTPUT,) if returned == len(PREFILL_OUTPUTS) + 1 + len(states) else ()
+        self.output_names = PREFILL_OUTPUTS + extra + states
         self.capture = capture
         if capture and recorder is None and device.type != "cuda":
             raise ValueError("CUDA-graph capture needs CUDA tensors; pass recorder=HostRecorder to emulate it")
@@ -147,7 +151,7 @@ class Prefiller:
                     table[index, 2, row] = length - 1 - start
                     ending[index].append(row)
         tokens, table = tokens.to(device), table.to(device)
-        logits = hidden = None
+        logits = hidden = features = None
         for index, (start, size) in enumerate(zip(starts, plan, strict=True)):
             program = self.programs[(bucket, size)]
             inputs = program.inputs
@@ -159,10 +163,14 @@ class Prefiller:
             if logits is None:
                 logits = outputs["last_logits"].new_empty((rows, outputs["last_logits"].shape[1]))
                 hidden = outputs["last_hidden"].new_empty((rows, outputs["last_hidden"].shape[1]))
+                if FEATURE_OUTPUT in outputs:
+                    features = outputs[FEATURE_OUTPUT].new_empty((rows, outputs[FEATURE_OUTPUT].shape[1]))
             if ending[index]:
                 done = torch.tensor(ending[index], device=device)
                 logits[done] = outputs["last_logits"][done]
                 hidden[done] = outputs["last_hidden"][done]
+                if features is not None:
+                    features[done] = outputs[FEATURE_OUTPUT][done]
         first = ops.sample(
             logits,
             row_params["temperature"],
@@ -173,6 +181,7 @@ class Prefiller:
             0,
         )
         slots = torch.tensor(list(slot_ids), device=device)
-        self.drafter.prefill_finish(PrefillEnd(slots, torch.tensor(lengths, device=device), first, hidden), self.state)
+        end = PrefillEnd(slots, torch.tensor(lengths, device=device), first, hidden, features)
+        self.drafter.prefill_finish(end, self.state)
         COUNTERS.prefills += 1
         return first

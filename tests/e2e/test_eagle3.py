@@ -8,6 +8,7 @@ import torch
 import graphspec
 from tests.checkpoints import load_hf
 from tests.e2e.test_mtp import hf_greedy, prompts
+from tests.engine_hooks import between_steps
 
 MAX_SEQ = 128
 VOCAB, DRAFT_VOCAB = 12, 8  # small, so a random head still gets drafts accepted now and then
@@ -124,26 +125,38 @@ def test_head_state_after_every_step_drafts_as_a_fresh_oracle_forward(oracle_pai
 
     k = 4
     runtime = eagle3_runtime(k)
-    drafter, graph = runtime.drafter, runtime.graphs[("greedy", 1)]
+    drafter = runtime.drafter
     prompt = prompts(seed=61, lengths=[9], vocab=VOCAB)[0]
-    emitted, checked, accepted = [], 0, []
-    steps_before = runtime.stats.graph_steps
-    for _, item in runtime.stream([prompt], max_new_tokens=40, stop_token_ids=[]):
-        if not isinstance(item, int):
-            accepted = item.stats.accepted_per_step
-            continue
-        emitted.append(item)
-        inputs = {name: graph.buffers.inputs[name][:1].clone() for name in ("committed_len", "slot_ids", "last_tokens")}
-        if runtime.stats.graph_steps == steps_before or int(inputs["committed_len"][0]) != len(prompt) + len(emitted):
-            continue  # mid-step (not all of the step's tokens seen yet) or before the first step
-        state = {name: tensor.clone() for name, tensor in runtime.state.items() if name.startswith("eagle3_")}
+    snapshots = []  # (the step's inputs, the head's state) after every step, taken on the engine thread
+
+    class Snapshot:
+        def on_step(self, buffers, rows: int, accepted: list[int]) -> None:
+            names = ("committed_len", "slot_ids", "last_tokens")
+            inputs = {name: buffers.inputs[name][:1].clone() for name in names}
+            state = {name: tensor.clone() for name, tensor in runtime.state.items() if name.startswith("eagle3_")}
+            snapshots.append((inputs, state))
+
+        def on_finish(self, request) -> None:
+            pass
+
+    listener = Snapshot()
+    runtime.engine.listeners.append(listener)
+    try:
+        result = runtime.generate([prompt], max_new_tokens=40, stop_token_ids=[])[0]
+    finally:
+        runtime.engine.listeners.remove(listener)
+    checked = 0
+    for inputs, state in snapshots:
+        committed = prompt + result.token_ids[: int(inputs["committed_len"][0]) - len(prompt)]
+        if len(committed) >= len(prompt) + len(result.token_ids):
+            continue  # the row finished in this step: nothing is drafted from its state
         step = StepView(inputs, k, lambda logits, index: logits.argmax(-1))
         proposal = drafter.propose(drafter.params(), step, state)
-        drafts, logits = oracle_drafts(oracle_pair, prompt + emitted, k)
+        drafts, logits = oracle_drafts(oracle_pair, committed, k)
         assert proposal.tokens[0].tolist() == drafts
         torch.testing.assert_close(proposal.logits[0], torch.stack(logits), rtol=1e-4, atol=1e-4)
         checked += 1
-    assert checked >= 10 and any(a > 0 for a in accepted)
+    assert checked >= 10 and any(a > 0 for a in result.stats.accepted_per_step)
 
 
 def test_rows_that_stop_early_end_at_their_stop_token(target_dir, eagle3_runtime):
@@ -168,23 +181,21 @@ def test_dead_head_state_is_never_read(eagle3_runtime):
     batch = prompts(seed=3, lengths=[4, 17, 2], vocab=VOCAB)
     clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
     assert any(0 < a for r in clean for a in r.stats.accepted_per_step)
-    graph, state = runtime.graphs[("greedy", 4)], runtime.state
-    seen = {i: [] for i in range(len(batch))}
-    steps_before = runtime.stats.graph_steps
-    for index, item in runtime.stream(batch, max_new_tokens=30, stop_token_ids=[]):
-        if isinstance(item, int):
-            seen[index].append(item)
-        if runtime.stats.graph_steps == steps_before:
-            continue  # prefill's tokens: the step buffers still hold the last call's rows
-        for row, length in enumerate(graph.buffers.inputs["committed_len"].tolist()):
-            accepted = length - 1 - int(state["eagle3_start"][row, 0])
-            state["eagle3_cache"][:, :, row, :, length - 1 :] = float("nan")
-            state["eagle3_features"][row, accepted + 1 :] = float("nan")
-            state["eagle3_tokens"][row, accepted + 1 :] = 10**9
+    state = runtime.state
+
+    def poison(slots: list[int], lengths: list[int]) -> None:  # on the engine thread, between two steps
+        for slot, length in zip(slots, lengths, strict=True):
+            accepted = length - 1 - int(state["eagle3_start"][slot, 0])
+            state["eagle3_cache"][:, :, slot, :, length - 1 :] = float("nan")
+            state["eagle3_features"][slot, accepted + 1 :] = float("nan")
+            state["eagle3_tokens"][slot, accepted + 1 :] = 10**9
         for name in ("eagle3_cache", "eagle3_features"):
             state[name].select(2 if name == "eagle3_cache" else 0, -1).fill_(float("nan"))
         state["eagle3_tokens"][-1] = 5  # padding rows embed these: wrong but valid ids
-    assert [seen[i] for i in range(len(batch))] == [r.token_ids for r in clean]
+
+    with between_steps(runtime, poison):
+        poisoned = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    assert [r.token_ids for r in poisoned] == [r.token_ids for r in clean]
 
 
 def test_sampling_is_reproducible_and_greedy_at_top_k_1(eagle3_runtime):

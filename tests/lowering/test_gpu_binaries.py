@@ -100,6 +100,15 @@ def recorded(checkpoint_factory) -> tuple[list[dict], set[str]]:
                 if node.op == "call_function" and str(node.target).startswith("graphspec.")
             }
             case.run_graph(gm)
+        # The prefill program's one kernel, launched with each of its config rows at the 8B head size.
+        from graphspec.kernels import prefill_attention
+
+        for config in (prefill_attention.CONFIGS[90], prefill_attention.CONFIGS["default"]):
+            q, k, v = (torch.randn(1, 2, 16, 128, dtype=torch.bfloat16) for _ in range(3))
+            cache = torch.zeros(2, 2, 2, 2, 64, 128, dtype=torch.bfloat16)
+            start_pos, slot_ids = torch.tensor([16]), torch.tensor([0])
+            prefill_attention.prefill_attention(q, k, v, cache, 1, slot_ids, start_pos, 128**-0.5, **config)
+        lowered.add("prefill_attention")
     finally:
         InterpretedFunction.run = original
     return list(records.values()), lowered

@@ -208,16 +208,16 @@ def test_stop_string_cut_finds_the_earliest_new_match(text, stops, searched, cut
 def test_a_failing_step_fails_the_live_requests_and_the_engine_keeps_serving(runtime, monkeypatch):
     params = SamplingParams(max_tokens=8, stop_token_ids=())
     solo = alone(runtime, [3, 4, 5], params)
-    real_prefill = runtime._prefill
+    real_prefill = runtime.prefill
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected prefill failure")
 
-    monkeypatch.setattr(runtime, "_prefill", broken)
+    monkeypatch.setattr(runtime, "prefill", broken)
     handles = runtime.engine.submit_all([([3, 4, 5], params, 0), ([6, 7], params, 1)])
     for handle in handles:
         with pytest.raises(RuntimeError, match="injected"):
             handle.result()
-    monkeypatch.setattr(runtime, "_prefill", real_prefill)
+    monkeypatch.setattr(runtime, "prefill", real_prefill)
     assert runtime.engine.load == (0, 0)
     assert alone(runtime, [3, 4, 5], params) == solo
