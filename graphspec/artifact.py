@@ -2,7 +2,8 @@
 
 An artifact directory holds:
     manifest.json                        what was compiled, for which machine and software, and the
-                                         sha256 of every file the artifact loads (contains or references)
+                                         sha256 of every file the artifact loads (contains or references),
+                                         per 64 MiB block so loading verifies on every core
     graphs/<graph>.json                  the step graph, one record per node: what loading rebuilds; its
                                          inputs and outputs carry the shapes they were traced with
     graphs/<graph>.py                    the same graph as generated Python (root, then submodules), for
@@ -64,6 +65,7 @@ from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, SpecConfig
 from graphspec.drafters import DIRECTORY_KINDS, NAMED_KINDS, SETTINGS, check_drafter, open_drafter
 from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
+from graphspec.file_digest import copy_and_digest, digest_file, mismatched_blocks
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
 from graphspec.pipeline import PIPELINE, PREFILL_PIPELINE
 from graphspec.trace import model_inputs
@@ -74,7 +76,8 @@ FORMAT = "graphspec-artifact"
 # 2: fused qkv_proj and gate_up_proj parameters, token-major attention output
 # 3: graphs record their example input/output shapes (loading checks the manifest against them);
 #    graphs/*.py are no longer hashed
-FORMAT_VERSION = 3
+# 4: files are recorded as sha256 per 64 MiB block (file_digest), verified in parallel
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 KERNELS = "kernels.json"
 ROLES = ("target", "draft")  # checkpoints an artifact can hold; "draft" only for drafters with weights
@@ -100,7 +103,6 @@ CHECKPOINT_FILES = (
 VOLATILE_CONFIG_KEYS = ("transformers_version",)
 # Modules a graph's plain-function targets (operator.getitem, ...) may be imported from on load.
 FUNCTION_MODULES = ("_operator", "operator", "builtins", "math", "torch")
-_CHUNK = 1 << 22
 
 
 class ArtifactMismatchWarning(UserWarning):
@@ -261,7 +263,7 @@ def _save_graph_files(
     if constants:
         entry["constants"] = f"graphs/{name}.constants.safetensors"
         save_file(constants, str(staging / entry["constants"]))
-        files[entry["constants"]] = file_record(staging / entry["constants"])
+        files[entry["constants"]] = digest_file(staging / entry["constants"])
     entry["nodes"] = sum(len(module["nodes"]) for module in modules.values())
     entry["passes"] = [_record_to_json(record) for record in compiled.records.get(name, [])]
     return entry
@@ -284,10 +286,10 @@ def _save_weights(
         relative = file.absolute().relative_to(source).as_posix()
         if copy_weights:
             key = f"{role}/{relative}"
-            files[key] = _copy_hashed(file, staging / key)
+            files[key] = copy_and_digest(file, staging / key)
         else:
             key = str(source / relative)
-            files[key] = file_record(file)
+            files[key] = digest_file(file)
         entry["files"].append(key)
     return entry
 
@@ -671,35 +673,11 @@ def graph_source(gm: fx.GraphModule, name: str) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def file_record(path: Path) -> dict[str, Any]:
-    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-
-
-def _copy_hashed(source: Path, destination: Path) -> dict[str, Any]:
-    """Copy and hash in one read: weights can be tens of GB."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    digest, size = hashlib.sha256(), 0
-    with source.open("rb") as reader, destination.open("wb") as writer:
-        while chunk := reader.read(_CHUNK):
-            digest.update(chunk)
-            writer.write(chunk)
-            size += len(chunk)
-    return {"sha256": digest.hexdigest(), "bytes": size}
-
-
 def _write(path: Path, text: str, files: dict[str, dict[str, Any]] | None = None, key: str | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     if files is not None and key is not None:
-        files[key] = file_record(path)
+        files[key] = digest_file(path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1129,7 +1107,7 @@ def _verify_files(path: Path, manifest: dict[str, Any], command: str) -> None:
             f"{path / MANIFEST} lists no sha256 for {', '.join(unlisted)}, so they cannot be verified: "
             f"recompile with `{command}`"
         )
-    problems = []
+    problems, to_hash = [], []
     for name, record in files.items():
         file = Path(name) if Path(name).is_absolute() else path / _inside(name)
         where = name if not Path(name).is_absolute() else f"referenced file {name}"
@@ -1137,8 +1115,14 @@ def _verify_files(path: Path, manifest: dict[str, Any], command: str) -> None:
             problems.append(f"{where} is missing")
         elif file.stat().st_size != record["bytes"]:
             problems.append(f"{where} has {file.stat().st_size} bytes, the manifest recorded {record['bytes']}")
-        elif sha256_file(file) != record["sha256"]:
-            problems.append(f"{where} has another sha256 than the manifest recorded (changed or corrupt)")
+        else:
+            to_hash.append((where, file, record))
+    # Every block of every file, hashed on every core (file_digest): the weights are most of the load.
+    mismatches = mismatched_blocks([(file, record) for _, file, record in to_hash])
+    for (where, _, record), block in zip(to_hash, mismatches, strict=True):
+        if block is not None:
+            at = f"bytes {block * record['block_bytes']} onwards" if record.get("block_bytes") else "its blocks"
+            problems.append(f"{where} has another sha256 than the manifest recorded at {at} (changed or corrupt)")
     if problems:
         referenced = any(Path(name).is_absolute() for name in files)
         restore = " or restore the referenced checkpoint" if referenced else ""

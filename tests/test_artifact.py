@@ -22,9 +22,10 @@ import torch
 import torch.fx as fx
 
 import graphspec
-from graphspec.artifact import ArtifactMismatchWarning, file_record, load_artifact, save_artifact
+from graphspec.artifact import ArtifactMismatchWarning, load_artifact, save_artifact
 from graphspec.counters import COUNTERS
 from graphspec.errors import ArtifactError
+from graphspec.file_digest import digest_file
 from graphspec.runtime.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -392,7 +393,7 @@ def test_refuses_weights_of_other_shapes_than_the_graphs_take(compiled, checkpoi
     manifest = json.loads((artifact / "manifest.json").read_text())
     for name in ("config.json", "model.safetensors"):
         shutil.copy(wider / name, artifact / "draft" / name)
-        manifest["files"][f"draft/{name}"] = file_record(artifact / "draft" / name)
+        manifest["files"][f"draft/{name}"] = digest_file(artifact / "draft" / name)
     manifest["models"]["draft"]["config"]["intermediate_size"] = 192
     (artifact / "manifest.json").write_text(json.dumps(manifest))
     message = r"models\.draft: .*gate_up_proj\.weight is \[384, 64\] float32 .* compiled for \[256, 64\]"
@@ -453,7 +454,7 @@ from graphspec import artifact
 compiled = artifact.load_artifact(sys.argv[1])
 def killed(*args, **kwargs):  # SIGKILL (the OOM killer) while copying the weights: no cleanup runs
     os.kill(os.getpid(), signal.SIGKILL)
-artifact._copy_hashed = killed
+artifact.copy_and_digest = killed
 artifact.save_artifact(compiled, sys.argv[2])
 """
 
