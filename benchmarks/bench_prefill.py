@@ -139,6 +139,7 @@ def cold_start(artifact: Path, tokens: int, seed: int) -> dict[str, Any]:
         "second_request_ms": requests[1],
         "triton_compiles_during_requests": runtime.stats.triton_compiles_during_requests,
         "captures_during_requests": runtime.stats.captures_during_requests,
+        "startup_seconds": runtime.startup_seconds,
         "prompt_tokens": tokens,
         "new_tokens": 16,
     }
@@ -242,6 +243,8 @@ def print_table(report: dict[str, Any], shapes) -> None:
             f"({cold['first_request_ms'] / cold['second_request_ms']:.2f}x); during requests: "
             f"{cold['triton_compiles_during_requests']} Triton compiles, {cold['captures_during_requests']} captures"
         )
+        phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in cold["startup_seconds"].items())
+        print(f"  start-up by phase: {phases}")
     elif cold:
         print("\ncold start failed (see stderr)")
     print(f"compile + warm-up {report['compile_and_warm_up_s']:.0f} s; whole run {report['seconds']:.0f} s")

@@ -799,6 +799,7 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
             stacklevel=3,
         )
 
+    began = time.perf_counter()
     _verify_files(path, manifest, command)
     drafter_record = dict(manifest.get("drafter", {"kind": "draft_model"}))  # format 2 artifacts had none
     kind = drafter_record.pop("kind", None)
@@ -840,6 +841,7 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
         config = SpecConfig(**{**manifest["config"], "batch_sizes": tuple(manifest["config"]["batch_sizes"])})
     except TypeError as error:
         raise ArtifactError(f"{path / MANIFEST}: bad config ({error}); recompile with `{command}`") from None
+    verified = time.perf_counter()
     target = load_model(weights["target"], config.dtype, config.device)
     settings = {name: value for name, value in drafter_record.items() if name in SETTINGS[kind]}
     checked = check_drafter(
@@ -878,6 +880,8 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
                 )
     if tuple(manifest["signature"]["step_inputs"]) != signature.step_inputs:
         raise ArtifactError(f"the graphs take other step inputs than this runtime provides: recompile with `{command}`")
+    _sync(config.device)
+    weighed = time.perf_counter()
     graphs, records = {}, {}
     for entry in manifest["graphs"]:
         name = entry["name"]
@@ -902,7 +906,17 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
         raise ArtifactError(f"{path / MANIFEST}: no graph for (mode, bucket) {missing}; recompile with `{command}`")
     prefill_graphs = _load_prefill(path, manifest, config, signature, records, command)
     sm = manifest["device"].get("sm")
-    return Compiled(config, target, drafter, graphs, signature, sm, records, prefill_graphs)
+    compiled = Compiled(config, target, drafter, graphs, signature, sm, records, prefill_graphs)
+    # "verify" counts the hashing; the manifest checks around it take milliseconds.
+    done = time.perf_counter()
+    compiled.load_seconds = {"verify": verified - began, "weights": weighed - verified, "graphs": done - weighed}
+    return compiled
+
+
+def _sync(device: str) -> None:
+    """Wait for queued copies to the device, so a phase's time includes its transfers."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
 
 
 def _load_prefill(

@@ -32,6 +32,9 @@ class Compiled:
     # The prefill chunk programs by (bucket, chunk size) (trace_prefill.py); empty for artifacts written
     # before them.
     prefill_graphs: dict[tuple[int, int], fx.GraphModule] = field(default_factory=dict)
+    # Seconds per phase of how this Compiled came to be in memory (load_artifact: "verify", "weights",
+    # "graphs"); the Runtime adds its own start-up phases to them (Runtime.startup_seconds).
+    load_seconds: dict[str, float] = field(default_factory=dict)
 
     def prefill_chunks(self, bucket: int) -> tuple[int, ...]:
         """Positions per row of the bucket's prefill chunk programs, largest first."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,11 @@ import torch
 
 from tests.checkpoints import make_checkpoint
 from tests.step_case import StepCase
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One torch thread per xdist worker (the README runs one worker per core): tiny models gain nothing
+    # from intra-op threads, and two workers each spawning one per core would oversubscribe the machine.
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -132,6 +132,13 @@ def test_loaded_graphs_are_the_compiled_graphs(compiled):
     assert [r.name for r in loaded.records["step_b1_greedy"]] == [r.name for r in compiled[0].records["step_b1_greedy"]]
 
 
+def test_a_loaded_runtime_says_where_its_start_up_went(compiled):
+    runtime = Runtime.load(compiled[1])
+    phases = runtime.startup_seconds
+    assert list(phases) == ["verify", "weights", "graphs", "state_and_programs", "warm_up_and_capture"]
+    assert all(seconds >= 0 for seconds in phases.values()), phases
+
+
 def test_loaded_prefill_programs_are_the_compiled_ones(compiled):
     loaded = load_artifact(compiled[1])
     assert set(loaded.prefill_graphs) == set(compiled[0].prefill_graphs) == {(1, 64), (2, 64)}
@@ -275,7 +282,7 @@ def test_refuses_missing_weight_shard(compiled, tmp_path):
 def test_refuses_flipped_byte_in_weight_file(compiled, tmp_path):
     artifact = damaged(compiled, tmp_path)
     flip_byte(artifact / "draft" / "model.safetensors")
-    with pytest.raises(ArtifactError, match=r"draft/model.safetensors has another sha256"):
+    with pytest.raises(ArtifactError, match=r"draft/model.safetensors has another sha256 .* at bytes 0 onwards"):
         load_artifact(artifact)
 
 

@@ -93,6 +93,7 @@ class Runtime:
     leaves it to each program's first call (tests, or a caller that warms up later with warm_up())."""
 
     def __init__(self, compiled: Compiled, compile_cpu: bool = False, warm_up: bool = True) -> None:
+        began = time.perf_counter()
         self.compiled = compiled
         self.config = compiled.config
         self.k = compiled.config.k
@@ -128,8 +129,14 @@ class Runtime:
             }
             self.prefiller = Prefiller(programs, self.drafter, self.state)
         self.engine = Engine(self)
+        # Where start-up went, phase by phase (printed by `graphspec serve`, reported by bench_prefill).
+        self.startup_seconds = {**compiled.load_seconds, "state_and_programs": time.perf_counter() - began}
         if warm_up:
+            warming = time.perf_counter()
             self.warm_up()
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize(self.device)
+            self.startup_seconds["warm_up_and_capture"] = time.perf_counter() - warming
 
     def warm_up(self) -> None:
         """Warm up and capture every step and prefill program that has not been yet (CUDA graphs on;

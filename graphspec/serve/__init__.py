@@ -24,5 +24,7 @@ def serve(
     from graphspec.serve.app import create_app
 
     runtime = Runtime.load(artifact, allow_mismatch=allow_mismatch)
+    phases = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in runtime.startup_seconds.items())
+    print(f"graphspec serve: {artifact} ready ({phases})", flush=True)
     name = model_name or Path(artifact).resolve().name
     uvicorn.run(create_app(runtime, name, chat_template, markers), host=host, port=port, log_level="info")
