@@ -73,7 +73,8 @@ class Attention(nn.Module):
             cache = ops.kv_update(cache, self.layer, slot_ids, start_pos, k, v)
         attend = ops.attention if self.causal else ops.block_attention
         out = attend(q, cache, self.layer, slot_ids, start_pos, self.scale)  # [B, T, Hq, D]
-        return self.o_proj(out.view(batch, t, -1)), cache
+        # An explicit width, not -1: an empty batch (0 rows) must reshape too.
+        return self.o_proj(out.view(batch, t, self.num_heads * self.head_dim)), cache
 
 
 class MLP(nn.Module):
