@@ -15,25 +15,25 @@ from safetensors.torch import load_file, save_file
 MUSE_NAMES = {"fc.weight": "encoder.fc.weight", "hidden_norm.weight": "encoder.output_norm_enc.weight"}
 
 
-def muse_config(target: transformers.PretrainedConfig, block_size: int, layer_ids, mask_token_id: int, **overrides):
-    """MuseGlimmerAssistantConfig for `target`: its hidden size, full attention (no sliding window)."""
-    fields = dict(
-        hidden_size=target.hidden_size,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        max_position_embeddings=512,
-        block_size=block_size,
-        mask_token_id=mask_token_id,
-        target_layer_ids=list(layer_ids),
-        layer_types=["full_attention"] * overrides.get("num_hidden_layers", 2),
-    )
-    fields.update(overrides)
-    return transformers.MuseGlimmerAssistantConfig(**fields)
+def drafter_shapes(target_hidden: int, features: int, layers: int, heads=4, kv_heads=2, head_dim=16, inter=96):
+    """z-lab name -> shape of every tensor of a DFlash drafter (Qwen3-style layers, no embedding/lm_head)."""
+    shapes = {"fc.weight": (target_hidden, features), "hidden_norm.weight": (target_hidden,)}
+    for index in range(layers):
+        prefix = f"layers.{index}."
+        shapes |= {
+            prefix + "self_attn.q_proj.weight": (heads * head_dim, target_hidden),
+            prefix + "self_attn.k_proj.weight": (kv_heads * head_dim, target_hidden),
+            prefix + "self_attn.v_proj.weight": (kv_heads * head_dim, target_hidden),
+            prefix + "self_attn.o_proj.weight": (target_hidden, heads * head_dim),
+            prefix + "self_attn.q_norm.weight": (head_dim,),
+            prefix + "self_attn.k_norm.weight": (head_dim,),
+            prefix + "mlp.gate_proj.weight": (inter, target_hidden),
+            prefix + "mlp.up_proj.weight": (inter, target_hidden),
+            prefix + "mlp.down_proj.weight": (target_hidden, inter),
+            prefix + "input_layernorm.weight": (target_hidden,),
+            prefix + "post_attention_layernorm.weight": (target_hidden,),
+        }
+    return shapes | {"norm.weight": (target_hidden,)}
 
 
 def make_dflash_drafter(
@@ -44,47 +44,62 @@ def make_dflash_drafter(
     layer_ids=(0, 1),
     mask_token_id: int = 3,
     layout: str = "zlab",
-    **overrides,
+    num_hidden_layers: int = 2,
+    layer_types=None,
+    sliding_window: int | None = None,
 ) -> Path:
-    """A random DFlash drafter for the target at `target_dir`: `layout` "zlab" (a Qwen3 config with
-    architectures ["DFlashDraftModel"], dflash_config, fc / hidden_norm) or "muse" (transformers' own
-    save_pretrained of MuseGlimmerAssistantModel)."""
-    target = transformers.AutoConfig.from_pretrained(target_dir)
-    config = muse_config(target, block_size, layer_ids, mask_token_id, **overrides)
-    torch.manual_seed(seed)
-    model = transformers.MuseGlimmerAssistantModel(config)
-    with torch.no_grad():  # perturb everything: norms are all ones at init
-        for name, parameter in model.named_parameters():
-            noise = torch.randn_like(parameter)
-            parameter.copy_(1 + 0.1 * noise if name.endswith("norm.weight") or "norm_enc" in name else 0.3 * noise)
-    directory = Path(directory)
-    if layout == "muse":
-        model.save_pretrained(directory)
-        return directory
-    directory.mkdir(parents=True, exist_ok=True)
-    own = {value: key for key, value in MUSE_NAMES.items()}
-    state = {own.get(name, name): tensor.contiguous() for name, tensor in model.state_dict().items()}
-    save_file(state, directory / "model.safetensors")
-    raw = {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_hidden_layers": config.num_hidden_layers,
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "rms_norm_eps": config.rms_norm_eps,
-        "rope_theta": config.rope_parameters["rope_theta"],
-        "max_position_embeddings": config.max_position_embeddings,
-        "vocab_size": target.vocab_size,
+    """A random DFlash drafter for the target at `target_dir` (norms 1 + N(0, 0.1), weights N(0, 0.3)):
+    `layout` "zlab" (a Qwen3 config with architectures ["DFlashDraftModel"], block_size, dflash_config;
+    fc / hidden_norm) or "muse" (what transformers' MuseGlimmerAssistantModel.save_pretrained writes:
+    model_type muse_glimmer_assistant, encoder.fc / encoder.output_norm_enc). Written without transformers'
+    DFlash classes, so a transformers that lacks them (the GPU machine's) can still build one."""
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    hidden = target["hidden_size"]
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, shape in drafter_shapes(hidden, len(layer_ids) * hidden, num_hidden_layers).items():
+        noise = torch.randn(shape, generator=generator)
+        state[name] = 1 + 0.1 * noise if name.endswith("norm.weight") else 0.3 * noise
+    fields = {
+        "hidden_size": hidden,
+        "intermediate_size": 96,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
         "hidden_act": "silu",
-        "tie_word_embeddings": False,
+        "max_position_embeddings": 512,
         "block_size": block_size,
-        "num_target_layers": target.num_hidden_layers,
-        "dflash_config": {"target_layer_ids": list(layer_ids), "mask_token_id": mask_token_id},
     }
+    if layout == "muse":
+        names = MUSE_NAMES
+        raw = {
+            **fields,
+            "architectures": ["MuseGlimmerAssistantModel"],
+            "model_type": "muse_glimmer_assistant",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": list(layer_ids),
+            "layer_types": list(layer_types or ["full_attention"] * num_hidden_layers),
+            "sliding_window": sliding_window or 2048,
+        }
+    else:
+        names = {}
+        raw = {
+            **fields,
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "rope_theta": 10000.0,
+            "vocab_size": target["vocab_size"],
+            "tie_word_embeddings": False,
+            "num_target_layers": target["num_hidden_layers"],
+            "dflash_config": {"target_layer_ids": list(layer_ids), "mask_token_id": mask_token_id},
+        }
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(raw, indent=2))
+    save_file({names.get(name, name): t.contiguous() for name, t in state.items()}, directory / "model.safetensors")
     return directory
 
 

@@ -93,9 +93,11 @@ def test_accepted_counts_equal_transformers_dflash_generate(target_dir, drafter_
             max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0,
         )  # fmt: skip
         assert result.token_ids == out[0, len(prompt) :].tolist()
-        # transformers' first round only runs the target (its "prefill" step drafts nothing).
-        assert counts[0] == 0 and result.stats.accepted_per_step == counts[1:]
-        total += sum(counts)
+        # transformers' first round only runs the target (its "prefill" step drafts nothing), and its
+        # last round's count is cut to the tokens left under max_new_tokens (graphspec's is not).
+        ours, theirs = result.stats.accepted_per_step, counts[1:]
+        assert counts[0] == 0 and len(ours) == len(theirs) and ours[:-1] == theirs[:-1] and ours[-1] >= theirs[-1]
+        total += sum(theirs[:-1])
     assert total > 0  # some drafts were accepted, so the comparison is not all zeros
 
 
