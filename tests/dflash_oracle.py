@@ -47,26 +47,29 @@ def make_dflash_drafter(
     num_hidden_layers: int = 2,
     layer_types=None,
     sliding_window: int | None = None,
+    heads: tuple[int, int, int] = (4, 2, 16),
 ) -> Path:
     """A random DFlash drafter for the target at `target_dir` (norms 1 + N(0, 0.1), weights N(0, 0.3)):
     `layout` "zlab" (a Qwen3 config with architectures ["DFlashDraftModel"], block_size, dflash_config;
     fc / hidden_norm) or "muse" (what transformers' MuseGlimmerAssistantModel.save_pretrained writes:
     model_type muse_glimmer_assistant, encoder.fc / encoder.output_norm_enc). Written without transformers'
-    DFlash classes, so a transformers that lacks them (the GPU machine's) can still build one."""
+    DFlash classes, so a transformers that lacks them (the GPU machine's) can still build one. heads:
+    (attention heads, kv heads, head dim)."""
     target = json.loads((Path(target_dir) / "config.json").read_text())
     hidden = target["hidden_size"]
     generator = torch.Generator().manual_seed(seed)
     state = {}
-    for name, shape in drafter_shapes(hidden, len(layer_ids) * hidden, num_hidden_layers).items():
+    shapes = drafter_shapes(hidden, len(layer_ids) * hidden, num_hidden_layers, *heads)
+    for name, shape in shapes.items():
         noise = torch.randn(shape, generator=generator)
         state[name] = 1 + 0.1 * noise if name.endswith("norm.weight") else 0.3 * noise
     fields = {
         "hidden_size": hidden,
         "intermediate_size": 96,
         "num_hidden_layers": num_hidden_layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
+        "num_attention_heads": heads[0],
+        "num_key_value_heads": heads[1],
+        "head_dim": heads[2],
         "rms_norm_eps": 1e-6,
         "hidden_act": "silu",
         "max_position_embeddings": 512,
