@@ -245,9 +245,12 @@ class DFlashHead(nn.Module):
         sin: Tensor,
         in_place: bool = False,
     ) -> Any:
+        # One forward with a mode, so torch.func.functional_call binds the step's parameters to both.
         if mode == "context":
             return self.write_context(inputs, start, slot_ids, cache, cos, sin, in_place)
-        return self.block(inputs, start, slot_ids, cache, cos, sin, in_place)
+        if mode == "block":
+            return self.block(inputs, start, slot_ids, cache, cos, sin, in_place)
+        raise ValueError(f"DFlashHead mode must be 'context' or 'block', got {mode!r}")
 
     def write_context(
         self, features: Tensor, start: Tensor, slot_ids: Tensor, cache: Tensor, cos: Tensor, sin: Tensor, in_place: bool
