@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import Tensor, nn
 from transformers import AutoConfig, PretrainedConfig
 
@@ -83,14 +84,8 @@ def read_config(path: str | Path) -> PretrainedConfig:
     except (ValueError, KeyError, OSError) as error:
         raise CheckpointError(
             f"{path}/config.json: model_type {MUSE_MODEL_TYPE!r} needs a transformers with "
-            f"MuseGlimmerAssistantConfig (5.23 or newer; this is {_transformers_version()}): {error}"
+            f"MuseGlimmerAssistantConfig (this is {transformers.__version__}; 5.23 has it): {error}"
         ) from None
-
-
-def _transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
 
 
 def _raw_config(path: Path) -> dict[str, Any]:
