@@ -1,19 +1,23 @@
 """Step time per drafter next to graphspec's own target-only forwards, in one run.
 
 On random bf16 checkpoints shaped like Llama-3.1-8B (target, with one random MTP layer in the
-DeepSeek-V3 layout), Llama-3.2-1B (draft model) and a random EAGLE-3 head at the target's shapes (for
+DeepSeek-V3 layout), Llama-3.2-1B (draft model), a random EAGLE-3 head at the target's shapes (for
 Llama-3.1-8B those of the public EAGLE-3 heads: hidden 4096, 32 heads, 8 kv heads, intermediate 14336,
-draft_vocab_size 32000), or the tiny stand-ins with --preset tiny-llama, this
-compiles the speculation step for every drafter in
+draft_vocab_size 32000) and random DFlash drafters (z-lab layout: DFLASH_LAYERS Qwen3-style layers at the
+target's width, heads and MLP size, target_layer_ids spread over the target as z-lab's
+build_target_layer_ids does, one per block size in --dflash-blocks, each drafting K = block - 1), or the
+tiny stand-ins with --preset tiny-llama, this compiles the speculation step for every drafter in
 --drafters (greedy, K, buckets --batch-sizes) and times one captured step per bucket with every row
 real at committed length about --context. Next to them, per bucket:
 - the target-only decode step: graphspec's target forward over one token per row, same passes and
   kernels, captured (benchmarks/target_only.py);
-- the target's verify forward alone: the same over K+1 tokens per row, greedy picks included.
+- the target's verify forward alone: the same over K+1 tokens per row (for DFlash, its block size),
+  greedy picks included; "/verify" is a drafter's step over that (issue 17 asks <= 1.2 for DFlash at B 1).
 Random weights accept almost nothing, so step time is what this compares; tokens per step depends on
 the text (see tools/measure_acceptance.py for the demo pair's).
 
     python benchmarks/bench_drafters.py --json drafters.json             # on the H200 (~3 minutes)
+    python benchmarks/bench_drafters.py --drafters dflash --batch-sizes 1,4,16 --json dflash.json   # DFlash b8, b16
     python benchmarks/bench_drafters.py --preset tiny-llama --device cpu   # smoke test of this script
 """
 
@@ -38,6 +42,7 @@ import graphspec
 from benchmarks import common, target_only
 from benchmarks.bench_step import PRESETS, fill_caches, time_step, timed, write_checkpoint
 from graphspec.compiled import device_sm
+from graphspec.drafters.dflash import DFlashHead
 from graphspec.drafters.eagle3 import Eagle3Head, aux_layers
 from graphspec.drafters.mtp import MtpHead, layer_names
 from graphspec.models.decoder import checkpoint_state
@@ -45,8 +50,11 @@ from graphspec.models.loading import build_model, load_config
 from graphspec.models.spec import ModelSpec, rope_frequencies
 from graphspec.trace import model_inputs
 
-DRAFTERS = ("draft_model", "ngram", "mtp", "eagle3")
+DRAFTERS = ("draft_model", "ngram", "mtp", "eagle3", "dflash")
+# Without --drafters: DFlash's two blocks are left to their own run (scripts/gpu_check.sh keeps its time).
+DEFAULT_DRAFTERS = ("draft_model", "ngram", "mtp", "eagle3")
 EAGLE3_DRAFT_VOCAB = 32000  # the public Llama-3.1-8B EAGLE-3 heads'
+DFLASH_LAYERS = 5  # z-lab's 8B DFlash drafters (e.g. Qwen3-8B-DFlash-b16) have five layers
 
 
 def add_mtp_head(directory: Path, device: str, seed: int) -> None:
@@ -102,6 +110,49 @@ def write_eagle3_head(directory: Path, target_dir: Path, device: str, seed: int)
     return directory
 
 
+def dflash_layer_ids(target_layers: int, draft_layers: int) -> list[int]:
+    """z-lab's build_target_layer_ids: the middle layer for one drafter layer, else evenly from 1 to
+    L - 3 (tiny targets: spread over what there is)."""
+    if draft_layers == 1:
+        return [target_layers // 2]
+    start, end = (1, target_layers - 3) if target_layers >= 4 + draft_layers else (0, target_layers - 1)
+    ids = [round(start + index * (end - start) / (draft_layers - 1)) for index in range(draft_layers)]
+    return sorted(set(ids))
+
+
+def write_dflash_drafter(directory: Path, target_dir: Path, block: int, device: str, seed: int) -> Path:
+    """A random DFlash drafter directory for the target in the z-lab layout (Qwen3 config with
+    architectures ["DFlashDraftModel"], block_size, dflash_config; fc, hidden_norm, layers, norm; no
+    embedding or lm_head). Written before the target's MTP layer is added."""
+    directory.mkdir(parents=True, exist_ok=True)
+    raw = json.loads((target_dir / "config.json").read_text())
+    target_config = load_config(target_dir)
+    layers = min(DFLASH_LAYERS, target_config.num_hidden_layers)
+    ids = dflash_layer_ids(target_config.num_hidden_layers, layers)
+    raw.update(
+        architectures=["DFlashDraftModel"],
+        model_type="qwen3",
+        num_hidden_layers=layers,
+        tie_word_embeddings=False,
+        block_size=block,
+        num_target_layers=target_config.num_hidden_layers,
+        dflash_config={"target_layer_ids": ids, "mask_token_id": target_config.vocab_size - 1},
+    )
+    raw.pop("layer_types", None)
+    (directory / "config.json").write_text(json.dumps(raw, indent=2))
+    config = load_config(directory)
+    spec = ModelSpec.from_config(config)
+    head = DFlashHead(spec, len(ids) * target_config.hidden_size, build_model(target_config), *rope_frequencies(config))
+    state = {}
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, tensor in checkpoint_state(head).items():
+        if name not in ("embed_tokens.weight", "lm_head.weight"):
+            weight = torch.randn(tensor.shape, generator=generator, device=device, dtype=torch.bfloat16).mul_(0.02)
+            state[name] = (weight.add_(1.0) if name.endswith("norm.weight") else weight).cpu()
+    save_file(state, str(directory / "model.safetensors"))
+    return directory
+
+
 def time_target_forward(model: torch.nn.Module, batch: int, positions: int, args: argparse.Namespace) -> float:
     """Median ms of the target's forward over `positions` tokens per row (argmax of every position),
     captured on CUDA, with every row at committed length about args.context."""
@@ -130,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("-k", "--k", type=int, default=4)
     parser.add_argument("--batch-sizes", default="1,4,16,64")
-    parser.add_argument("--drafters", default=",".join(DRAFTERS))
+    parser.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), help=f"any of {','.join(DRAFTERS)}")
+    parser.add_argument("--dflash-blocks", default="8,16", help="DFlash block sizes (each drafts block - 1)")
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--context", type=int, default=512, help="committed length of the timed rows")
     parser.add_argument("--replays", type=int, default=100)
@@ -155,34 +207,47 @@ def main(argv: list[str] | None = None) -> int:
         eagle3_dir = Path(workdir) / "eagle3"
         if "eagle3" in drafters:  # before the MTP layer: the head copies the target's config
             write_eagle3_head(eagle3_dir, target_dir, args.device, seed=4)
+        # column -> (drafter kind, its checkpoint or name, K): DFlash once per block size, K = block - 1.
+        columns: dict[str, tuple[str, str, int]] = {}
+        for name in drafters:
+            if name != "dflash":  # "ngram", "mtp": no checkpoint of their own
+                draft = {"draft_model": str(draft_dir), "eagle3": str(eagle3_dir)}.get(name, name)
+                columns[name] = (name, draft, args.k)
+                continue
+            for block in (int(b) for b in args.dflash_blocks.split(",") if b):
+                directory = write_dflash_drafter(Path(workdir) / f"dflash_b{block}", target_dir, block, args.device, 5)
+                columns[f"dflash_b{block}"] = (name, str(directory), block - 1)
         if "mtp" in drafters:
             add_mtp_head(target_dir, args.device, seed=3)
         steps: dict[str, dict[int, float]] = {}
         target = None
-        for name in drafters:
+        for column, (_kind, draft, k) in columns.items():
             begin = time.perf_counter()
-            # "ngram", "mtp": no checkpoint of their own
-            draft = {"draft_model": str(draft_dir), "eagle3": str(eagle3_dir)}.get(name, name)
-            runtime = graphspec.Runtime.from_pretrained(target_dir, draft, batch_sizes=buckets, **options)
-            print(f"[bench] {name}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
+            runtime = graphspec.Runtime.from_pretrained(target_dir, draft, batch_sizes=buckets, **{**options, "k": k})
+            print(f"[bench] {column}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
             fill_caches(runtime, 0)
-            steps[name] = {b: time_step(runtime, b, args, args.replays)["median_ms"] for b in buckets}
+            steps[column] = {b: time_step(runtime, b, args, args.replays)["median_ms"] for b in buckets}
             target = runtime.target
             del runtime
             common.free_device_memory()
         decode = {b: time_target_forward(target, b, 1, args) for b in buckets}
-        verify = {b: time_target_forward(target, b, args.k + 1, args) for b in buckets}
-    header = f"{'B':>4} {'target decode':>14} {'verify K+1':>11}" + "".join(f" {n + ' step':>16}" for n in drafters)
-    ratios = "".join(f" {n + ' /decode':>16} {n + ' /verify':>16}" for n in drafters)
-    lines = [f"K={args.k}, context {args.context}, {report['device']}, median ms per captured step", header + ratios]
+        widths = sorted({k + 1 for _, _, k in columns.values()})
+        verify = {(b, w): time_target_forward(target, b, w, args) for b in buckets for w in widths}
+    header = f"{'B':>4} {'target decode':>14}" + "".join(f" {'verify ' + str(w):>11}" for w in widths)
+    header += "".join(f" {c + ' step':>16} {'/decode':>8} {'/verify':>8}" for c in columns)
+    lines = [
+        f"K={args.k} (DFlash: block - 1), context {args.context}, {report['device']}, median ms per captured "
+        f"step; /verify: over the verify forward of the column's K+1 tokens",
+        header,
+    ]
     for b in buckets:
-        row = {"batch": b, "target_decode_ms": decode[b], "verify_ms": verify[b], "steps_ms": {}}
-        text = f"{b:>4} {decode[b]:>14.3f} {verify[b]:>11.3f}"
-        for name in drafters:
-            row["steps_ms"][name] = steps[name][b]
-            text += f" {steps[name][b]:>16.3f}"
-        for name in drafters:
-            text += f" {steps[name][b] / decode[b]:>16.2f} {steps[name][b] / verify[b]:>16.2f}"
+        row = {"batch": b, "target_decode_ms": decode[b], "verify_ms": {w: verify[b, w] for w in widths}}
+        row["steps_ms"], row["k"] = {}, {}
+        text = f"{b:>4} {decode[b]:>14.3f}" + "".join(f" {verify[b, w]:>11.3f}" for w in widths)
+        for column, (_, _, k) in columns.items():
+            step = steps[column][b]
+            row["steps_ms"][column], row["k"][column] = step, k
+            text += f" {step:>16.3f} {step / decode[b]:>8.2f} {step / verify[b, k + 1]:>8.2f}"
         lines.append(text)
         report["rows"].append(row)
     print("\n".join(lines))

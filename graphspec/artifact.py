@@ -62,7 +62,7 @@ from safetensors.torch import load_file, save_file
 from graphspec import trace
 from graphspec.compiled import Compiled, device_sm, prefill_graph_name
 from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, SpecConfig
-from graphspec.drafters import DIRECTORY_KINDS, NAMED_KINDS, SETTINGS, check_drafter, open_drafter
+from graphspec.drafters import DIRECTORY_KINDS, NAMED_KINDS, SETTINGS, check_drafter, draft_config, open_drafter
 from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.file_digest import copy_and_digest, digest_file, mismatched_blocks
@@ -813,7 +813,7 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
         )
     weights = {role: _weights_dir(path, manifest["models"][role]) for role in roles}
     for role in roles:
-        _verify_config(role, manifest["models"][role], weights[role], command)
+        _verify_config(role, manifest["models"][role], weights[role], command, kind)
     schemas = manifest["ops"]
     for name, schema in schemas.items():
         try:
@@ -845,7 +845,7 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     target = load_model(weights["target"], config.dtype, config.device)
     settings = {name: value for name, value in drafter_record.items() if name in SETTINGS[kind]}
     checked = check_drafter(
-        weights.get("draft", kind), kind, weights["target"], target.config, config.max_seq_len, settings
+        weights.get("draft", kind), kind, weights["target"], target.config, config.max_seq_len, settings, config.k
     )
     drafter = open_drafter(weights.get("draft", kind), kind, target, config.dtype, config.device, checked)
     if drafter.describe() != {"kind": kind, **drafter_record}:
@@ -1143,9 +1143,9 @@ def _verify_files(path: Path, manifest: dict[str, Any], command: str) -> None:
         raise ArtifactError(f"{path}: {'; '.join(problems)}: recompile with `{command}`{restore}")
 
 
-def _verify_config(role: str, model: dict[str, Any], weights: Path, command: str) -> None:
+def _verify_config(role: str, model: dict[str, Any], weights: Path, command: str, kind: str) -> None:
     """The manifest's copy of the model config must be what the checkpoint's config.json says."""
-    actual = normalized_config(load_config(weights))
+    actual = normalized_config(draft_config(weights, kind) if role == "draft" else load_config(weights))
     recorded = model["config"]
     # Keys on one side only are transformers-version defaults, not edits; values that differ are.
     differ = sorted(key for key in set(actual) & set(recorded) if actual[key] != recorded[key])

@@ -99,7 +99,7 @@ def compile(
         max_seq_len = default_max_seq_len(specs, slots, parse_dtype(dtype), device)
         config = dataclasses.replace(config, max_seq_len=max_seq_len)
     check_context(target, target_spec, max_seq_len)
-    checked = check_drafter(draft, kind, target, target_config, max_seq_len, dict(drafter_options))
+    checked = check_drafter(draft, kind, target, target_config, max_seq_len, dict(drafter_options), k)
     progress(f"loading target {target}")
     target_model = load_model(target, dtype, device)
     if checked is None:  # the drafter has weights of its own

@@ -11,7 +11,7 @@ import torch.fx as fx
 
 # Ops that read the KV cache across a row's whole length (their kernels pick a split grid per launch);
 # each, reference or lowered (<op>_triton), is an eager-break point of piecewise capture.
-ATTENTION_OPS = ("attention", "rotary_kv_attention")
+ATTENTION_OPS = ("attention", "block_attention", "rotary_kv_attention")
 
 
 def is_attention(node: fx.Node) -> bool:

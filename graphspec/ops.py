@@ -240,7 +240,7 @@ def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos):
 
 
 def attention_reference(
-    q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float
+    q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float, causal: bool = True
 ) -> Tensor:
     q_heads, t = q.shape[1], q.shape[2]
     keys = cache[layer, 0].index_select(0, slot_ids).to(torch.float32)  # [B, Hkv, S, D]
@@ -249,9 +249,12 @@ def attention_reference(
     keys = keys.repeat_interleave(group, dim=1)  # [B, Hq, S, D]
     values = values.repeat_interleave(group, dim=1)
     scores = torch.matmul(q.to(torch.float32), keys.transpose(2, 3)) * scale  # [B, Hq, T, S]
-    # Query t of row b sits at position start_pos[b] + t and sees cache positions <= that.
+    # Query t of row b sits at position start_pos[b] + t and sees cache positions <= that; without
+    # `causal` every query of the row sees the whole block, positions <= start_pos[b] + T - 1.
     key_pos = torch.arange(keys.shape[2], device=q.device)
     query_pos = start_pos[:, None] + torch.arange(t, device=q.device)  # [B, T]
+    if not causal:
+        query_pos = query_pos[:, -1:].expand(-1, t)
     visible = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, T, S]
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
@@ -272,6 +275,22 @@ def attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos:
 
 
 @attention.register_fake
+def _(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
+    batch, heads, t, head_dim = q.shape
+    return q.new_empty((batch, t, heads, head_dim))
+
+
+@torch.library.custom_op("graphspec::block_attention", mutates_args=())
+def block_attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
+    """Non-causal block attention (DFlash's drafter): q [B, Hq, T, D] holds a block of T queries at
+    positions start_pos[b] .. start_pos[b] + T - 1, whose keys are already in the cache; every query of
+    the block sees every cache position <= start_pos[b] + T - 1 of its row's slot (the context before
+    the block and the whole block, no causal mask inside it). GQA and the [B, T, Hq, D] output as in
+    attention."""
+    return attention_reference(q, cache, layer, slot_ids, start_pos, scale, causal=False).contiguous()
+
+
+@block_attention.register_fake
 def _(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))
@@ -678,6 +697,7 @@ OPS = {
     "slot_write": torch.ops.graphspec.slot_write.default,
     "rotary_kv_write": torch.ops.graphspec.rotary_kv_write.default,
     "attention": torch.ops.graphspec.attention.default,
+    "block_attention": torch.ops.graphspec.block_attention.default,
     "rotary_kv_attention": torch.ops.graphspec.rotary_kv_attention.default,
     "prefill_attention": torch.ops.graphspec.prefill_attention.default,
     "argmax": torch.ops.graphspec.argmax.default,

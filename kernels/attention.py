@@ -17,6 +17,10 @@ ROTARY (graphspec::rotary_kv_attention, kernels/rotary_kv_attention.py): q and t
 unrotated; every program rotates its q tile in registers, and the programs whose chunk holds the step's
 positions rotate those keys and store them and their values into the cache before the key loop, which
 is unchanged. QK_NORM adds Qwen3's per-head rms_norm of q and k before the rotation.
+
+CAUSAL=False (graphspec::block_attention, kernels/block_attention.py, DFlash's drafter): every query of
+the row's block sees every key up to the block's last position, start_pos[b] + T - 1, the window the
+causal kernel gives its last query; nothing else changes.
 """
 
 from __future__ import annotations
@@ -150,6 +154,7 @@ def attention_kernel(
     SPLIT: tl.constexpr,
     ROTARY: tl.constexpr,
     QK_NORM: tl.constexpr,
+    CAUSAL: tl.constexpr,
     BLOCK_T: tl.constexpr,  # ROTARY: T rounded up to a power of 2
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
@@ -245,8 +250,10 @@ def attention_kernel(
         if UPCAST_DOT:
             k = k.to(tl.float32)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        # Causal within the block: query at query_pos sees key positions <= query_pos.
-        visible = (pos[None, :] <= query_pos[:, None]) & in_range[None, :]
+        if CAUSAL:  # query at query_pos sees key positions <= query_pos
+            visible = (pos[None, :] <= query_pos[:, None]) & in_range[None, :]
+        else:  # the whole block: every key of the chunk (hi <= kv_len = start + T), for every query
+            visible = in_range[None, :]
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -336,6 +343,7 @@ def attention(
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
     rotary: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
     qk_norm: tuple[Tensor, Tensor, float] | None = None,
+    causal: bool = True,
 ) -> Tensor:
     """Launch attention_kernel (+ attention_reduce_kernel when split). Same result as
     graphspec.ops.attention_reference; returns a new contiguous [B, T, Hq, D] tensor of q's dtype.
@@ -345,7 +353,8 @@ def attention(
     positions start_pos[b] + t of slot slot_ids[b] and attended to, as rotary_kv_write then attention
     would (the same bits). k, v and the cache share q's dtype; cos/sin are [B, T, D].
     qk_norm=(q_weight, k_weight, eps) (with rotary only) first rms_norms each head of q and of the
-    step's k over D, as graphspec::rms_norm would (to its fp32 rounding)."""
+    step's k over D, as graphspec::rms_norm would (to its fp32 rounding).
+    causal=False: graphspec::block_attention's window (every query sees the whole block)."""
     check_device(q, cache, *(rotary or ()))
     batch, q_heads, t, head_dim = q.shape
     kv_heads, seq_capacity = cache.shape[3], cache.shape[4]
@@ -426,6 +435,7 @@ def attention(
         SPLIT=splits > 1,
         ROTARY=rotary is not None,
         QK_NORM=qk_norm is not None,
+        CAUSAL=causal,
         BLOCK_T=next_power_of_2(t),
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
         UPCAST_DOT=upcast,

@@ -334,3 +334,20 @@ def test_compile_with_an_eagle3_head_directory_and_inspect_it(checkpoints, tmp_p
     assert manifest["drafter"] == {"kind": "eagle3", "aux_layers": [0, 1, 1], "draft_vocab_size": 40}
     assert f"--draft {head.absolute()}" in manifest["command"]
     assert Runtime.load(out).generate([[5, 6, 5, 6, 5]], max_new_tokens=4, stop_token_ids=[])[0].token_ids
+
+
+def test_compile_with_a_dflash_directory_and_inspect_it(checkpoints, tmp_path, capsys):
+    from tests.dflash_oracle import make_dflash_drafter
+
+    target, _ = checkpoints
+    drafter = make_dflash_drafter(tmp_path / "dflash", target, seed=2, block_size=3, layer_ids=(0, 1), mask_token_id=4)
+    out = tmp_path / "dflash_art"
+    args = ["compile", str(target), "--draft", str(drafter), "-k", "2", "--batch-sizes", "1"]
+    assert main([*args, *COMPILE_FLAGS, "--modes", "greedy", "--out", str(out)]) == 0
+    assert main(["inspect", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "drafter    dflash  block_size 3  target_layer_ids [0, 1]  mask_token_id 4" in printed
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["drafter"] == {"kind": "dflash", "block_size": 3, "target_layer_ids": [0, 1], "mask_token_id": 4}
+    assert f"--draft {drafter.absolute()}" in manifest["command"]
+    assert Runtime.load(out).generate([[5, 6, 5, 6, 5]], max_new_tokens=4, stop_token_ids=[])[0].token_ids

@@ -10,8 +10,9 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from graphspec.drafters import eagle3
+from graphspec.drafters import dflash, eagle3
 from graphspec.drafters.base import Drafter, Proposal, State, StepView
+from graphspec.drafters.dflash import DFlash
 from graphspec.drafters.draft_model import DraftModel
 from graphspec.drafters.eagle3 import Eagle3
 from graphspec.drafters.mtp import Mtp, plan_head
@@ -23,21 +24,31 @@ from graphspec.models.spec import ModelSpec
 # kind -> class. NAMED_KINDS: `draft` strings that name a kind with no checkpoint of its own (n-gram has
 # no model; draft="mtp" reads the target checkpoint's head). DIRECTORY_KINDS: kinds a `draft`
 # directory can be (draft="mtp" or an MTP head directory are both MTP).
-KINDS: dict[str, type[Drafter]] = {"draft_model": DraftModel, "ngram": NGram, "mtp": Mtp, "eagle3": Eagle3}
+KINDS: dict[str, type[Drafter]] = {
+    "draft_model": DraftModel,
+    "ngram": NGram,
+    "mtp": Mtp,
+    "eagle3": Eagle3,
+    "dflash": DFlash,
+}
 NAMED_KINDS = ("ngram", "mtp")
-DIRECTORY_KINDS = ("draft_model", "mtp", "eagle3")
-SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": (), "eagle3": ()}
+DIRECTORY_KINDS = ("draft_model", "mtp", "eagle3", "dflash")
+SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": (), "eagle3": (), "dflash": ()}
 
 
 def directory_kind(path: str | Path) -> str:
     """The kind a checkpoint directory's config.json architectures say: a name containing "Eagle3" is an
-    EAGLE-3 head, one ending in "NextN" or "MTP" an MTP head (SGLang's standalone NextN convention),
+    EAGLE-3 head, one containing "DFlash" or "MuseGlimmerAssistant" (or model_type muse_glimmer_assistant)
+    a DFlash drafter, one ending in "NextN" or "MTP" an MTP head (SGLang's standalone NextN convention),
     anything else a draft model. A directory without a readable config is left to the loader to refuse."""
     config = Path(path) / "config.json"
     try:
-        architectures = json.loads(config.read_text()).get("architectures") or []
+        raw = json.loads(config.read_text())
+        architectures = raw.get("architectures") or []
     except (OSError, ValueError, AttributeError):
         return "draft_model"
+    if dflash.is_dflash(raw):
+        return "dflash"
     if eagle3.is_eagle3(architectures):
         return "eagle3"
     if any(str(name).endswith(("NextN", "MTP")) for name in architectures):
@@ -69,10 +80,11 @@ def check_drafter(
     target_config: PretrainedConfig,
     max_seq_len: int,
     settings: dict[str, Any],
+    k: int,
 ) -> Drafter | None:
-    """Validate the drafter against the target checkpoint (its directory and config) from configs and
-    file headers alone (no weights read). Returns the drafter when it needs no weights, else None
-    (open_drafter loads it)."""
+    """Validate the drafter against the target checkpoint (its directory and config), the cache length
+    and K, from configs and file headers alone (no weights read). Returns the drafter when it needs no
+    weights, else None (open_drafter loads it)."""
     unknown = sorted(set(settings) - set(SETTINGS[kind]))
     if unknown:
         takes = ", ".join(SETTINGS[kind]) or "none"
@@ -88,6 +100,9 @@ def check_drafter(
         return None
     if kind == "eagle3":  # config fields, names, shapes and d2t, against a meta-device target
         eagle3.plan_head(Path(draft), target_config, build_model(target_config))
+        return None
+    if kind == "dflash":  # layer ids, block size vs K, mask token, window, names and shapes, on a meta target
+        dflash.plan_head(Path(draft), build_model(target_config), k, max_seq_len)
         return None
     spec = ModelSpec.from_config(load_config(draft))
     if spec.vocab_size != target_spec.vocab_size:
@@ -109,6 +124,11 @@ def check_context(path: str | Path, spec: ModelSpec, max_seq_len: int) -> None:
         raise InputError(f"max_seq_len={max_seq_len} exceeds {path}'s sliding_window={spec.sliding_window}")
 
 
+def draft_config(draft: str | Path, kind: str) -> PretrainedConfig:
+    """The config of a drafter directory as its drafter reads it (the artifact compares it with its record)."""
+    return dflash.read_config(draft) if kind == "dflash" else load_config(draft)
+
+
 def open_drafter(
     draft: str | Path, kind: str, target: LoadedModel, dtype: str, device: str, checked: Drafter | None = None
 ) -> Drafter:
@@ -120,6 +140,8 @@ def open_drafter(
         return Mtp(target, target.model.model.embed_tokens.weight.dtype, device, head_dir)
     if kind == "eagle3":
         return Eagle3(draft, target, target.model.model.embed_tokens.weight.dtype, device)
+    if kind == "dflash":
+        return DFlash(draft, target, target.model.model.embed_tokens.weight.dtype, device)
     return DraftModel(load_model(draft, dtype, device))
 
 
@@ -132,6 +154,7 @@ __all__ = [
     "State",
     "StepView",
     "check_drafter",
+    "draft_config",
     "drafter_kind",
     "open_drafter",
 ]

@@ -277,6 +277,7 @@ def fits_sample(node: fx.Node) -> bool:
 # and its op torch.ops.graphspec.<op>_triton. A new kernel is a new entry here and a new file.
 KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "attention": fits_attention,
+    "block_attention": fits_attention,  # the same kernel without the causal mask
     "rms_norm": fits_rms_norm,
     "add_rms_norm": fits_add_rms_norm,
     "rotary": fits_rotary,

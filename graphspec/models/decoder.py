@@ -50,6 +50,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
             self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
         self.qk_norm = spec.qk_norm
+        # False: the T queries of a call are one block that sees itself whole (graphspec::block_attention;
+        # DFlash drafter layers), instead of causal attention.
+        self.causal = True
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, start_pos: Tensor, slot_ids: Tensor, cache: Tensor, in_place: bool
@@ -68,8 +71,10 @@ class Attention(nn.Module):
             ops.kv_write(cache, self.layer, slot_ids, start_pos, k, v)
         else:  # tracing: functional form, made in-place again by the defunctionalize_kv pass
             cache = ops.kv_update(cache, self.layer, slot_ids, start_pos, k, v)
-        out = ops.attention(q, cache, self.layer, slot_ids, start_pos, self.scale)  # [B, T, Hq, D]
-        return self.o_proj(out.view(batch, t, -1)), cache
+        attend = ops.attention if self.causal else ops.block_attention
+        out = attend(q, cache, self.layer, slot_ids, start_pos, self.scale)  # [B, T, Hq, D]
+        # An explicit width, not -1: an empty batch (0 rows) must reshape too.
+        return self.o_proj(out.view(batch, t, self.num_heads * self.head_dim)), cache
 
 
 class MLP(nn.Module):

@@ -109,6 +109,14 @@ def recorded(checkpoint_factory) -> tuple[list[dict], set[str]]:
             start_pos, slot_ids = torch.tensor([16]), torch.tensor([0])
             prefill_attention.prefill_attention(q, k, v, cache, 1, slot_ids, start_pos, 128**-0.5, **config)
         lowered.add("prefill_attention")
+        # DFlash's non-causal block attention (the attention kernel with CAUSAL=False), block 8, 8B heads.
+        from graphspec.kernels import block_attention
+
+        for config in (block_attention.CONFIGS[90], block_attention.CONFIGS["default"]):
+            q = torch.randn(1, 4, 8, 128, dtype=torch.bfloat16)
+            cache = torch.zeros(1, 2, 2, 1, 64, 128, dtype=torch.bfloat16)
+            block_attention.block_attention(q, cache, 0, torch.tensor([0]), torch.tensor([20]), 128**-0.5, **config)
+        lowered.add("block_attention")
     finally:
         InterpretedFunction.run = original
     return list(records.values()), lowered

@@ -298,3 +298,42 @@ def test_cpu_lowered_graph_matches_reference_graph_fp32() -> None:
         tolerance = 1e-5 if index == 4 else 0  # output 4 is attention's
         torch.testing.assert_close(g, e, rtol=tolerance, atol=tolerance, msg=f"output {index}")
     assert torch.equal(lowered_inputs[CACHE], reference_inputs[CACHE])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU step case: its kernels run under the interpreter")
+def test_dflash_step_lowers_block_attention_and_matches_unlowered(checkpoint_factory, tmp_path) -> None:
+    """A DFlash step at head dim 64: each drafter layer's non-causal block attention becomes
+    graphspec::block_attention_triton, and the lowered step's tokens equal the unlowered step's."""
+    from graphspec import pipeline, trace
+    from graphspec.drafters.dflash import DFlash
+    from graphspec.models import load_model
+    from tests.dflash_oracle import make_dflash_drafter
+
+    target_dir = checkpoint_factory("llama", seed=0, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+    drafter_dir = make_dflash_drafter(tmp_path, target_dir, seed=1, block_size=4, heads=(2, 1, 64))
+    target = load_model(target_dir)
+    drafter = DFlash(drafter_dir, target, torch.float32, "cpu")
+    k, generator = 3, torch.Generator().manual_seed(0)
+    inputs = trace.example_step_inputs(target.model, drafter, k, 2, 3, 48, torch.float32, "cpu")
+    for name in ("target_cache", "dflash_cache", "dflash_features"):
+        inputs[name] = torch.randn(inputs[name].shape, generator=generator)
+    inputs["last_tokens"] = torch.randint(0, 128, (2, 2), generator=generator)
+    inputs["committed_len"] = torch.tensor([9, 20])
+    inputs["dflash_start"] = torch.tensor([[7], [20], [0]])
+    gm, signature = trace.trace_step(target.model, drafter, k, "greedy", inputs)
+    context = PassContext(k=k, batch=2, mode="greedy", sm=None, scratch_slot=2)
+    reference = pipeline.run_pipeline(gm, context, stop_after="defunctionalize_kv").gm
+    gm, _ = trace.trace_step(target.model, drafter, k, "greedy", inputs)
+    forced = PassContext(k=k, batch=2, mode="greedy", sm=None, scratch_slot=2, options={"force_sm": 90})
+    lowered = pipeline.run_pipeline(gm, forced, stop_after="lower_kernels").gm
+    kernels = [n for n in lowered.graph.nodes if n.target == torch.ops.graphspec.block_attention_triton.default]
+    assert len(kernels) == 2  # one per drafter layer
+    params = [*trace.model_inputs(target.model).values(), *drafter.params().values()]
+    results = []
+    for graph in (reference, lowered):
+        state = {name: value.clone() for name, value in inputs.items()}
+        outputs = graph(*params, *(state[name] for name in signature.step_inputs))
+        results.append(dict(zip(trace.output_nodes(graph), outputs, strict=True)))
+    for name in ("tokens", "num_accepted"):
+        torch.testing.assert_close(results[1][name], results[0][name], rtol=0, atol=0, msg=name)
+    torch.testing.assert_close(results[1]["dflash_cache"], results[0]["dflash_cache"], rtol=1e-4, atol=1e-5)

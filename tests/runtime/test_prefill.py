@@ -50,6 +50,15 @@ def mtp_runtime(tmp_path_factory) -> graphspec.Runtime:
     return compile_pair(make_mtp_checkpoint(tmp_path_factory.mktemp("mtp_prefill"), "deepseek_v3", seed=7), "mtp")
 
 
+@pytest.fixture(scope="module")
+def dflash_runtime(checkpoint_factory, tmp_path_factory) -> graphspec.Runtime:
+    from tests.dflash_oracle import make_dflash_drafter
+
+    target = checkpoint_factory("llama", 0)
+    drafter = make_dflash_drafter(tmp_path_factory.mktemp("dflash_prefill"), target, seed=3, block_size=K + 1)
+    return compile_pair(target, drafter, modes=("greedy",))
+
+
 def greedy_params(rows: int) -> dict[str, torch.Tensor]:
     return {
         "temperature": torch.zeros(rows),
@@ -196,6 +205,25 @@ def test_mtp_head_state_matches_reference(mtp_runtime):
         for name in ("mtp_tokens", "mtp_start"):
             assert torch.equal(state[name][slot, 0], reference_state[name][slot, 0]), name
         torch.testing.assert_close(state["mtp_hidden"][slot, 0], reference_state["mtp_hidden"][slot, 0])
+
+
+def test_dflash_context_matches_reference(dflash_runtime):
+    """The DFlash drafter's context K/V of every prompt position across chunk boundaries, and the first
+    step's feature row (the prompt's last position) and start."""
+    prompts = random_prompts([6, 1, 21], dflash_runtime.vocab_size, seed=8)
+    slots = [1, 0, 2]
+    first, state, reference_first, reference_state = run_both(dflash_runtime, prompts, slots)
+    assert first.tolist() == reference_first.tolist()
+    for slot, prompt in zip(slots, prompts, strict=True):
+        for name in (TARGET_CACHE, "dflash_cache"):
+            compiled, reference = (
+                live_kv(state[name], slot, len(prompt)),
+                live_kv(reference_state[name], slot, len(prompt)),
+            )
+            assert torch.isfinite(compiled).all(), f"{name} slot {slot}: a live entry was not written"
+            torch.testing.assert_close(compiled, reference, rtol=1e-5, atol=1e-5, msg=f"{name} slot {slot}")
+        assert torch.equal(state["dflash_start"][slot], reference_state["dflash_start"][slot])
+        torch.testing.assert_close(state["dflash_features"][slot, 0], reference_state["dflash_features"][slot, 0])
 
 
 def test_generate_is_unchanged_by_the_compiled_prefill(runtime):
