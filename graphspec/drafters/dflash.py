@@ -54,7 +54,7 @@ from graphspec.drafters.base import (
 )
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape, rope_tables
-from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, read_into
+from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, read_into, tensor_problems
 from graphspec.models.spec import ModelSpec, rope_frequencies
 
 MUSE_MODEL_TYPE = "muse_glimmer_assistant"
@@ -343,18 +343,7 @@ def check_tensors(
             f"{layer_count * target_hidden} (expected {list(own['fc.weight'])})"
         )
     stored = {names[name]: shape for name, shape in own.items()}
-    missing = sorted(name for name in stored if name not in available)
-    unexpected = sorted(name for name in set(available) - set(stored) if not name.endswith(IGNORED_SUFFIXES))
-    misshaped = sorted(
-        f"{name} (checkpoint {list(available[name][1])}, expected {list(shape)})"
-        for name, shape in stored.items()
-        if name in available and tuple(available[name][1]) != shape
-    )
-    problems = (
-        ([f"missing tensors: {', '.join(missing)}"] if missing else [])
-        + ([f"unexpected tensors: {', '.join(unexpected)}"] if unexpected else [])
-        + ([f"mis-shaped tensors: {', '.join(misshaped)}"] if misshaped else [])
-    )
+    problems = tensor_problems(stored, available, ignore_unexpected=lambda name: name.endswith(IGNORED_SUFFIXES))
     if problems:
         raise CheckpointError(
             f"{path}: the DFlash drafter does not fit its config and the target: " + "; ".join(problems)

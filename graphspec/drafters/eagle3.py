@@ -57,7 +57,7 @@ from graphspec.models.decoder import (
     kv_cache_shape,
     rope_tables,
 )
-from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, read_into
+from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, read_into, tensor_problems
 from graphspec.models.spec import ModelSpec, rope_frequencies
 
 ARCHITECTURE = "Eagle3"  # a head directory's config.json architectures name contains it
@@ -222,19 +222,9 @@ def check_tensors(
     expected = {**own, "d2t": (draft_vocab,)}
     # Without d2t only the identity map (draft vocabulary = target vocabulary) is known.
     needed = [*own, "d2t"] if draft_vocab != vocab else list(own)
-    missing = sorted(name for name in needed if name not in available)
-    unexpected = sorted(
-        name for name in set(available) - set(expected) - set(IGNORED_TENSORS) if not name.endswith(IGNORED_SUFFIXES)
-    )
-    misshaped = sorted(
-        f"{name} (checkpoint {list(available[name][1])}, expected {list(shape)})"
-        for name, shape in expected.items()
-        if name in available and tuple(available[name][1]) != shape
-    )
-    problems = (
-        ([f"missing tensors: {', '.join(missing)}"] if missing else [])
-        + ([f"unexpected tensors: {', '.join(unexpected)}"] if unexpected else [])
-        + ([f"mis-shaped tensors: {', '.join(misshaped)}"] if misshaped else [])
+    ignored = set(IGNORED_TENSORS)
+    problems = tensor_problems(
+        expected, available, needed, lambda name: name in ignored or name.endswith(IGNORED_SUFFIXES)
     )
     if problems:
         raise CheckpointError(f"{path}: the EAGLE-3 head does not fit the target: " + "; ".join(problems))

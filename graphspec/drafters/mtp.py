@@ -46,7 +46,14 @@ from graphspec.drafters.base import (
 )
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape
-from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, mtp_layer_count, read_into
+from graphspec.models.loading import (
+    LoadedModel,
+    checkpoint_tensors,
+    load_config,
+    mtp_layer_count,
+    read_into,
+    tensor_problems,
+)
 from graphspec.models.spec import ModelSpec
 
 # Per layout: own name (inside one MtpLayer) -> stored name; "block." maps onto the decoder layer's names.
@@ -307,14 +314,7 @@ def detect_layout(path: Path, available: dict[str, Any], num_layers: int) -> str
 
 def check_shapes(path: Path, head: MtpHead, names: dict[str, str], available: dict[str, Any]) -> None:
     own = {name: tuple(tensor.shape) for name, tensor in checkpoint_state(head).items()}
-    missing = sorted(stored for stored in names.values() if stored not in available)
-    misshaped = sorted(
-        f"{stored} (checkpoint {list(available[stored][1])}, expected {list(own[name])})"
-        for name, stored in names.items()
-        if stored in available and tuple(available[stored][1]) != own[name]
-    )
-    if missing or misshaped:
-        problems = ([f"missing MTP tensors: {', '.join(missing)}"] if missing else []) + (
-            [f"mis-shaped MTP tensors: {', '.join(misshaped)}"] if misshaped else []
-        )
-        raise CheckpointError(f"{path}: the MTP head does not fit the target: " + "; ".join(problems))
+    # The head's tensors sit among the target's in the same files: other tensors are not unexpected.
+    problems = tensor_problems({stored: own[name] for name, stored in names.items()}, available, ignore_unexpected=None)
+    if problems:
+        raise CheckpointError(f"{path}: the MTP head's tensors do not fit the target: " + "; ".join(problems))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,6 +227,35 @@ def read_into(
     module.load_state_dict(state, strict=False, assign=True)
 
 
+def tensor_problems(
+    expected: dict[str, tuple[int, ...]],
+    available: dict[str, tuple[Path, tuple[int, ...]]],
+    required: Iterable[str] | None = None,
+    ignore_unexpected: Callable[[str], bool] | None = lambda name: False,
+) -> list[str]:
+    """What is wrong between the tensors a module expects (stored name -> shape) and what the files hold
+    (checkpoint_tensors' name -> (file, shape)): missing `required` ones (default: all expected),
+    unexpected stored ones (unless ignore_unexpected says so; None: other tensors are allowed), and
+    mis-shaped ones. One phrase per kind, names sorted; empty when they fit."""
+    required = expected if required is None else required
+    missing = sorted(name for name in required if name not in available)
+    unexpected = (
+        []
+        if ignore_unexpected is None
+        else sorted(name for name in set(available) - set(expected) if not ignore_unexpected(name))
+    )
+    misshaped = sorted(
+        f"{name} (checkpoint {list(available[name][1])}, expected {list(shape)})"
+        for name, shape in expected.items()
+        if name in available and tuple(available[name][1]) != tuple(shape)
+    )
+    return (
+        ([f"missing tensors: {', '.join(missing)}"] if missing else [])
+        + ([f"unexpected tensors: {', '.join(unexpected)}"] if unexpected else [])
+        + ([f"mis-shaped tensors: {', '.join(misshaped)}"] if misshaped else [])
+    )
+
+
 def load_model(
     path: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
 ) -> LoadedModel:
@@ -243,20 +273,7 @@ def load_model(
     if mtp_layer_count(config):
         for name in [n for n in available if is_mtp_tensor(n, model.spec.num_layers)]:
             available.pop(name)
-    missing = sorted(set(expected) - set(available))
-    unexpected = sorted(set(available) - set(expected))
-    misshaped = sorted(
-        f"{name} (checkpoint {list(available[name][1])}, expected {list(shape)})"
-        for name, shape in expected.items()
-        if name in available and available[name][1] != shape
-    )
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {', '.join(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {', '.join(unexpected)}")
-    if misshaped:
-        problems.append(f"mis-shaped tensors: {', '.join(misshaped)}")
+    problems = tensor_problems(expected, available)
     if problems:
         raise CheckpointError(f"{path}: checkpoint does not match its config.json; " + "; ".join(problems))
 

@@ -96,7 +96,7 @@ def test_mis_shaped_mtp_tensor_is_refused_before_any_weight_is_read(tmp_path, mo
     state = load_file(directory / "model.safetensors")
     state["model.layers.2.eh_proj.weight"] = torch.zeros(64, 96)
     save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
-    message = r"mis-shaped MTP tensors: model\.layers\.2\.eh_proj\.weight"
+    message = r"mis-shaped tensors: model\.layers\.2\.eh_proj\.weight"
     with pytest.raises(CheckpointError, match=message):
         Mtp(load_model(directory), torch.float32, "cpu")
 
