@@ -90,6 +90,13 @@ class PrefillView:
     first: Tensor  # [rows] the target's first token (at position lengths)
     features: Tensor | None = None  # [rows, T, F] the drafter's target_features, when it declares any
 
+    def end(self) -> PrefillEnd:
+        """What prefill_finish() reads, taken at each prompt's last position (so a drafter's reference
+        prefill can end the way the compiled one does)."""
+        last = torch.arange(self.tokens.shape[0], device=self.tokens.device), self.lengths - 1
+        features = None if self.features is None else self.features[last]
+        return PrefillEnd(self.slot_ids, self.lengths, self.first, self.hidden[last], features)
+
 
 @dataclass
 class PrefillChunk:

@@ -426,14 +426,12 @@ class DFlash(Drafter):
     def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
         features, slots, lengths = prompt.features, prompt.slot_ids, prompt.lengths
         assert features is not None, "prefill needs the target features the drafter declares"
-        rows = torch.arange(features.shape[0], device=features.device)
         # Context K/V of every prompt position; right padding writes dead entries past each prompt.
         positions = torch.arange(features.shape[1], device=features.device).expand(features.shape[0], -1)
         cos, sin = rope_tables(positions, self.head.inv_freq, self.head.rope_scale)
         start = torch.zeros_like(lengths)
         self.head("context", features, start, slots, state["dflash_cache"], cos, sin, in_place=True)
-        last = rows, lengths - 1
-        self.prefill_finish(PrefillEnd(slots, lengths, prompt.first, prompt.hidden[last], features[last]), state)
+        self.prefill_finish(prompt.end(), state)
 
     def prefill_chunk(
         self, params: dict[str, Tensor], chunk: PrefillChunk, state: dict[str, Tensor]

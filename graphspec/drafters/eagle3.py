@@ -340,7 +340,6 @@ class Eagle3(Drafter):
     def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
         tokens, features, slots, lengths = prompt.tokens, prompt.features, prompt.slot_ids, prompt.lengths
         assert features is not None, "prefill needs the target features the drafter declares"
-        rows = torch.arange(tokens.shape[0], device=tokens.device)
         if tokens.shape[1] > 1:  # pairs (x_t, f_{t-1}) at positions t - 1 = 0 .. T-2; right padding writes dead KV
             kv_start = torch.zeros_like(lengths)
             positions = torch.arange(tokens.shape[1] - 1, device=tokens.device).expand(tokens.shape[0], -1)
@@ -348,8 +347,7 @@ class Eagle3(Drafter):
             cache = state["eagle3_cache"][..., : tokens.shape[1] - 1, :]  # a view cut to the pairs, as the target's
             hidden = self.head.fc(features[:, :-1])
             self.head(tokens[:, 1:], hidden, kv_start, slots, cache, cos, sin, in_place=True)
-        last = rows, lengths - 1
-        self.prefill_finish(PrefillEnd(slots, lengths, prompt.first, prompt.hidden[last], features[last]), state)
+        self.prefill_finish(prompt.end(), state)
 
     def prefill_chunk(
         self, params: dict[str, Tensor], chunk: PrefillChunk, state: dict[str, Tensor]

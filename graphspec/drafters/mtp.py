@@ -225,14 +225,13 @@ class Mtp(Drafter):
 
     def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
         tokens, hidden, slots, lengths = prompt.tokens, prompt.hidden, prompt.slot_ids, prompt.lengths
-        rows = torch.arange(tokens.shape[0], device=tokens.device)
         if tokens.shape[1] > 1:  # pairs (x_t, h_{t-1}) for t = 1 .. T-1; right padding writes dead KV
             kv_start = torch.zeros_like(lengths)
             positions = 1 + torch.arange(tokens.shape[1] - 1, device=tokens.device).expand(tokens.shape[0], -1)
             cos, sin = self.target.rope(positions, self.head.inv_freq)
             cache = state["mtp_cache"][..., : tokens.shape[1] - 1, :]  # a view cut to the pairs, as the target's
             self.head(0, tokens[:, 1:], hidden[:, :-1], kv_start, slots, cache, cos, sin, in_place=True)
-        self.prefill_finish(PrefillEnd(slots, lengths, prompt.first, hidden[rows, lengths - 1]), state)
+        self.prefill_finish(prompt.end(), state)
 
     def prefill_chunk(
         self, params: dict[str, Tensor], chunk: PrefillChunk, state: dict[str, Tensor]
