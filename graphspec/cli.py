@@ -453,12 +453,12 @@ def run_compile(args: argparse.Namespace) -> int:
         progress.done()
     for warning in caught:  # e.g. a partial folder of an interrupted compile it could not remove
         print(f"warning: {warning.message}", file=sys.stderr)
-    graphs = len(compiled.graphs)
+    graphs = f"{len(compiled.graphs)} step graphs, {len(compiled.prefill_graphs)} prefill programs"
     if args.out:
         out = Path(args.out).absolute()
         size = sum(file.stat().st_size for file in out.rglob("*") if file.is_file())
         weights = "weights referenced by path" if args.reference_weights else "weights copied"
-        print(f"artifact: {out} ({graphs} graphs, {human_size(size)}, {weights})")
+        print(f"artifact: {out} ({graphs}, {human_size(size)}, {weights})")
         print(f"  run it: graphspec generate {out} --prompt ...   inspect it: graphspec inspect {out}")
     if args.dump_dir:
         dumps = Path(args.dump_dir).absolute()
@@ -638,6 +638,14 @@ def describe_manifest(path: Path, manifest: dict[str, Any]) -> str:
             f"  {entry['name']:<20} mode {entry['mode']:<7} bucket {entry['bucket']:<4} {entry.get('nodes', '?')} nodes"
             f"  {human_size(size)}"
         )
+    if manifest.get("prefill"):
+        lines.append("prefill programs (one per bucket and chunk size: positions per row)")
+        for entry in manifest["prefill"]:
+            size = sum(files[entry[key]]["bytes"] for key in ("graph", "constants") if entry.get(key) in files)
+            lines.append(
+                f"  {entry['name']:<20} bucket {entry['bucket']:<4} chunk {entry['chunk']:<6} "
+                f"{entry.get('nodes', '?')} nodes  {human_size(size)}"
+            )
     kernels = _kernel_summary(path, manifest)
     lines.append(f"kernels    {kernels}")
     total = sum(record["bytes"] for record in files.values())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -137,6 +138,7 @@ def test_compile_writes_the_artifact_and_says_where(runs):
     assert (artifact / "manifest.json").is_file()
     assert (artifact / "target" / "tokenizer.json").is_file()  # tokenizer files travel with the weights
     assert f"artifact: {artifact}" in result.stdout
+    assert re.search(r"\(4 step graphs, [1-9]\d* prefill programs, ", result.stdout), result.stdout
     assert f"dumps:    {dumps}" in result.stdout
     assert str(dumps / "step_b2_sample" / "summary.md") in result.stdout
     assert (dumps / "step_b2_sample" / "summary.md").is_file()
@@ -215,6 +217,8 @@ def test_inspect_summarizes_the_manifest(runs):
         "vocab 128",
         "[01] insert_verify",
         "step_b2_sample",
+        "prefill programs (one per bucket and chunk size",
+        "prefill_b2_c",
         "graphs/step_b1_greedy.json",
         "target/model.safetensors",
         "this machine: matches",
