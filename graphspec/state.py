@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+TARGET_CACHE = "target_cache"  # [L, 2, SLOTS, Hkv, S, D]: the target's KV cache, first of the step's states
 # How a state tensor is rolled back when drafts are rejected. None needs work at rollback time:
 # - "length": position-indexed per slot; entries at or past a row's committed length are dead, and the
 #   step rewrites every entry before it reads it (KV caches, token history).

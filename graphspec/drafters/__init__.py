@@ -27,6 +27,8 @@ KINDS: dict[str, type[Drafter]] = {"draft_model": DraftModel, "ngram": NGram, "m
 NAMED_KINDS = ("ngram", "mtp")
 DIRECTORY_KINDS = ("draft_model", "mtp", "eagle3")
 SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": (), "eagle3": ()}
+# Kinds not wired to hybrid targets yet: they read target features (capture points) HybridLM lacks.
+HYBRID_UNSUPPORTED = ("mtp", "eagle3")
 
 
 def directory_kind(path: str | Path) -> str:
@@ -80,6 +82,11 @@ def check_drafter(
     if kind == "ngram":
         return NGram(**settings)
     target_spec = ModelSpec.from_config(target_config)
+    if target_spec.linear is not None and kind in HYBRID_UNSUPPORTED:
+        raise InputError(
+            f"drafter {kind!r} does not support hybrid (Gated DeltaNet) targets like {target} yet "
+            f"(it reads target features the hybrid model does not capture); use one of: draft_model, ngram"
+        )
     if kind == "mtp":  # names and shapes from the headers, against a meta-device target
         if str(draft) == "mtp":
             plan_head(Path(target), target_config, build_model(target_config))
@@ -90,6 +97,10 @@ def check_drafter(
         eagle3.plan_head(Path(draft), target_config, build_model(target_config))
         return None
     spec = ModelSpec.from_config(load_config(draft))
+    if spec.linear is not None:  # the step re-feeds drafts (catch-up), which would advance a recurrent state twice
+        raise InputError(
+            f"draft model {draft} is a hybrid (linear-attention) model; draft models must be attention-only"
+        )
     if spec.vocab_size != target_spec.vocab_size:
         raise InputError(
             f"draft and target vocabularies differ: target vocab_size {target_spec.vocab_size}, draft {draft} has "

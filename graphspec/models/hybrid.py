@@ -23,9 +23,9 @@ from torch import Tensor, nn
 from graphspec import ops
 from graphspec.models.decoder import MLP, FusedLinear, RMSNorm, capture_points, rope_tables
 from graphspec.models.spec import ModelSpec
-from graphspec.state import State, snapshot_name
+from graphspec.state import TARGET_CACHE, State, snapshot_name
 
-KV_CACHE = "target_cache"  # [La, 2, SLOTS, Hkv, S, D]: the full-attention layers' KV
+KV_CACHE = TARGET_CACHE  # [La, 2, SLOTS, Hkv, S, D]: the full-attention layers' KV
 CONV_STATE = "target_conv_state"  # [Lg, SLOTS, C, W-1] model dtype
 RECURRENT_STATE = "target_recurrent_state"  # [Lg, SLOTS, Hv, Dk, Dv] fp32
 RECURRENT_DTYPE = torch.float32  # as real configs' mamba_ssm_dtype: bf16 recurrent state drifts
