@@ -418,19 +418,31 @@ def _(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x.new_empty(x.shape)
 
 
-def _conv_window(x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+def _initial(state: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor | None) -> Tensor:
+    # The slot's state at `layer` [B, ...]; a row at position 0 starts a sequence: from zeros, as in
+    # transformers' fresh cache, whatever the slot held before (where: even NaN does not leak through).
+    initial = state[layer].index_select(0, slot_ids)
+    if start_pos is None:
+        return initial
+    fresh = (start_pos == 0).reshape((-1,) + (1,) * (initial.dim() - 1))
+    return torch.where(fresh, torch.zeros_like(initial), initial)
+
+
+def _conv_window(
+    x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor, start_pos: Tensor | None
+) -> tuple[Tensor, Tensor]:
     # x [B, T, C]; returns (silu(conv) [B, T, C], window [B, C, W-1+T]): the slot's last W-1 inputs,
     # then the chunk's. Column W-1+t holds x_t, so the state after x_t is columns t+1 .. t+W-1.
-    history = conv_state[layer].index_select(0, slot_ids)  # [B, C, W-1]
+    history = _initial(conv_state, layer, slot_ids, start_pos)  # [B, C, W-1]
     window = torch.cat((history, x.transpose(1, 2).to(history.dtype)), dim=-1).to(weight.dtype)
     out = torch.nn.functional.conv1d(window, weight.unsqueeze(1), groups=weight.shape[0])  # [B, C, T]
     return torch.nn.functional.silu(out).to(x.dtype).transpose(1, 2), window
 
 
 def causal_conv1d_reference(
-    x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor, lengths: Tensor
+    x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor, start_pos: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor]:
-    out, window = _conv_window(x, conv_state, layer, slot_ids, weight)
+    out, window = _conv_window(x, conv_state, layer, slot_ids, weight, start_pos)
     width = conv_state.shape[-1]
     # State after position lengths[b] - 1: columns lengths[b] .. lengths[b] + W-2 (the old state at 0).
     columns = lengths.clamp(0, x.shape[1])[:, None] + torch.arange(width, device=x.device)  # [B, W-1]
@@ -440,23 +452,24 @@ def causal_conv1d_reference(
 
 @torch.library.custom_op("graphspec::causal_conv1d", mutates_args=())
 def causal_conv1d(
-    x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor, lengths: Tensor
+    x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor, start_pos: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Depthwise causal conv1d + SiLU of x [B, T, C] (kernel weight [C, W]) continuing the conv state
-    [Lg, SLOTS, C, W-1] of slot slot_ids[b] at `layer`. Returns (out [B, T, C], the state after position
-    lengths[b] - 1 [B, C, W-1]); lengths [B] in 0..T: positions past it are right padding."""
-    return causal_conv1d_reference(x, conv_state, layer, slot_ids, weight, lengths)
+    [Lg, SLOTS, C, W-1] of slot slot_ids[b] at `layer` (zeros where start_pos[b] == 0: a new sequence).
+    Returns (out [B, T, C], the state after position lengths[b] - 1 [B, C, W-1]); lengths [B] in 0..T:
+    positions past it are right padding."""
+    return causal_conv1d_reference(x, conv_state, layer, slot_ids, weight, start_pos, lengths)
 
 
 @causal_conv1d.register_fake
-def _(x, conv_state, layer, slot_ids, weight, lengths):
+def _(x, conv_state, layer, slot_ids, weight, start_pos, lengths):
     return x.new_empty(x.shape), conv_state.new_empty((x.shape[0], *conv_state.shape[2:]))
 
 
 def causal_conv1d_snapshots_reference(
     x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor
 ) -> tuple[Tensor, Tensor]:
-    out, window = _conv_window(x, conv_state, layer, slot_ids, weight)
+    out, window = _conv_window(x, conv_state, layer, slot_ids, weight, None)
     width = conv_state.shape[-1]
     snapshots = window.unfold(2, width, 1)[:, :, 1:]  # [B, C, T, W-1]: the state after each position
     return out.contiguous(), snapshots.transpose(1, 2).to(conv_state.dtype).contiguous()
@@ -466,8 +479,8 @@ def causal_conv1d_snapshots_reference(
 def causal_conv1d_snapshots(
     x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """causal_conv1d over verify positions: returns (out [B, T, C], the state after every position
-    [B, T, C, W-1]); the slot's state itself is not advanced."""
+    """causal_conv1d over verify positions (never position 0): returns (out [B, T, C], the state after
+    every position [B, T, C, W-1]); the slot's state itself is not advanced."""
     return causal_conv1d_snapshots_reference(x, conv_state, layer, slot_ids, weight)
 
 
@@ -519,9 +532,10 @@ def gated_delta_rule_reference(
     state: Tensor,
     layer: int,
     slot_ids: Tensor,
+    start_pos: Tensor,
     lengths: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    initial = state[layer].index_select(0, slot_ids)
+    initial = _initial(state, layer, slot_ids, start_pos)
     out, states = gated_delta_rule_scan(q, k, v, g, beta, initial, lengths)
     return out.contiguous(), (states[-1] if states else initial).to(state.dtype).contiguous()
 
@@ -536,17 +550,19 @@ def gated_delta_rule(
     state: Tensor,
     layer: int,
     slot_ids: Tensor,
+    start_pos: Tensor,
     lengths: Tensor,
 ) -> tuple[Tensor, Tensor]:
     """Gated DeltaNet recurrence (q/k L2-normalized inside, q scaled by Dk**-0.5) from the recurrent
-    state [Lg, SLOTS, Hv, Dk, Dv] of slot slot_ids[b] at `layer`. q, k [B, T, Hk, Dk], v [B, T, Hv, Dv],
-    g (log decay) and beta [B, T, Hv]. Returns (out [B, T, Hv, Dv], the state after position
-    lengths[b] - 1 [B, Hv, Dk, Dv]); positions past lengths[b] are right padding."""
-    return gated_delta_rule_reference(q, k, v, g, beta, state, layer, slot_ids, lengths)
+    state [Lg, SLOTS, Hv, Dk, Dv] of slot slot_ids[b] at `layer` (zeros where start_pos[b] == 0: a new
+    sequence). q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g (log decay) and beta [B, T, Hv]. Returns
+    (out [B, T, Hv, Dv], the state after position lengths[b] - 1 [B, Hv, Dk, Dv]); positions past
+    lengths[b] are right padding."""
+    return gated_delta_rule_reference(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths)
 
 
 @gated_delta_rule.register_fake
-def _(q, k, v, g, beta, state, layer, slot_ids, lengths):
+def _(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths):
     return v.new_empty(v.shape), state.new_empty((q.shape[0], *state.shape[2:]))
 
 
@@ -562,8 +578,8 @@ def gated_delta_rule_snapshots_reference(
 def gated_delta_rule_snapshots(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, layer: int, slot_ids: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """gated_delta_rule over verify positions: returns (out [B, T, Hv, Dv], the state after every
-    position [B, T, Hv, Dk, Dv]); the slot's state itself is not advanced."""
+    """gated_delta_rule over verify positions (never position 0): returns (out [B, T, Hv, Dv], the state
+    after every position [B, T, Hv, Dk, Dv]); the slot's state itself is not advanced."""
     return gated_delta_rule_snapshots_reference(q, k, v, g, beta, state, layer, slot_ids)
 
 

@@ -11,7 +11,8 @@ forward(snapshots=True) is the verify forward: it does not advance the conv and 
 returns, for each, the state after every position ([Lg, B, T, ...] under snapshot_name(state)); the
 accept region keeps each row's snapshot at its accepted count (the "snapshot" rollback rule). Otherwise
 `lengths` [B] says how many positions of each row are real: the states end after position lengths - 1,
-so right padding never advances them (prefill).
+so right padding never advances them (prefill); a row starting at position 0 starts from zero state,
+whatever its slot held.
 """
 
 from __future__ import annotations
@@ -78,7 +79,13 @@ class GatedDeltaNet(nn.Module):
         return mixed, z, b.reshape(batch, t, lin.num_v_heads), a.reshape(batch, t, lin.num_v_heads)
 
     def forward(
-        self, x: Tensor, slot_ids: Tensor, state: dict[str, Tensor], lengths: Tensor | None, in_place: bool
+        self,
+        x: Tensor,
+        start_pos: Tensor,
+        slot_ids: Tensor,
+        state: dict[str, Tensor],
+        lengths: Tensor | None,
+        in_place: bool,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """state: CONV_STATE and RECURRENT_STATE; with lengths None (verify) it also collects the
         snapshots of both under snapshot_name(name) as lists, one entry per linear layer."""
@@ -90,7 +97,7 @@ class GatedDeltaNet(nn.Module):
         if lengths is None:
             mixed, conv_after = ops.causal_conv1d_snapshots(mixed, conv, self.index, slot_ids, weight)
         else:
-            mixed, conv_after = ops.causal_conv1d(mixed, conv, self.index, slot_ids, weight, lengths)
+            mixed, conv_after = ops.causal_conv1d(mixed, conv, self.index, slot_ids, weight, start_pos, lengths)
         key_dim = lin.num_k_heads * lin.k_head_dim
         q, k, v = mixed.split([key_dim, key_dim, lin.num_v_heads * lin.v_head_dim], dim=-1)
         q = q.reshape(batch, t, lin.num_k_heads, lin.k_head_dim)
@@ -103,7 +110,9 @@ class GatedDeltaNet(nn.Module):
             state[snapshot_name(CONV_STATE)].append(conv_after)
             state[snapshot_name(RECURRENT_STATE)].append(recurrent_after)
         else:
-            out, recurrent_after = ops.gated_delta_rule(q, k, v, g, beta, recurrent, self.index, slot_ids, lengths)
+            out, recurrent_after = ops.gated_delta_rule(
+                q, k, v, g, beta, recurrent, self.index, slot_ids, start_pos, lengths
+            )
             for name, value in ((CONV_STATE, conv_after), (RECURRENT_STATE, recurrent_after)):
                 if in_place:
                     ops.layer_state_write(state[name], self.index, slot_ids, value)
@@ -251,7 +260,9 @@ class HybridLM(nn.Module):
             residual = hidden
             hidden = ops.offset_rms_norm(hidden, layer.input_layernorm.weight, layer.input_layernorm.eps)
             if hasattr(layer, "linear_attn"):
-                hidden, state = layer.linear_attn(hidden, slot_ids, state, None if snapshots else lengths, in_place)
+                hidden, state = layer.linear_attn(
+                    hidden, start_pos, slot_ids, state, None if snapshots else lengths, in_place
+                )
             else:
                 hidden, state[KV_CACHE] = layer.self_attn(
                     hidden, cos, sin, start_pos, slot_ids, state[KV_CACHE], in_place

@@ -66,9 +66,14 @@ def padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def prefill(model: HybridLM, prompts: list[torch.Tensor], slot_ids: tuple[int, ...], state=None):
-    """One right-padded batch from position 0; returns logits [B, T, V] and the state (in place)."""
+    """One right-padded batch from position 0 into slots poisoned with NaN; returns logits [B, T, V] and
+    the state (written in place)."""
     tokens, lengths = padded(prompts)
-    state = model.new_state(SLOTS, MAX_SEQ_LEN, torch.float32, "cpu") if state is None else state
+    if state is None:  # NaN: a new sequence must start from zero state whatever its slot held
+        state = {
+            name: value.fill_(float("nan"))
+            for name, value in model.new_state(SLOTS, MAX_SEQ_LEN, torch.float32, "cpu").items()
+        }
     start = torch.zeros(len(prompts), dtype=torch.int64)
     with torch.no_grad():
         logits, state = model(tokens, start, torch.tensor(slot_ids), state, "logits", in_place=True, lengths=lengths)
@@ -108,11 +113,14 @@ def test_prefill_state_equals_the_transformers_cache_per_layer(cases, name):
 def test_batched_padded_prefill_equals_per_row_prefill(cases):
     case = cases("qwen3_5_text")
     _, batched = prefill(case.model, case.prompts, SLOT_IDS)
-    state = case.model.new_state(SLOTS, MAX_SEQ_LEN, torch.float32, "cpu")
+    state = {
+        name: value.fill_(float("nan"))
+        for name, value in case.model.new_state(SLOTS, MAX_SEQ_LEN, torch.float32, "cpu").items()
+    }
     for row, prompt in enumerate(case.prompts):
         prefill(case.model, [prompt], (SLOT_IDS[row],), state)
     for name in (CONV_STATE, RECURRENT_STATE):  # right padding left no trace in any state
-        torch.testing.assert_close(batched[name], state[name], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(batched[name], state[name], rtol=1e-5, atol=1e-6, equal_nan=True)
     for row, length in enumerate(PROMPT_LENGTHS):  # the KV cache agrees on every live position
         live = batched[KV_CACHE][:, :, SLOT_IDS[row], :, :length]
         torch.testing.assert_close(live, state[KV_CACHE][:, :, SLOT_IDS[row], :, :length], rtol=1e-5, atol=1e-6)
