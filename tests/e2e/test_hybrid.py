@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import graphspec
-from graphspec import pipeline, trace
+from graphspec import checks, pipeline, trace
 from graphspec.config import PassContext
 from graphspec.drafters.base import Drafter, PrefillChunk, PrefillView, Proposal, State, StepView
 from graphspec.errors import InputError
@@ -236,3 +236,12 @@ def test_compiled_chunked_prefill_state_equals_reference_prefill(runtimes):
 def test_mtp_drafter_on_a_hybrid_target_is_refused(target_dir):
     with pytest.raises(InputError, match="hybrid"):
         graphspec.compile(target_dir, "mtp", k=K, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ)
+
+
+def test_checks_refuse_a_selection_not_at_the_accepted_count(case):
+    checks.snapshot_states_selected_at_accept(case["gm"])  # the compiled step satisfies the rule
+    gm = copy.deepcopy(case["gm"])
+    select = gm.graph.find_nodes(op="call_function", target=torch.ops.graphspec.select_write.default)[0]
+    select.update_arg(3, trace.placeholders_by_input(gm)["step_counter"])  # any [B] int64 but the accepted count
+    with pytest.raises(AssertionError, match="not selected at the accepted count"):
+        checks.snapshot_states_selected_at_accept(gm)
