@@ -227,3 +227,27 @@ def nest_language_model(source: Path, directory: Path) -> Path:
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     save_file(nested, directory / "model.safetensors", metadata={"format": "pt"})
     return directory
+
+
+def make_hybrid_mtp_checkpoint(directory: Path, seed: int = 0, **overrides) -> Path:
+    """A tiny Qwen3.5 (qwen3_5_text) target whose checkpoint also holds one MTP layer (mtp.*, the public
+    Qwen3.5 layout; a gated full-attention block) with random weights; config num_mtp_layers = 1."""
+    from safetensors.torch import load_file, save_file
+    from transformers.modeling_layers import MtpModel
+
+    make_hybrid_checkpoint(
+        directory, "qwen3_5_text", seed, num_mtp_layers=1, mtp_layer_types=["full_attention"], **overrides
+    )
+    model = load_hf(directory)
+    torch.manual_seed(seed + 1000)
+    mtp = MtpModel(model, 1)
+    with torch.no_grad():  # zero-centred norms: small random offsets around 0
+        for name, parameter in mtp.named_parameters():
+            if name.startswith("layers."):
+                parameter.copy_(torch.randn_like(parameter) * 0.1)
+    state = load_file(directory / "model.safetensors")
+    weights = mtp.state_dict()
+    for name, stored in mtp_stored_names(mtp, model.config.num_hidden_layers, "qwen3_next").items():
+        state[stored] = weights[name].contiguous()
+    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    return Path(directory)

@@ -27,8 +27,8 @@ KINDS: dict[str, type[Drafter]] = {"draft_model": DraftModel, "ngram": NGram, "m
 NAMED_KINDS = ("ngram", "mtp")
 DIRECTORY_KINDS = ("draft_model", "mtp", "eagle3")
 SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": (), "eagle3": ()}
-# Kinds not wired to hybrid targets yet: they read target features (capture points) HybridLM lacks.
-HYBRID_UNSUPPORTED = ("mtp", "eagle3")
+# Kinds not wired to hybrid targets yet (EAGLE-3 heads are trained for attention-only targets so far).
+HYBRID_UNSUPPORTED = ("eagle3",)
 
 
 def directory_kind(path: str | Path) -> str:
@@ -85,7 +85,7 @@ def check_drafter(
     if target_spec.linear is not None and kind in HYBRID_UNSUPPORTED:
         raise InputError(
             f"drafter {kind!r} does not support hybrid (Gated DeltaNet) targets like {target} yet "
-            f"(it reads target features the hybrid model does not capture); use one of: draft_model, ngram"
+            f"use one of: draft_model, ngram, mtp"
         )
     if kind == "mtp":  # names and shapes from the headers, against a meta-device target
         if str(draft) == "mtp":

@@ -163,6 +163,18 @@ class GatedAttention(nn.Module):
         return self.o_proj(out), cache
 
 
+class GatedAttentionLayer(nn.Module):
+    """A full-attention decoder layer of a hybrid family on its own (the Qwen3.5 / Qwen3-Next MTP block):
+    `index` is its layer in its own KV cache."""
+
+    def __init__(self, spec: ModelSpec, index: int) -> None:
+        super().__init__()
+        self.self_attn = GatedAttention(spec, index)
+        self.mlp = MLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
 class HybridLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer: int) -> None:
         super().__init__()
@@ -240,9 +252,8 @@ class HybridLM(nn.Module):
         lengths: Tensor | None = None,
         snapshots: bool = False,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        if capture:  # the drafters that read target features (MTP, EAGLE-3) are not wired to hybrids yet
-            capture_points(capture, self.spec.num_layers)
-            raise NotImplementedError("target feature capture is not implemented for hybrid models yet")
+        layer_inputs = capture_points(capture, self.spec.num_layers)
+        captured: dict[str, Tensor] = {}
         if snapshots and in_place:
             raise ValueError("the verify form (snapshots=True) is functional only")
         batch, t = tokens.shape
@@ -256,7 +267,9 @@ class HybridLM(nn.Module):
         if snapshots:
             state[snapshot_name(CONV_STATE)], state[snapshot_name(RECURRENT_STATE)] = [], []
         hidden = self.model.embed_tokens(tokens)  # [B, T, hidden]
-        for layer in self.model.layers:
+        for index, layer in enumerate(self.model.layers):
+            if index in layer_inputs:  # the residual stream entering layer `index` (transformers' hidden_states[index])
+                captured[f"layer_in:{index}"] = hidden
             residual = hidden
             hidden = ops.offset_rms_norm(hidden, layer.input_layernorm.weight, layer.input_layernorm.eps)
             if hasattr(layer, "linear_attn"):
@@ -281,8 +294,13 @@ class HybridLM(nn.Module):
             return self.logits(hidden[:, -1]), state
         if output == "logits":
             return self.logits(hidden), state
+        if output in ("hidden_and_features", "logits_and_features"):  # a forward whose states a drafter reads
+            captured["final"] = hidden
+            parts = [captured[point] for point in capture]
+            features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # [B, T, F]
+            return (self.logits(hidden) if output == "logits_and_features" else hidden, features), state
         if output != "hidden":
-            raise ValueError(f"output {output!r} is not implemented for hybrid models")
+            raise ValueError(f"unknown output {output!r}")
         return hidden, state
 
     def logits(self, hidden: Tensor) -> Tensor:

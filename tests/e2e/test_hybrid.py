@@ -16,12 +16,13 @@ import graphspec
 from graphspec import checks, pipeline, trace
 from graphspec.config import PassContext
 from graphspec.drafters.base import Drafter, PrefillChunk, PrefillView, Proposal, State, StepView
+from graphspec.drafters.mtp import Mtp
 from graphspec.errors import InputError
 from graphspec.models import load_model
 from graphspec.models.hybrid import CONV_STATE, RECURRENT_STATE
 from graphspec.models.target import target_forward
 from graphspec.reference import reference_generate
-from tests.checkpoints import load_hf, make_checkpoint, make_hybrid_checkpoint
+from tests.checkpoints import load_hf, load_hf_mtp, make_checkpoint, make_hybrid_checkpoint, make_hybrid_mtp_checkpoint
 
 K = 3
 SLOTS, MAX_SEQ = 7, 32  # K+1 real rows, one padding row, one untouched slot, the spare slot
@@ -234,9 +235,49 @@ def test_compiled_chunked_prefill_state_equals_reference_prefill(runtimes):
         torch.testing.assert_close(state[name], reference_state[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_mtp_drafter_on_a_hybrid_target_is_refused(target_dir):
+def test_eagle3_drafter_on_a_hybrid_target_is_refused(target_dir):
     with pytest.raises(InputError, match="hybrid"):
-        graphspec.compile(target_dir, "mtp", k=K, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ)
+        graphspec.compile(
+            target_dir, target_dir, drafter="eagle3", k=K, batch_sizes=(1,), dtype="float32", device="cpu",
+            max_seq_len=MAX_SEQ,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mtp_dir(tmp_path_factory):
+    return make_hybrid_mtp_checkpoint(tmp_path_factory.mktemp("hybrid_mtp"), seed=3)
+
+
+def test_mtp_head_equals_transformers_mtp_model(mtp_dir):
+    """The Qwen3.5 MTP head (mtp.*: zero-centred norms, a gated full-attention block) against
+    transformers' MtpModel over Qwen3_5ForCausalLM on the same weights: pairs (ids[t], hidden[t])."""
+    _, hf_mtp = load_hf_mtp(mtp_dir, "qwen3_next")
+    target = load_model(mtp_dir)
+    drafter = Mtp(target, torch.float32, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 128, (2, 9), generator=generator)
+    hidden = torch.randn(2, 9, target.model.spec.hidden_size, generator=generator)
+    with torch.no_grad():
+        want = hf_mtp.forward_layer(0, hidden, 1 + torch.arange(9)[None], None, input_ids=ids)
+        cache = drafter.states(SLOTS, MAX_SEQ, K, torch.float32)[0].allocate("cpu")
+        cos, sin = target.model.rope(1 + torch.arange(9).expand(2, -1))
+        slots, start = torch.arange(2), torch.zeros(2, dtype=torch.int64)
+        out, _ = drafter.head(0, ids, hidden, start, slots, cache, cos, sin, True)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+
+
+def test_mtp_greedy_is_lossless_against_transformers_generate(mtp_dir):
+    """The target's own MTP head drafts (attention only); verify rolls the GDN state back by snapshot."""
+    runtime = graphspec.Runtime.from_pretrained(
+        mtp_dir, "mtp", k=K, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        prefill_tokens=8, modes=("greedy",),
+    )  # fmt: skip
+    hf_target = load_hf(mtp_dir)
+    results = runtime.generate([list(p) for p in GENERATE_PROMPTS], max_new_tokens=NEW_TOKENS)
+    for prompt, result in zip(GENERATE_PROMPTS, results, strict=True):
+        with torch.no_grad():
+            expected = hf_target.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert result.token_ids == expected[0, len(prompt) :].tolist()
 
 
 def test_checks_refuse_a_selection_not_at_the_accepted_count(case):
