@@ -195,7 +195,7 @@ def runtimes(target_dir, tmp_path_factory):
     bucket 2 (the third prompt runs with a padding row beside it) and 4 positions per prefill chunk."""
     draft = make_checkpoint(tmp_path_factory.mktemp("hybrid_draft"), "qwen3", seed=1, num_hidden_layers=1)
     options = dict(k=K, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ, prefill_tokens=8)
-    options["modes"] = ("greedy",)
+    options["modes"] = ("greedy", "sample")
     return {
         name: graphspec.Runtime.from_pretrained(target_dir, d, **options)
         for name, d in (("draft_model", draft), ("ngram", "ngram"))
@@ -211,6 +211,18 @@ def test_greedy_is_lossless_against_transformers_generate(runtimes, hf, drafter)
         assert result.token_ids == expected.tolist()
     if drafter == "ngram":  # the repetitive prompts get drafts accepted: rollback happened mid-sequence too
         assert sum(sum(r.stats.accepted_per_step) for r in results) > 0
+
+
+def test_sampling_step_with_top_k_one_is_greedy(runtimes, hf):
+    """The rejection-sampling step (verify_rejection, then the snapshot selection at its accepted count)
+    with top_k = 1: target and draft distributions are one-hot, so the output is transformers' greedy."""
+    results = runtimes["draft_model"].generate(
+        [list(p) for p in GENERATE_PROMPTS], max_new_tokens=NEW_TOKENS, temperature=0.8, top_k=1, seed=5
+    )
+    for prompt, result in zip(GENERATE_PROMPTS, results, strict=True):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(prompt) :]
+        assert result.token_ids == expected.tolist()
 
 
 def test_compiled_chunked_prefill_state_equals_reference_prefill(runtimes):
