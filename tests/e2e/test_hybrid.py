@@ -333,3 +333,20 @@ def test_gpu_step_with_snapshot_kernels_is_lossless(target_dir, tmp_path_factory
     results = runtime.generate(prompts, max_new_tokens=NEW_TOKENS)
     expected = reference_generate(load_model(target_dir, device="cuda").model, prompts, max_new_tokens=NEW_TOKENS)
     assert [r.token_ids for r in results] == expected
+
+
+def test_artifact_round_trip_and_dumps_show_the_state_rules(target_dir, tmp_path):
+    """An artifact of a hybrid target reloads and generates the same tokens; every step dump lists the
+    states with their rollback rules."""
+    out, dumps = tmp_path / "artifact", tmp_path / "dumps"
+    compiled = graphspec.compile(
+        target_dir, "ngram", k=2, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        modes=("greedy",), out=out, dump_dir=dumps, prefill_tokens=8,
+    )  # fmt: skip
+    prompt = [list(GENERATE_PROMPTS[0])]
+    fresh = graphspec.Runtime(compiled).generate(prompt, max_new_tokens=6)[0].token_ids
+    assert graphspec.Runtime.load(out).generate(prompt, max_new_tokens=6)[0].token_ids == fresh
+    header = (dumps / "step_b1_greedy" / "01_insert_verify.py").read_text().splitlines()
+    states = next(line for line in header if line.startswith("# states: "))
+    assert "target_conv_state (snapshot)" in states and "target_recurrent_state (snapshot)" in states
+    assert "target_cache (length)" in states and "token_history (length)" in states
