@@ -44,9 +44,9 @@ def _window(x_ptr, history_ptr, position, offs_c, mask_c, sx_t, sx_c, s_w, WIDTH
 @triton.jit
 def causal_conv1d_snapshots_kernel(
     x_ptr, state_ptr, slot_ptr, weight_ptr, out_ptr, snap_ptr,
-    T, C, layer,
+    T, C,
     sx_b, sx_t, sx_c,
-    ss_l, ss_s, ss_c, ss_w,
+    ss_s, ss_c, ss_w,
     sw_c, sw_w,
     WIDTH: tl.constexpr,  # W - 1: columns of conv state
     BLOCK_C: tl.constexpr,
@@ -55,7 +55,8 @@ def causal_conv1d_snapshots_kernel(
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
     slot = tl.load(slot_ptr + b).to(tl.int64)
-    history = state_ptr + layer * ss_l + slot * ss_s + offs_c * ss_c  # [BLOCK_C] pointers to column 0
+    # state_ptr: the layer's [SLOTS, C, W-1]; [BLOCK_C] pointers to the slot's column 0
+    history = state_ptr + slot * ss_s + offs_c * ss_c
     x_row = x_ptr + b * sx_b
     for t in range(T):
         acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
@@ -93,10 +94,11 @@ def causal_conv1d_snapshots(
     if batch == 0 or t == 0:  # an empty batch launches nothing
         return out, snapshots
     block_c = min(next_power_of_2(block_c), next_power_of_2(channels))
+    layer_state = conv_state[layer]  # a view: its offset is computed here in 64 bits, not in the kernel
     causal_conv1d_snapshots_kernel[(batch, cdiv(channels, block_c))](
-        x, conv_state, slot_ids, weight, out, snapshots,
-        t, channels, layer,
-        *x.stride(), *conv_state.stride(), *weight.stride(),
+        x, layer_state, slot_ids, weight, out, snapshots,
+        t, channels,
+        *x.stride(), *layer_state.stride(), *weight.stride(),
         WIDTH=width, BLOCK_C=block_c, num_warps=num_warps,
     )  # fmt: skip
     return out, snapshots

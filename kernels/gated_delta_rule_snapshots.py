@@ -36,13 +36,13 @@ MAX_HEAD_DIM = 256  # Dk: one program holds a whole key dimension
 @triton.jit
 def gated_delta_rule_snapshots_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr, out_ptr, snap_ptr,
-    T, HV, GROUP, layer, scale,
+    T, HV, GROUP, scale,
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_t, sk_h, sk_d,
     sv_b, sv_t, sv_h, sv_d,
     sg_b, sg_t, sg_h,
     sb_b, sb_t, sb_h,
-    ss_l, ss_s, ss_h, ss_k, ss_v,
+    ss_s, ss_h, ss_k, ss_v,
     DK: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -58,7 +58,7 @@ def gated_delta_rule_snapshots_kernel(
     mask_v = offs_v < DV
     mask_kv = mask_k[:, None] & mask_v[None, :]
     slot = tl.load(slot_ptr + b).to(tl.int64)
-    state_base = state_ptr + layer * ss_l + slot * ss_s + head * ss_h
+    state_base = state_ptr + slot * ss_s + head * ss_h  # state_ptr: the layer's [SLOTS, Hv, Dk, Dv]
     state = tl.load(state_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=mask_kv, other=0.0)
     state = state.to(tl.float32)  # [BLOCK_K, BLOCK_V]
     for t in range(T):
@@ -108,11 +108,12 @@ def gated_delta_rule_snapshots(
         return out, snapshots
     block_v = min(next_power_of_2(block_v), next_power_of_2(value_dim))
     grid = (batch * value_heads, cdiv(value_dim, block_v))
+    layer_state = state[layer]  # a view: its offset is computed here in 64 bits, not in the kernel
     gated_delta_rule_snapshots_kernel[grid](
-        q, k, v, g, beta, state, slot_ids, out, snapshots,
-        t, value_heads, value_heads // key_heads, layer, key_dim**-0.5,
+        q, k, v, g, beta, layer_state, slot_ids, out, snapshots,
+        t, value_heads, value_heads // key_heads, key_dim**-0.5,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
-        *state.stride(),
+        *layer_state.stride(),
         DK=key_dim, DV=value_dim, BLOCK_K=next_power_of_2(key_dim), BLOCK_V=block_v, num_warps=num_warps,
     )  # fmt: skip
     return out, snapshots
