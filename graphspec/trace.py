@@ -28,7 +28,7 @@ from graphspec import ops
 from graphspec.drafters.base import Drafter, StepView
 from graphspec.models.decoder import DecoderLM
 from graphspec.models.hybrid import HybridLM
-from graphspec.models.target import target_forward, target_states
+from graphspec.models.target import target_forward, target_state_names, target_states
 from graphspec.state import TARGET_CACHE, State, snapshot_name
 
 # Per-row step inputs, all [B] unless noted. Validity is carried here, never in Python control flow.
@@ -137,7 +137,7 @@ def speculate(
             return ops.argmax(logits)
         return ops.sample(logits, temperature, top_k, top_p, seed, step_counter, ops.DRAFT_LANE + index)
 
-    target_names = [declared.name for declared in target_states(target, 1, 1, k, torch.float32)]
+    target_names = target_state_names(target)
     drafter_state = {name: value for name, value in state.items() if name not in target_names}
     with region("draft"):
         proposal = drafter.propose(draft_params, StepView(inputs, k, pick), drafter_state)

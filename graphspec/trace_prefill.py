@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from graphspec.drafters.base import Drafter, PrefillChunk
 from graphspec.models.decoder import DecoderLM
 from graphspec.models.hybrid import HybridLM
-from graphspec.models.target import target_forward, target_states
+from graphspec.models.target import target_forward, target_state_names
 from graphspec.trace import TARGET_CACHE, model_inputs, name_graph, step_states
 
 # Per-row inputs of one chunk; B rows (a bucket), C positions.
@@ -126,7 +126,7 @@ def prefill_chunk(
     tokens, start_pos, slot_ids = inputs["tokens"], inputs["start_pos"], inputs["slot_ids"]
     capture = drafter.target_features
     output = "hidden_and_features" if capture else "hidden"
-    target_names = [declared.name for declared in target_states(target, 1, 1, 0, torch.float32)]
+    target_names = target_state_names(target)
     # Positions past last_index are right padding: the KV written there is dead, and a "snapshot"
     # state (linear attention) must not advance over them, so it ends after position last_index.
     hidden, target_state = target_forward(

@@ -26,6 +26,11 @@ def target_states(
     return states
 
 
+def target_state_names(target: DecoderLM | HybridLM) -> tuple[str, ...]:
+    """The names of target_states, in order."""
+    return tuple(state.name for state in target_states(target, 1, 1, 0, torch.float32))
+
+
 def target_forward(
     target: DecoderLM | HybridLM,
     params: dict[str, Tensor] | None,

@@ -19,7 +19,7 @@ from graphspec.counters import COUNTERS
 from graphspec.drafters.base import PrefillView
 from graphspec.errors import InputError
 from graphspec.inputs import check_max_new_tokens, check_prompts
-from graphspec.models.target import target_forward, target_states
+from graphspec.models.target import target_forward, target_state_names
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.engine import Engine
 from graphspec.runtime.graphs import StepGraph
@@ -106,7 +106,7 @@ class Runtime:
         self.max_seq_len = compiled.config.max_seq_len
         # The step's state (the target's: KV cache first; then the drafter's), shared by every bucket.
         self.state = compiled.new_state()
-        self.target_state_names = tuple(s.name for s in target_states(self.target, 1, 1, self.k, torch.float32))
+        self.target_state_names = target_state_names(self.target)
         self.params = compiled.weights()
         capture = self.device.startswith("cuda") and compiled.config.capture != "none"
         pool = torch.cuda.graph_pool_handle() if capture else None
