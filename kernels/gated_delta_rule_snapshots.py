@@ -1,6 +1,7 @@
-"""graphspec::gated_delta_rule_snapshots as a Triton kernel: the verify forward's Gated DeltaNet
-recurrence over K+1 positions per row, storing the state after every position (the "snapshot" rollback
-rule keeps the one at each row's accepted count; graphspec/state.py).
+"""graphspec::gated_delta_rule_snapshots as a Triton kernel (kernels/gated_delta_rule.py's, with
+SNAPSHOTS): the verify forward's Gated DeltaNet recurrence over K+1 positions per row, storing the state
+after every position (the "snapshot" rollback rule keeps the one at each row's accepted count;
+graphspec/state.py).
 
 One program per (row, value head, block of value columns): it holds that block of the head's state
 [Dk, BLOCK_V] in fp32 registers, reads it once from slot slot_ids[b] of layer `layer`, and for each
@@ -13,9 +14,8 @@ different summation order: fp32 results agree to ~1e-6 relative, not bit for bit
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2
+from graphspec.kernels.gated_delta_rule import MAX_HEAD_DIM, gated_delta_rule_kernel
 from torch import Tensor
 
 from graphspec.ops import gated_delta_rule_snapshots_reference
@@ -30,57 +30,6 @@ CONFIGS: dict[int | str, dict[str, int]] = {
     "default": {"block_v": 32, "num_warps": 4},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
-MAX_HEAD_DIM = 256  # Dk: one program holds a whole key dimension
-
-
-@triton.jit
-def gated_delta_rule_snapshots_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr, out_ptr, snap_ptr,
-    T, HV, GROUP, scale,
-    sq_b, sq_t, sq_h, sq_d,
-    sk_b, sk_t, sk_h, sk_d,
-    sv_b, sv_t, sv_h, sv_d,
-    sg_b, sg_t, sg_h,
-    sb_b, sb_t, sb_h,
-    ss_s, ss_h, ss_k, ss_v,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):  # fmt: skip
-    row_head = tl.program_id(0)  # b * HV + value head
-    b = (row_head // HV).to(tl.int64)
-    head = row_head % HV
-    key_head = head // GROUP  # grouped value attention: GROUP value heads share a q/k head
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask_k = offs_k < DK
-    mask_v = offs_v < DV
-    mask_kv = mask_k[:, None] & mask_v[None, :]
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    state_base = state_ptr + slot * ss_s + head * ss_h  # state_ptr: the layer's [SLOTS, Hv, Dk, Dv]
-    state = tl.load(state_base + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v, mask=mask_kv, other=0.0)
-    state = state.to(tl.float32)  # [BLOCK_K, BLOCK_V]
-    for t in range(T):
-        q = tl.load(q_ptr + b * sq_b + t * sq_t + key_head * sq_h + offs_k * sq_d, mask=mask_k, other=0.0)
-        k = tl.load(k_ptr + b * sk_b + t * sk_t + key_head * sk_h + offs_k * sk_d, mask=mask_k, other=0.0)
-        q, k = q.to(tl.float32), k.to(tl.float32)
-        # L2 norms over the whole key dim (masked lanes are 0), eps 1e-6 as in the reference; q scaled.
-        q = q * tl.math.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
-        k = k * tl.math.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-        v = tl.load(v_ptr + b * sv_b + t * sv_t + head * sv_h + offs_v * sv_d, mask=mask_v, other=0.0)
-        v = v.to(tl.float32)
-        decay = tl.exp(tl.load(g_ptr + b * sg_b + t * sg_t + head * sg_h).to(tl.float32))
-        beta = tl.load(beta_ptr + b * sb_b + t * sb_t + head * sb_h).to(tl.float32)
-        state = state * decay
-        memory = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]: what the state recalls for k
-        delta = (v - memory) * beta
-        state = state + k[:, None] * delta[None, :]
-        out = tl.sum(state * q[:, None], axis=0)
-        position = (b * T + t) * HV + head  # [B, T, Hv] index, int64
-        tl.store(out_ptr + position * DV + offs_v, out.to(out_ptr.dtype.element_ty), mask=mask_v)
-        snap = snap_ptr + position * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
-        tl.store(snap, state.to(snap_ptr.dtype.element_ty), mask=mask_kv)
 
 
 def gated_delta_rule_snapshots(
@@ -109,12 +58,13 @@ def gated_delta_rule_snapshots(
     block_v = min(next_power_of_2(block_v), next_power_of_2(value_dim))
     grid = (batch * value_heads, cdiv(value_dim, block_v))
     layer_state = state[layer]  # a view: its offset is computed here in 64 bits, not in the kernel
-    gated_delta_rule_snapshots_kernel[grid](
-        q, k, v, g, beta, layer_state, slot_ids, out, snapshots,
+    gated_delta_rule_kernel[grid](
+        q, k, v, g, beta, layer_state, slot_ids, slot_ids, slot_ids, out, snapshots,
         t, value_heads, value_heads // key_heads, key_dim**-0.5,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         *layer_state.stride(),
-        DK=key_dim, DV=value_dim, BLOCK_K=next_power_of_2(key_dim), BLOCK_V=block_v, num_warps=num_warps,
+        DK=key_dim, DV=value_dim, BLOCK_K=next_power_of_2(key_dim), BLOCK_V=block_v, SNAPSHOTS=True,
+        num_warps=num_warps,
     )  # fmt: skip
     return out, snapshots
 

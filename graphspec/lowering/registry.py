@@ -273,6 +273,16 @@ def fits_sample(node: fx.Node) -> bool:
     )
 
 
+def fits_gated_delta_rule(node: fx.Node) -> bool:
+    # gated_delta_rule(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths): the snapshot form's
+    # arguments plus per-row start positions and lengths.
+    values = _vals_at(node, (0, 8, 9))
+    if values is None or len(node.args) < 10 or not fits_gated_delta_rule_snapshots(node):
+        return False
+    q, start_pos, lengths = values
+    return _is_index(start_pos, q.shape[0]) and _is_index(lengths, q.shape[0])
+
+
 def fits_gated_delta_rule_snapshots(node: fx.Node) -> bool:
     # gated_delta_rule_snapshots(q, k, v, g, beta, state, layer, slot_ids): layer is a plain int.
     values = _vals_at(node, (0, 1, 2, 3, 4, 5, 7))
@@ -336,6 +346,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "verify_greedy": fits_verify_greedy,
     "verify_rejection": fits_verify_rejection,
     "sample": fits_sample,
+    "gated_delta_rule": fits_gated_delta_rule,
     "gated_delta_rule_snapshots": fits_gated_delta_rule_snapshots,
     "causal_conv1d_snapshots": fits_causal_conv1d_snapshots,
 }

@@ -82,3 +82,27 @@ def test_qwen3_5_shapes_gpu(batch):
     ref_out, ref_snapshots = kernel.gated_delta_rule_snapshots_reference(q, k, v, log_decay, beta, state, 1, slot_ids)
     torch.testing.assert_close(out, ref_out, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(snapshots, ref_snapshots, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_form_matches_reference(dtype):
+    """kernels/gated_delta_rule.py (the same kernel without snapshots): the final state after each row's
+    length (right padding never advances it), zeros for rows at position 0 even over a NaN slot."""
+    from graphspec.kernels import gated_delta_rule as prefill
+
+    q, k, v, log_decay, beta, state, slot_ids = make_inputs(3, 6, 2, 4, 16, 16, dtype, seed=7)
+    state[1, slot_ids[0]] = float("nan")  # row 0 starts a sequence: its slot's content must not leak
+    start_pos, lengths = torch.tensor([0, 5, 9], device=DEVICE), torch.tensor([6, 2, 0], device=DEVICE)
+    out, final = prefill.gated_delta_rule(q, k, v, log_decay, beta, state, 1, slot_ids, start_pos, lengths, block_v=8)
+    ref_out, ref_final = prefill.gated_delta_rule_reference(
+        q, k, v, log_decay, beta, state, 1, slot_ids, start_pos, lengths
+    )
+    rtol, atol = TOLERANCE[dtype]
+    assert torch.isfinite(final).all()
+    torch.testing.assert_close(final, ref_final, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 2e-2)
+    live = torch.arange(6, device=DEVICE)[None, :] < lengths[:, None]  # outputs past a row's length are dead
+    torch.testing.assert_close(out[live], ref_out[live], rtol=rtol, atol=atol)
+    opcheck(
+        torch.ops.graphspec.gated_delta_rule_triton,
+        (q, k, v, log_decay, beta, state, 1, slot_ids, start_pos, lengths, 8, 4),
+    )

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphspec import pipeline, trace
+from graphspec import pipeline, trace, trace_prefill
 from graphspec.config import PassContext
 from graphspec.drafters.ngram import NGram
 from graphspec.lowering import registry
@@ -79,8 +79,9 @@ def launch_record(function, args: tuple, kwargs: dict) -> dict:
 
 
 def run_hybrid_step(directory: Path) -> set[str]:
-    """A hybrid (Gated DeltaNet) target's step with the n-gram drafter, lowered for sm 90 and run: its
-    verify forward launches the conv and recurrent snapshot kernels. Returns the ops it lowered."""
+    """A hybrid (Gated DeltaNet) target's step and prefill chunk program with the n-gram drafter, lowered
+    for sm 90 and run: the verify forward launches the conv and recurrent snapshot kernels, the prefill
+    program the prefill-form recurrence. Returns the ops they lowered."""
     target = load_model(directory).model
     drafter = NGram()
     inputs = trace.new_row_inputs(2, "cpu")
@@ -91,9 +92,17 @@ def run_hybrid_step(directory: Path) -> set[str]:
     gm = pipeline.run_pipeline(gm, context, stop_after="lower_kernels").gm
     params = [*trace.model_inputs(target).values(), *drafter.params().values()]
     gm(*params, *(inputs[name] for name in signature.step_inputs))
+    # Its prefill chunk program: the prefill-form recurrence (lengths, start positions).
+    chunk = trace_prefill.example_prefill_inputs(target, drafter, K_HYBRID, 2, 8, 3, 32, torch.float32, "cpu")
+    chunk.update({name: inputs[name] for name in signature.states})
+    chunk["last_index"] = torch.tensor([7, 3])
+    prefill, prefill_signature = trace_prefill.trace_prefill(target, drafter, K_HYBRID, chunk)
+    prefill = pipeline.run_pipeline(prefill, context, passes=pipeline.PREFILL_PIPELINE, phase_checks={}).gm
+    prefill(*params, *(chunk[name] for name in prefill_signature.input_names[len(params) :]))
     return {
         node.target._opname.removesuffix("_triton")
-        for node in gm.graph.nodes
+        for graph in (gm, prefill)
+        for node in graph.graph.nodes
         if node.op == "call_function" and str(node.target).startswith("graphspec.")
     }
 
