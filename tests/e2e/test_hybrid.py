@@ -350,3 +350,15 @@ def test_artifact_round_trip_and_dumps_show_the_state_rules(target_dir, tmp_path
     states = next(line for line in header if line.startswith("# states: "))
     assert "target_conv_state (snapshot)" in states and "target_recurrent_state (snapshot)" in states
     assert "target_cache (length)" in states and "token_history (length)" in states
+
+
+class AdvancingDrafter(ScriptedDrafter):
+    """Declares a state of the snapshot rule: a drafter whose own state every draft would advance."""
+
+    def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
+        return (State("recurrent", (1, slots, 4), dtype, "snapshot"),)
+
+
+def test_a_drafter_declaring_snapshot_state_is_refused(target_dir):
+    with pytest.raises(ValueError, match="drafters must not"):
+        trace.step_states(load_model(target_dir).model, AdvancingDrafter(), 3, 16, K, torch.float32)
