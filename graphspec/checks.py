@@ -47,6 +47,43 @@ def no_host_sync_ops(gm: fx.GraphModule) -> None:
     assert not bad, f"host-sync ops in the step graph: {bad}"
 
 
+SELECT_OPS = (torch.ops.graphspec.select_update.default, torch.ops.graphspec.select_write.default)
+
+
+def _writes(user: fx.Node, state: fx.Node) -> bool:
+    """Whether op node `user` writes `state`: an in-place op mutating it, or a functional update of it."""
+    from graphspec.passes.defunctionalize_kv import IN_PLACE
+
+    if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
+        return False
+    if user.target in IN_PLACE:
+        return user.args[IN_PLACE[user.target][1]] is state
+    arguments = user.target._schema.arguments
+    return any(
+        argument.alias_info is not None and argument.alias_info.is_write and value is state
+        for argument, value in zip(arguments, user.args, strict=False)
+    )
+
+
+def snapshot_states_selected_at_accept(gm: fx.GraphModule) -> None:
+    """Each "snapshot" state (graphspec.state.ROLLBACKS) is written once per step, in the accept region,
+    by the selection of each row's snapshot at the accepted count that commit advances the row by: no
+    forward advances it, so a rejected draft leaves no trace in it."""
+    commits = gm.graph.find_nodes(op="call_function", target=torch.ops.graphspec.commit.default)
+    for name, node in trace.state_inputs(gm).items():
+        if node.meta["gs_state"] != "snapshot":
+            continue
+        writers = [user for user in node.users if _writes(user, node)]
+        assert len(writers) == 1 and writers[0].target in SELECT_OPS, (
+            f"snapshot state {name} must be written only by one select_update/select_write, got {writers}"
+        )
+        select = writers[0]
+        assert select.meta.get("gs_region") == "accept", f"{name}'s selection is not in the accept region"
+        assert len(commits) == 1 and select.args[3] is commits[0].args[3], (
+            f"{name} is not selected at the accepted count that commit uses"
+        )
+
+
 def step_ops(gm: fx.GraphModule) -> list[fx.Node]:
     """The step's op nodes in the order they run; a split graph's pieces are entered in call order
     (its top-level getitems only unpack piece outputs, they do no work)."""
@@ -74,12 +111,27 @@ def regions_run_in_order(gm: fx.GraphModule) -> None:
 
 
 # What holds from defunctionalize_kv until split_attention cuts the graph into pieces.
-_IN_PLACE = (graph_lints, outputs_are_verified, no_functional_cache_updates, caches_are_inputs, regions_run_in_order)
+_IN_PLACE = (
+    graph_lints,
+    outputs_are_verified,
+    no_functional_cache_updates,
+    caches_are_inputs,
+    regions_run_in_order,
+    snapshot_states_selected_at_accept,
+)
+_VERIFIED = (
+    graph_lints,
+    outputs_are_named,
+    outputs_are_verified,
+    no_host_sync_ops,
+    regions_run_in_order,
+    snapshot_states_selected_at_accept,
+)
 
 # Checks that hold after each phase of pipeline.PIPELINE, keyed by the pass that ends the phase.
 PHASE_CHECKS = {
-    "insert_verify": (graph_lints, outputs_are_named, outputs_are_verified, no_host_sync_ops, regions_run_in_order),
-    "mask_padding": (graph_lints, outputs_are_named, outputs_are_verified, no_host_sync_ops, regions_run_in_order),
+    "insert_verify": _VERIFIED,
+    "mask_padding": _VERIFIED,
     "defunctionalize_kv": _IN_PLACE,
     "fuse_rotary_kv": _IN_PLACE,
     "fuse_kv_attention": _IN_PLACE,

@@ -86,6 +86,9 @@ def _header(record: PassRecord, gm: fx.GraphModule) -> str:
     if spans:
         shown = "; ".join(f"{region} {count} ops {first} .. {last}" for region, (count, first, last) in spans.items())
         lines.append(f"# regions: {shown}")
+    states = [node for node in gm.graph.find_nodes(op="placeholder") if "gs_state" in node.meta]
+    if states:  # each state with its rollback rule (graphspec/state.py ROLLBACKS)
+        lines.append("# states: " + ", ".join(f"{node.name} ({node.meta['gs_state']})" for node in states))
     return "\n".join(lines) + "\n\n"
 
 

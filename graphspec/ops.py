@@ -388,6 +388,293 @@ def _(q, k, v, cache, layer, slot_ids, start_pos, scale):
 
 
 # --------------------------------------------------------------------------------------------------
+# Hybrid (Gated DeltaNet) layers: zero-centred norms, the causal conv1d and the gated delta rule
+# --------------------------------------------------------------------------------------------------
+# Linear-attention state lives per layer and cache slot: conv state [Lg, SLOTS, C, W-1] (the last W-1
+# conv inputs, model dtype) and recurrent state [Lg, SLOTS, Hv, Dk, Dv] (fp32). Each op reads the
+# state of slot_ids[b] at `layer` and returns what the state becomes: after position lengths[b] - 1
+# (prefill and plain decode; positions at or past lengths[b] are right padding and leave it as it
+# was), or after every position (the verify forward's snapshots, one per verified position, of
+# which the accept region keeps the one at each row's accepted count).
+
+
+def offset_rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    # Same rounding as transformers' Qwen3NextRMSNorm: normalize and scale by (1 + w) in fp32, then cast.
+    hidden = x.to(torch.float32)
+    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
+    return (hidden * (1.0 + weight.to(torch.float32))).to(x.dtype)
+
+
+@torch.library.custom_op("graphspec::offset_rms_norm", mutates_args=())
+def offset_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Zero-centred RMSNorm (Qwen3-Next / Qwen3.5): normalize x [..., D] over the last dim, scale by
+    (1 + weight [D]). Its weights are stored as offsets from one."""
+    return offset_rms_norm_reference(x, weight, eps).contiguous()
+
+
+@offset_rms_norm.register_fake
+def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return x.new_empty(x.shape)
+
+
+def gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    # transformers' Qwen3NextRMSNormGated: normalize in fp32, scale in the input dtype, gate in fp32.
+    hidden = x.to(torch.float32)
+    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
+    hidden = weight * hidden.to(x.dtype)
+    return (hidden * torch.nn.functional.silu(gate.to(torch.float32))).to(x.dtype)
+
+
+@torch.library.custom_op("graphspec::gated_rms_norm", mutates_args=())
+def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm of x [..., D] scaled by weight [D], then times silu(gate [..., D]): the Gated DeltaNet
+    output norm (norm before gate)."""
+    return gated_rms_norm_reference(x, gate, weight, eps).contiguous()
+
+
+@gated_rms_norm.register_fake
+def _(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return x.new_empty(x.shape)
+
+
+def _initial(state: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor | None) -> Tensor:
+    # The slot's state at `layer` [B, ...]; a row at position 0 starts a sequence: from zeros, as in
+    # transformers' fresh cache, whatever the slot held before (where: even NaN does not leak through).
+    initial = state[layer].index_select(0, slot_ids)
+    if start_pos is None:
+        return initial
+    fresh = (start_pos == 0).reshape((-1,) + (1,) * (initial.dim() - 1))
+    return torch.where(fresh, torch.zeros_like(initial), initial)
+
+
+def _conv_window(
+    x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor, start_pos: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    # x [B, T, C]; returns (silu(conv) [B, T, C], window [B, C, W-1+T]): the slot's last W-1 inputs,
+    # then the chunk's. Column W-1+t holds x_t, so the state after x_t is columns t+1 .. t+W-1.
+    history = _initial(conv_state, layer, slot_ids, start_pos)  # [B, C, W-1]
+    window = torch.cat((history, x.transpose(1, 2).to(history.dtype)), dim=-1).to(weight.dtype)
+    out = torch.nn.functional.conv1d(window, weight.unsqueeze(1), groups=weight.shape[0])  # [B, C, T]
+    return torch.nn.functional.silu(out).to(x.dtype).transpose(1, 2), window
+
+
+def causal_conv1d_reference(
+    x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor, start_pos: Tensor, lengths: Tensor
+) -> tuple[Tensor, Tensor]:
+    out, window = _conv_window(x, conv_state, layer, slot_ids, weight, start_pos)
+    width = conv_state.shape[-1]
+    # State after position lengths[b] - 1: columns lengths[b] .. lengths[b] + W-2 (the old state at 0).
+    columns = lengths.clamp(0, x.shape[1])[:, None] + torch.arange(width, device=x.device)  # [B, W-1]
+    final = window.gather(2, columns[:, None, :].expand(-1, window.shape[1], -1))
+    return out.contiguous(), final.to(conv_state.dtype).contiguous()
+
+
+@torch.library.custom_op("graphspec::causal_conv1d", mutates_args=())
+def causal_conv1d(
+    x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor, start_pos: Tensor, lengths: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Depthwise causal conv1d + SiLU of x [B, T, C] (kernel weight [C, W]) continuing the conv state
+    [Lg, SLOTS, C, W-1] of slot slot_ids[b] at `layer` (zeros where start_pos[b] == 0: a new sequence).
+    Returns (out [B, T, C], the state after position lengths[b] - 1 [B, C, W-1]); lengths [B] in 0..T:
+    positions past it are right padding."""
+    return causal_conv1d_reference(x, conv_state, layer, slot_ids, weight, start_pos, lengths)
+
+
+@causal_conv1d.register_fake
+def _(x, conv_state, layer, slot_ids, weight, start_pos, lengths):
+    return x.new_empty(x.shape), conv_state.new_empty((x.shape[0], *conv_state.shape[2:]))
+
+
+def causal_conv1d_snapshots_reference(
+    x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor
+) -> tuple[Tensor, Tensor]:
+    out, window = _conv_window(x, conv_state, layer, slot_ids, weight, None)
+    width = conv_state.shape[-1]
+    snapshots = window.unfold(2, width, 1)[:, :, 1:]  # [B, C, T, W-1]: the state after each position
+    return out.contiguous(), snapshots.transpose(1, 2).to(conv_state.dtype).contiguous()
+
+
+@torch.library.custom_op("graphspec::causal_conv1d_snapshots", mutates_args=())
+def causal_conv1d_snapshots(
+    x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor
+) -> tuple[Tensor, Tensor]:
+    """causal_conv1d over verify positions (never position 0): returns (out [B, T, C], the state after
+    every position [B, T, C, W-1]); the slot's state itself is not advanced."""
+    return causal_conv1d_snapshots_reference(x, conv_state, layer, slot_ids, weight)
+
+
+@causal_conv1d_snapshots.register_fake
+def _(x, conv_state, layer, slot_ids, weight):
+    batch, t, _ = x.shape
+    return x.new_empty(x.shape), conv_state.new_empty((batch, t, *conv_state.shape[2:]))
+
+
+def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    # As transformers' (and FLA's) l2norm in the gated delta rule.
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_rule_scan(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial: Tensor, lengths: Tensor | None
+) -> tuple[Tensor, list[Tensor]]:
+    """The gated delta rule token by token, with transformers' torch_recurrent_gated_delta_rule's
+    arithmetic. q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g and beta [B, T, Hv], initial [B, Hv, Dk, Dv]
+    fp32. Returns out [B, T, Hv, Dv] (q's dtype) and the state after each position (fp32 [B, Hv, Dk, Dv]);
+    with lengths [B], positions t >= lengths[b] leave the state as it was."""
+    dtype = q.dtype
+    group = v.shape[2] // k.shape[2]  # grouped value attention: each q/k head serves `group` value heads
+    q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    q, k, v, beta, g = (t.transpose(1, 2).to(torch.float32) for t in (q, k, v, beta, g))  # [B, H, T, ...]
+    q, k = _l2norm(q), _l2norm(k)
+    q = q / (q.shape[-1] ** 0.5)
+    state = initial.to(torch.float32)
+    out, states = [], []
+    for t in range(q.shape[2]):
+        step = state * g[:, :, t].exp()[..., None, None]
+        memory = (step * k[:, :, t, :, None]).sum(dim=-2)  # [B, H, Dv]
+        delta = (v[:, :, t] - memory) * beta[:, :, t, None]
+        step = step + k[:, :, t, :, None] * delta[:, :, None, :]
+        if lengths is not None:  # right padding: keep the state (where, so garbage never leaks in)
+            step = torch.where((t < lengths)[:, None, None, None], step, state)
+        state = step
+        out.append((state * q[:, :, t, :, None]).sum(dim=-2))
+        states.append(state)
+    return torch.stack(out, dim=1).to(dtype), states  # [B, T, Hv, Dv]
+
+
+def gated_delta_rule_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor,
+    lengths: Tensor,
+) -> tuple[Tensor, Tensor]:
+    initial = _initial(state, layer, slot_ids, start_pos)
+    out, states = gated_delta_rule_scan(q, k, v, g, beta, initial, lengths)
+    return out.contiguous(), (states[-1] if states else initial).to(state.dtype).contiguous()
+
+
+@torch.library.custom_op("graphspec::gated_delta_rule", mutates_args=())
+def gated_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor,
+    lengths: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Gated DeltaNet recurrence (q/k L2-normalized inside, q scaled by Dk**-0.5) from the recurrent
+    state [Lg, SLOTS, Hv, Dk, Dv] of slot slot_ids[b] at `layer` (zeros where start_pos[b] == 0: a new
+    sequence). q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g (log decay) and beta [B, T, Hv]. Returns
+    (out [B, T, Hv, Dv], the state after position lengths[b] - 1 [B, Hv, Dk, Dv]); positions past
+    lengths[b] are right padding."""
+    return gated_delta_rule_reference(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths)
+
+
+@gated_delta_rule.register_fake
+def _(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths):
+    return v.new_empty(v.shape), state.new_empty((q.shape[0], *state.shape[2:]))
+
+
+def gated_delta_rule_snapshots_reference(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, layer: int, slot_ids: Tensor
+) -> tuple[Tensor, Tensor]:
+    initial = state[layer].index_select(0, slot_ids)
+    out, states = gated_delta_rule_scan(q, k, v, g, beta, initial, None)
+    return out.contiguous(), torch.stack(states, dim=1).to(state.dtype).contiguous()
+
+
+@torch.library.custom_op("graphspec::gated_delta_rule_snapshots", mutates_args=())
+def gated_delta_rule_snapshots(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, layer: int, slot_ids: Tensor
+) -> tuple[Tensor, Tensor]:
+    """gated_delta_rule over verify positions (never position 0): returns (out [B, T, Hv, Dv], the state
+    after every position [B, T, Hv, Dk, Dv]); the slot's state itself is not advanced."""
+    return gated_delta_rule_snapshots_reference(q, k, v, g, beta, state, layer, slot_ids)
+
+
+@gated_delta_rule_snapshots.register_fake
+def _(q, k, v, g, beta, state, layer, slot_ids):
+    return v.new_empty(v.shape), state.new_empty((q.shape[0], q.shape[1], *state.shape[2:]))
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-layer slot state (recurrent and conv state): whole-slot writes and the accept region's selection
+# --------------------------------------------------------------------------------------------------
+
+
+def _write_layer_rows(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> None:
+    state[layer, slot_ids] = value.to(state.dtype)
+
+
+@torch.library.custom_op("graphspec::layer_state_update", mutates_args=())
+def layer_state_update(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> Tensor:
+    """Functional write of value [B, ...] into state [L, SLOTS, ...] at layer `layer`, slot slot_ids[b]:
+    a copy. defunctionalize_kv turns it into graphspec::layer_state_write."""
+    out = state.clone()
+    _write_layer_rows(out, layer, slot_ids, value)
+    return out
+
+
+@layer_state_update.register_fake
+def _(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> Tensor:
+    return torch.empty_like(state)
+
+
+@torch.library.custom_op("graphspec::layer_state_write", mutates_args=("state",))
+def layer_state_write(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> None:
+    """In-place layer_state_update."""
+    _write_layer_rows(state, layer, slot_ids, value)
+
+
+@layer_state_write.register_fake
+def _(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> None:
+    return None
+
+
+def _select_rows(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> None:
+    # snapshots [L, B, T, ...]; row b's slot takes snapshot index[b] of every layer. Only the selected
+    # snapshot is read: the others may hold anything (NaN included) without reaching the state.
+    rows = torch.arange(snapshots.shape[1], device=snapshots.device)
+    state[:, slot_ids] = snapshots[:, rows, index.clamp(0, snapshots.shape[2] - 1)].to(state.dtype)
+
+
+@torch.library.custom_op("graphspec::select_update", mutates_args=())
+def select_update(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> Tensor:
+    """The "snapshot" rollback rule's commit: a copy of state [L, SLOTS, ...] where slot slot_ids[b]
+    holds snapshots[:, b, index[b]] (snapshots [L, B, T, ...], one per verified position; index [B]
+    the row's accepted count). defunctionalize_kv turns it into graphspec::select_write."""
+    out = state.clone()
+    _select_rows(out, slot_ids, snapshots, index)
+    return out
+
+
+@select_update.register_fake
+def _(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> Tensor:
+    return torch.empty_like(state)
+
+
+@torch.library.custom_op("graphspec::select_write", mutates_args=("state",))
+def select_write(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> None:
+    """In-place select_update."""
+    _select_rows(state, slot_ids, snapshots, index)
+
+
+@select_write.register_fake
+def _(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
 # Counter-based randomness and logits processing
 # --------------------------------------------------------------------------------------------------
 
@@ -706,4 +993,14 @@ OPS = {
     "verify_rejection": torch.ops.graphspec.verify_rejection.default,
     "limit_accepted": torch.ops.graphspec.limit_accepted.default,
     "commit": torch.ops.graphspec.commit.default,
+    "offset_rms_norm": torch.ops.graphspec.offset_rms_norm.default,
+    "gated_rms_norm": torch.ops.graphspec.gated_rms_norm.default,
+    "causal_conv1d": torch.ops.graphspec.causal_conv1d.default,
+    "causal_conv1d_snapshots": torch.ops.graphspec.causal_conv1d_snapshots.default,
+    "gated_delta_rule": torch.ops.graphspec.gated_delta_rule.default,
+    "gated_delta_rule_snapshots": torch.ops.graphspec.gated_delta_rule_snapshots.default,
+    "layer_state_update": torch.ops.graphspec.layer_state_update.default,
+    "layer_state_write": torch.ops.graphspec.layer_state_write.default,
+    "select_update": torch.ops.graphspec.select_update.default,
+    "select_write": torch.ops.graphspec.select_write.default,
 }

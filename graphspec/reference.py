@@ -19,6 +19,8 @@ from graphspec import ops
 from graphspec.errors import InputError
 from graphspec.inputs import check_max_new_tokens, check_prompts, check_sampling, token_id
 from graphspec.models.decoder import DecoderLM
+from graphspec.models.hybrid import HybridLM
+from graphspec.models.target import target_forward, target_states
 
 # Seeds become int64 tensors holding the seed's high 32 bits in the top word, so they must fit in 63 bits.
 
@@ -33,7 +35,7 @@ def row_seeds(seed: int | Sequence[int] | None, count: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def reference_generate(
-    model: DecoderLM,
+    model: DecoderLM | HybridLM,
     prompts: list[list[int]],
     max_new_tokens: int,
     *,
@@ -81,7 +83,8 @@ def reference_generate(
     device, dtype = parameter.device, parameter.dtype
     rows = len(prompts)
     lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=device)  # [B]
-    cache = model.new_cache(rows, max_seq_len, dtype, device)
+    # The target's declared states (a hybrid's linear-attention states beside its KV cache), zeroed.
+    states = {state.name: state.allocate(device) for state in target_states(model, rows, max_seq_len, 0, dtype)}
     slot_ids = torch.arange(rows, device=device)
 
     sampling = temperature > 0
@@ -93,12 +96,13 @@ def reference_generate(
     }
 
     # Prefill, right-padded: positions past a row's prompt write dead KV beyond its length. Attention
-    # masks by position, and the row's next token overwrites position len(prompt) before reading it.
+    # masks by position, and the row's next token overwrites position len(prompt) before reading it;
+    # linear-attention state stops at each row's length.
     tokens = torch.zeros((rows, longest), dtype=torch.int64, device=device)  # [B, T]
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64, device=device)
     start = torch.zeros(rows, dtype=torch.int64, device=device)
-    hidden, cache = model(tokens, start, slot_ids, cache, in_place=True)  # [B, T, hidden]
+    hidden, _ = target_forward(model, None, tokens, start, slot_ids, states, "hidden", lengths=lengths, in_place=True)
     logits = model.logits(hidden[torch.arange(rows, device=device), lengths - 1])  # [B, V]
 
     outputs: list[list[int]] = [[] for _ in range(rows)]
@@ -131,5 +135,7 @@ def reference_generate(
         index = torch.tensor(active, dtype=torch.int64, device=device)
         step_tokens = next_tokens[keep].unsqueeze(1)  # [A, 1]
         positions = lengths[index] + torch.tensor([len(outputs[row]) - 1 for row in active], device=device)
-        hidden, cache = model(step_tokens, positions, slot_ids[index], cache, in_place=True)  # [A, 1, hidden]
+        hidden, _ = target_forward(
+            model, None, step_tokens, positions, slot_ids[index], states, "hidden", in_place=True
+        )
         logits = model.logits(hidden[:, -1])  # [A, V]

@@ -25,8 +25,11 @@ import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
-from graphspec.drafters.base import Drafter, State, StepView
-from graphspec.models.decoder import DecoderLM, kv_cache_shape
+from graphspec.drafters.base import Drafter, StepView
+from graphspec.models.decoder import DecoderLM
+from graphspec.models.hybrid import HybridLM
+from graphspec.models.target import target_forward, target_state_names, target_states
+from graphspec.state import TARGET_CACHE, State, snapshot_name
 
 # Per-row step inputs, all [B] unless noted. Validity is carried here, never in Python control flow.
 ROW_INPUTS = (
@@ -40,9 +43,11 @@ ROW_INPUTS = (
     "seed",  # int64: per-row seed of the counter-based random stream
     "step_counter",  # int64: steps this row has taken; keys the random stream
 )
-TARGET_CACHE = "target_cache"  # [L, 2, SLOTS, Hkv, S, D]: the target's state, first of the step's states
+# TARGET_CACHE (graphspec.state): the target's KV cache, first of the step's states; a hybrid target's
+# linear-attention states follow it (models/target.py target_states).
 # What the traced program returns besides the states (draft_length only when the drafter gives one,
-# target_features only when it reads the verify's states); insert_verify replaces these with ROW_OUTPUTS.
+# target_features only when it reads the verify's states, then snapshot_name(state) for every "snapshot"
+# state of the target); insert_verify replaces these with ROW_OUTPUTS.
 SPECULATE_OUTPUTS = ("target_logits", "draft_logits", "draft_tokens", "draft_length", "target_features")
 # The compiled step's per-row outputs; the states follow them. next_<name> feeds back into input <name>.
 ROW_OUTPUTS = (
@@ -74,7 +79,7 @@ class StepSignature:
 
     target_params: tuple[str, ...]
     draft_params: tuple[str, ...]
-    states: tuple[str, ...]  # the target's KV cache, then the drafter's declared states
+    states: tuple[str, ...]  # the target's declared states (KV cache first), then the drafter's
 
     @property
     def step_inputs(self) -> tuple[str, ...]:
@@ -96,25 +101,23 @@ def model_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return named
 
 
-def target_state(target: DecoderLM, slots: int, max_seq_len: int, dtype: torch.dtype) -> State:
-    spec = target.spec
-    shape = kv_cache_shape(spec, spec.num_layers, slots, max_seq_len)
-    return State(TARGET_CACHE, shape, dtype, rollback="length")
-
-
 def step_states(
-    target: DecoderLM, drafter: Drafter, slots: int, max_seq_len: int, k: int, dtype: torch.dtype
+    target: DecoderLM | HybridLM, drafter: Drafter, slots: int, max_seq_len: int, k: int, dtype: torch.dtype
 ) -> tuple[State, ...]:
     """Every state tensor of the step, the target's first: what the runtime allocates and the graph
     takes and returns."""
-    states = (target_state(target, slots, max_seq_len, dtype), *drafter.states(slots, max_seq_len, k, dtype))
+    drafted = drafter.states(slots, max_seq_len, k, dtype)
+    advancing = [state.name for state in drafted if state.rollback == "snapshot"]
+    if advancing:  # drafts are rejected after the fact: a drafter's own state must roll back for free
+        raise ValueError(f"drafter {drafter.kind} declares snapshot-rule states {advancing}: drafters must not")
+    states = (*target_states(target, slots, max_seq_len, k, dtype), *drafted)
     names = [state.name for state in states]
     assert len(set(names)) == len(names) and not set(names) & set(ROW_INPUTS), names
     return states
 
 
 def speculate(
-    target: DecoderLM,
+    target: DecoderLM | HybridLM,
     drafter: Drafter,
     k: int,
     greedy_draft: bool,
@@ -134,7 +137,8 @@ def speculate(
             return ops.argmax(logits)
         return ops.sample(logits, temperature, top_k, top_p, seed, step_counter, ops.DRAFT_LANE + index)
 
-    drafter_state = {name: value for name, value in state.items() if name != TARGET_CACHE}
+    target_names = target_state_names(target)
+    drafter_state = {name: value for name, value in state.items() if name not in target_names}
     with region("draft"):
         proposal = drafter.propose(draft_params, StepView(inputs, k, pick), drafter_state)
         draft_tokens = proposal.tokens  # [B, K]
@@ -150,11 +154,17 @@ def speculate(
         committed_len, slot_ids = inputs["committed_len"], inputs["slot_ids"]
         capture = drafter.target_features
         output = "logits_and_features" if capture else "logits"
-        verified, target_cache = torch.func.functional_call(
+        # "snapshot" states come back unchanged, with the state after each of the K+1 positions beside them.
+        verified, target_state = target_forward(
             target,
             target_params,
-            (verify_tokens, committed_len - 1, slot_ids, state[TARGET_CACHE], output),
-            {"capture": capture},
+            verify_tokens,
+            committed_len - 1,
+            slot_ids,
+            {name: state[name] for name in target_names},
+            output,
+            capture,
+            snapshots=True,
         )
         target_logits, target_features = verified if capture else (verified, None)  # [B, K+1, V]
     outputs = {"target_logits": target_logits, "draft_logits": draft_logits, "draft_tokens": draft_tokens}
@@ -162,7 +172,9 @@ def speculate(
         outputs["draft_length"] = proposal.length
     if target_features is not None:
         outputs["target_features"] = target_features  # [B, K+1, F]
-    return {**outputs, TARGET_CACHE: target_cache, **proposal.state}
+    snapshots = {name: value for name, value in target_state.items() if name not in target_names}
+    assert set(snapshots) <= {snapshot_name(name) for name in target_names}, snapshots
+    return {**outputs, **snapshots, **{name: target_state[name] for name in target_names}, **proposal.state}
 
 
 def new_row_inputs(batch: int, device: str | torch.device) -> dict[str, torch.Tensor]:
@@ -182,7 +194,7 @@ def new_row_inputs(batch: int, device: str | torch.device) -> dict[str, torch.Te
 
 
 def example_step_inputs(
-    target: DecoderLM,
+    target: DecoderLM | HybridLM,
     drafter: Drafter,
     k: int,
     batch: int,
@@ -199,7 +211,7 @@ def example_step_inputs(
 
 
 def trace_step(
-    target: DecoderLM, drafter: Drafter, k: int, mode: str, step_inputs: dict[str, torch.Tensor]
+    target: DecoderLM | HybridLM, drafter: Drafter, k: int, mode: str, step_inputs: dict[str, torch.Tensor]
 ) -> tuple[fx.GraphModule, StepSignature]:
     """Trace the step for the shapes of `step_inputs` (static B, K, cache) into one GraphModule.
 

@@ -25,6 +25,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec.drafters.base import Drafter, PrefillChunk
 from graphspec.models.decoder import DecoderLM
+from graphspec.models.hybrid import HybridLM
+from graphspec.models.target import target_forward, target_state_names
 from graphspec.trace import TARGET_CACHE, model_inputs, name_graph, step_states
 
 # Per-row inputs of one chunk; B rows (a bucket), C positions.
@@ -33,7 +35,8 @@ PREFILL_INPUTS = (
     "next_tokens",  # [B, C] int64: the token one position later (what MTP heads pair with each hidden state)
     "start_pos",  # [B] int64: the chunk's first position (a multiple of C)
     "slot_ids",  # [B] int64: cache slot; padding rows use the spare slot
-    "last_index",  # [B] int64: index in the chunk whose logits and hidden state are returned
+    "last_index",  # [B] int64: the row's last prompt position in the chunk (C - 1 if the prompt goes on):
+    # its logits and hidden state are returned, and positions after it do not advance "snapshot" states
 )
 PREFILL_OUTPUTS = (
     "last_logits",  # [B, V] the target's logits at last_index
@@ -112,7 +115,7 @@ def new_prefill_inputs(batch: int, chunk: int, device: str | torch.device) -> di
 
 
 def prefill_chunk(
-    target: DecoderLM,
+    target: DecoderLM | HybridLM,
     drafter: Drafter,
     target_params: dict[str, torch.Tensor],
     draft_params: dict[str, torch.Tensor],
@@ -123,8 +126,19 @@ def prefill_chunk(
     tokens, start_pos, slot_ids = inputs["tokens"], inputs["start_pos"], inputs["slot_ids"]
     capture = drafter.target_features
     output = "hidden_and_features" if capture else "hidden"
-    hidden, target_cache = torch.func.functional_call(
-        target, target_params, (tokens, start_pos, slot_ids, state[TARGET_CACHE], output), {"capture": capture}
+    target_names = target_state_names(target)
+    # Positions past last_index are right padding: the KV written there is dead, and a "snapshot"
+    # state (linear attention) must not advance over them, so it ends after position last_index.
+    hidden, target_state = target_forward(
+        target,
+        target_params,
+        tokens,
+        start_pos,
+        slot_ids,
+        {name: state[name] for name in target_names},
+        output,
+        capture,
+        lengths=inputs["last_index"] + 1,
     )  # [B, C, H] (and features [B, C, F])
     hidden, features = hidden if capture else (hidden, None)
     rows = torch.arange(tokens.shape[0], device=tokens.device)
@@ -133,15 +147,15 @@ def prefill_chunk(
     # Tied embeddings appear once among the parameters, under the embedding's name.
     head = target_params.get("lm_head.weight", target_params.get("model.embed_tokens.weight"))
     last_logits = F.linear(last_hidden, head)  # [B, V]
-    drafter_state = {name: value for name, value in state.items() if name != TARGET_CACHE}
+    drafter_state = {name: value for name, value in state.items() if name not in target_names}
     chunk = PrefillChunk(tokens, inputs["next_tokens"], start_pos, slot_ids, hidden, features)
     drafter_state = drafter.prefill_chunk(draft_params, chunk, drafter_state)
     outputs = {"last_logits": last_logits, "last_hidden": last_hidden, **extra}
-    return {**outputs, TARGET_CACHE: target_cache, **drafter_state}
+    return {**outputs, **target_state, **drafter_state}
 
 
 def trace_prefill(
-    target: DecoderLM, drafter: Drafter, k: int, inputs: dict[str, torch.Tensor]
+    target: DecoderLM | HybridLM, drafter: Drafter, k: int, inputs: dict[str, torch.Tensor]
 ) -> tuple[fx.GraphModule, PrefillSignature]:
     """Trace the chunk program for the shapes of `inputs` (PREFILL_INPUTS and the states by name) into
     one GraphModule, with fake tensors (nothing is computed). Dead code (the draft model's unused
@@ -180,7 +194,7 @@ def trace_prefill(
 
 
 def example_prefill_inputs(
-    target: DecoderLM,
+    target: DecoderLM | HybridLM,
     drafter: Drafter,
     k: int,
     batch: int,

@@ -4,13 +4,13 @@
 #   2. every GPU test (pytest -m gpu: runtime, passes, kernels, e2e ...),
 #   3. benchmarks/bench_step.py (step time captured vs eager, floor, parity),
 #   4. benchmarks/bench_drafters.py (step time per drafter next to the target-only forwards),
-#   5. scripts/gpu_parity.py and benchmarks/bench_kernels.py when they exist.
+#   5. scripts/gpu_parity.py, benchmarks/bench_hybrid.py and benchmarks/bench_kernels.py when they exist.
 # Logs and JSON go to $OUT (the device tool brings that folder back); a stage that fails or times out
 # does not stop the later ones, and the script exits non-zero if any stage failed.
 #
 #   bash scripts/gpu_check.sh                      # everything
 #   PYTEST_TARGETS="tests/runtime" PYTEST_FLAGS="-q" bash scripts/gpu_check.sh   # a subset, no -x
-# Stage time limits (seconds) can be overridden: TESTS_S, BENCH_S, DRAFTERS_S, PARITY_S, KERNELS_S; BENCH=0 skips
+# Stage time limits (seconds) can be overridden: TESTS_S, BENCH_S, DRAFTERS_S, PARITY_S, HYBRID_S, KERNELS_S; BENCH=0 skips
 # stage 3, DRAFTERS=0 stage 4, EXTRAS=0 stage 5, BENCH_ARGS adds arguments to bench_step.py (e.g. "--no-piecewise
 # --self-draft none").
 set -uo pipefail
@@ -68,6 +68,10 @@ if [ "${DRAFTERS:-1}" = 1 ]; then
 fi
 if [ "${EXTRAS:-1}" = 1 ] && [ -f scripts/gpu_parity.py ]; then
     stage "gpu_parity" "${PARITY_S:-300}" "$OUT/gpu_parity.log" "$PYTHON" scripts/gpu_parity.py
+fi
+if [ "${EXTRAS:-1}" = 1 ] && [ -f benchmarks/bench_hybrid.py ]; then
+    stage "bench_hybrid" "${HYBRID_S:-300}" "$OUT/bench_hybrid.log" \
+        "$PYTHON" benchmarks/bench_hybrid.py --json "$OUT/bench_hybrid.json"
 fi
 if [ "${EXTRAS:-1}" = 1 ] && [ -f benchmarks/bench_kernels.py ]; then
     stage "bench_kernels" "${KERNELS_S:-90}" "$OUT/bench_kernels.log" "$PYTHON" benchmarks/bench_kernels.py

@@ -151,3 +151,103 @@ def split_nextn_head(source: Path, target_dir: Path, head_dir: Path) -> tuple[Pa
         save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     shutil.copy(source / "generation_config.json", target_dir / "generation_config.json")
     return Path(target_dir), Path(head_dir)
+
+
+# Hybrid (Gated DeltaNet) families: config class, model class. Qwen3-Next is dense with num_experts=0.
+HYBRID_CLASSES = {
+    "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
+    "qwen3_5_text": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
+}
+
+
+def tiny_hybrid_config(
+    family: str = "qwen3_5_text", vocab_size: int = 128, **overrides
+) -> transformers.PretrainedConfig:
+    """Three Gated DeltaNet layers and one gated full-attention layer (the 3:1 pattern), partial rotary."""
+    fields = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if family == "qwen3_next":
+        fields["num_experts"] = 0
+    fields.update(overrides)
+    return HYBRID_CLASSES[family][0](**fields)
+
+
+def make_hybrid_checkpoint(directory: Path, family: str = "qwen3_5_text", seed: int = 0, **overrides) -> Path:
+    """Save a random-weight hybrid model (transformers' own class) to `directory` and return it. Its
+    norms start at zero ((1 + w) norms) and A_log/dt_bias at fixed values, so everything is perturbed."""
+    torch.manual_seed(seed)
+    model = HYBRID_CLASSES[family][1](tiny_hybrid_config(family, **overrides))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    model.save_pretrained(directory)
+    return Path(directory)
+
+
+def nest_language_model(source: Path, directory: Path) -> Path:
+    """A Qwen3.5 text checkpoint rewritten in the public multimodal layout: config model_type "qwen3_5"
+    with the text config under text_config, tensors model.language_model.* (lm_head stays), plus one
+    vision tensor graphspec must skip."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    raw = json.loads((source / "config.json").read_text())
+    text = {key: value for key, value in raw.items() if key not in ("architectures", "transformers_version")}
+    config = {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": {**text, "model_type": "qwen3_5_text"},
+        "tie_word_embeddings": raw.get("tie_word_embeddings", False),
+    }
+    state = load_file(source / "model.safetensors")
+    nested = {
+        ("model.language_model." + n.removeprefix("model.") if n.startswith("model.") else n): t
+        for n, t in state.items()
+    }
+    nested["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(nested, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
+
+
+def make_hybrid_mtp_checkpoint(directory: Path, seed: int = 0, **overrides) -> Path:
+    """A tiny Qwen3.5 (qwen3_5_text) target whose checkpoint also holds one MTP layer (mtp.*, the public
+    Qwen3.5 layout; a gated full-attention block) with random weights; config num_mtp_layers = 1."""
+    from safetensors.torch import load_file, save_file
+    from transformers.modeling_layers import MtpModel
+
+    make_hybrid_checkpoint(
+        directory, "qwen3_5_text", seed, num_mtp_layers=1, mtp_layer_types=["full_attention"], **overrides
+    )
+    model = load_hf(directory)
+    torch.manual_seed(seed + 1000)
+    mtp = MtpModel(model, 1)
+    with torch.no_grad():  # zero-centred norms: small random offsets around 0
+        for name, parameter in mtp.named_parameters():
+            if name.startswith("layers."):
+                parameter.copy_(torch.randn_like(parameter) * 0.1)
+    state = load_file(directory / "model.safetensors")
+    weights = mtp.state_dict()
+    for name, stored in mtp_stored_names(mtp, model.config.num_hidden_layers, "qwen3_next").items():
+        state[stored] = weights[name].contiguous()
+    save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    return Path(directory)

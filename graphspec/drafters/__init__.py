@@ -34,6 +34,9 @@ KINDS: dict[str, type[Drafter]] = {
 NAMED_KINDS = ("ngram", "mtp")
 DIRECTORY_KINDS = ("draft_model", "mtp", "eagle3", "dflash")
 SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": (), "eagle3": (), "dflash": ()}
+# Kinds not wired to hybrid targets yet (EAGLE-3 and DFlash heads are trained and tested for attention-only
+# targets so far).
+HYBRID_UNSUPPORTED = ("eagle3", "dflash")
 
 
 def directory_kind(path: str | Path) -> str:
@@ -92,6 +95,11 @@ def check_drafter(
     if kind == "ngram":
         return NGram(**settings)
     target_spec = ModelSpec.from_config(target_config)
+    if target_spec.linear is not None and kind in HYBRID_UNSUPPORTED:
+        raise InputError(
+            f"drafter {kind!r} does not support hybrid (Gated DeltaNet) targets like {target} yet; "
+            f"use one of: draft_model, ngram, mtp"
+        )
     if kind == "mtp":  # names and shapes from the headers, against a meta-device target
         if str(draft) == "mtp":
             plan_head(Path(target), target_config, build_model(target_config))
@@ -105,6 +113,10 @@ def check_drafter(
         dflash.plan_head(Path(draft), build_model(target_config), k, max_seq_len)
         return None
     spec = ModelSpec.from_config(load_config(draft))
+    if spec.linear is not None:  # the step re-feeds drafts (catch-up), which would advance a recurrent state twice
+        raise InputError(
+            f"draft model {draft} is a hybrid (linear-attention) model; draft models must be attention-only"
+        )
     if spec.vocab_size != target_spec.vocab_size:
         raise InputError(
             f"draft and target vocabularies differ: target vocab_size {target_spec.vocab_size}, draft {draft} has "

@@ -13,51 +13,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-# How a state tensor is rolled back when drafts are rejected. Neither needs work at rollback time:
-# - "length": position-indexed per slot; entries at or past a row's committed length are dead, and the
-#   step rewrites every entry before it reads it (KV caches, token history).
-# - "verified": one row per position of the last verify (K+1 per slot); rows past that step's accepted
-#   count are dead, and the drafter reads only the accepted ones (feature rows for heads).
-ROLLBACKS = ("length", "verified")
-# Values the accept region can write into a drafter state after verify (see CommitWrite):
-# "tokens" [B, K+1] the step's tokens, "target_features" [B, K+1, F] what the drafter captures from the
-# verify forward (Drafter.target_features) at the verify positions, "committed_len" [B, 1] the committed
-# length the step started from.
-COMMIT_VALUES = ("tokens", "target_features", "committed_len")
-# Where a commit write lands in each row's slot: "committed_len": positions L .. L+T-1 (after the
-# committed tokens); "start": positions 0 .. T-1 (the slot's row is replaced).
-COMMIT_AT = ("committed_len", "start")
-
-
-@dataclass(frozen=True)
-class CommitWrite:
-    """After verify/accept, write `value` ([B, T, ...], one row per step row) into the state at each
-    row's slot, from position `at` on (entries past the accepted ones are dead by the state's rollback
-    rule). insert_verify adds these writes: they are how a drafter sees what verify produced."""
-
-    value: str  # one of COMMIT_VALUES
-    at: str = "committed_len"  # one of COMMIT_AT
-
-
-@dataclass(frozen=True)
-class State:
-    """A tensor a drafter keeps across steps: a graph input and output of the step (mutated in place
-    after defunctionalize_kv), allocated once by the runtime and shared by every bucket."""
-
-    name: str  # the step input/output name
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    rollback: str  # one of ROLLBACKS
-    commit: CommitWrite | None = None
-
-    def __post_init__(self) -> None:
-        assert self.rollback in ROLLBACKS, self.rollback
-        assert self.commit is None or (self.commit.value in COMMIT_VALUES and self.commit.at in COMMIT_AT), self.commit
-
-    def allocate(self, device: torch.device | str, zeroed: bool = True) -> Tensor:
-        """The tensor, zeroed unless only its shape matters (tracing)."""
-        make = torch.zeros if zeroed else torch.empty
-        return make(self.shape, dtype=self.dtype, device=device)
+# Declared in graphspec.state (the target declares state too); drafters import them from here.
+from graphspec.state import COMMIT_AT, COMMIT_VALUES, ROLLBACKS, CommitWrite, State  # noqa: F401
 
 
 @dataclass

@@ -1,4 +1,7 @@
 """Multi-token-prediction (MTP) heads shipped with the target (DeepSeek-V3, Qwen3-Next, Qwen3.5 style).
+For a hybrid target (models/hybrid.py) the head's block is one of its gated full-attention layers with
+zero-centred norms: the head keeps only its own KV cache, so drafting never touches the target's
+recurrent state.
 
 An MTP layer predicts the token after next from (the next token, the target's hidden state here):
     out_t = post_norm(block(eh_proj([enorm(embed(x_{t+1})), hnorm(h_t)])))     logits = lm_head(out_t)
@@ -46,6 +49,7 @@ from graphspec.drafters.base import (
 )
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape
+from graphspec.models.hybrid import GatedAttentionLayer, HybridLM
 from graphspec.models.loading import (
     LoadedModel,
     checkpoint_tensors,
@@ -81,7 +85,10 @@ class MtpLayer(nn.Module):
         self.enorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.hnorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * spec.hidden_size, spec.hidden_size, bias=False)
-        self.block = DecoderLayer(spec, index)  # `index` is its layer in the head's own KV cache
+        # `index` is its layer in the head's own KV cache. A hybrid target's head is one of its gated
+        # full-attention layers (attention only: drafting never advances the target's recurrent state).
+        block = GatedAttentionLayer if spec.linear is not None else DecoderLayer
+        self.block = block(spec, index)
         self.post_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
@@ -90,9 +97,11 @@ class MtpHead(nn.Module):
     (post-norm output [B, T, H], cache): layer `layer` over the pairs (tokens[t], hidden[t]), their KV
     at kv_start + t. embed_tokens and lm_head are the target's modules (shared, not copied)."""
 
-    def __init__(self, target: DecoderLM, count: int) -> None:
+    def __init__(self, target: DecoderLM | HybridLM, count: int) -> None:
         super().__init__()
         self.spec = target.spec
+        # Hybrid families' norms are zero-centred, (1 + w), as their target's (graphspec::offset_rms_norm).
+        self.offset_norms = target.spec.linear is not None
         with torch.device("meta"):
             self.layers = nn.ModuleList(MtpLayer(target.spec, index) for index in range(count))
         self.embed_tokens = target.model.embed_tokens
@@ -112,14 +121,17 @@ class MtpHead(nn.Module):
         in_place: bool = False,
     ) -> tuple[Tensor, Tensor]:
         mtp, eps = self.layers[layer], self.spec.rms_norm_eps
+        norm = ops.offset_rms_norm if self.offset_norms else ops.rms_norm
         embedded = self.embed_tokens(tokens)
-        pair = torch.cat(
-            (ops.rms_norm(embedded, mtp.enorm.weight, eps), ops.rms_norm(hidden, mtp.hnorm.weight, eps)), -1
-        )
+        pair = torch.cat((norm(embedded, mtp.enorm.weight, eps), norm(hidden, mtp.hnorm.weight, eps)), -1)
         residual = mtp.eh_proj(pair)  # [B, T, H]
         block = mtp.block
-        x = ops.rms_norm(residual, block.input_layernorm.weight, eps)
+        x = norm(residual, block.input_layernorm.weight, eps)
         attn_out, cache = block.self_attn(x, cos, sin, kv_start, slot_ids, cache, in_place)
+        if self.offset_norms:  # no fused add + (1 + w) norm op: the adds stay plain
+            residual = residual + attn_out
+            residual = residual + block.mlp(norm(residual, block.post_attention_layernorm.weight, eps))
+            return norm(residual, mtp.post_norm.weight, eps), cache
         x, residual = ops.add_rms_norm(attn_out, residual, block.post_attention_layernorm.weight, eps)
         out, _ = ops.add_rms_norm(block.mlp(x), residual, mtp.post_norm.weight, eps)
         return out, cache

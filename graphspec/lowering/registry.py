@@ -273,6 +273,63 @@ def fits_sample(node: fx.Node) -> bool:
     )
 
 
+def fits_gated_delta_rule(node: fx.Node) -> bool:
+    # gated_delta_rule(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths): the snapshot form's
+    # arguments plus per-row start positions and lengths.
+    values = _vals_at(node, (0, 8, 9))
+    if values is None or len(node.args) < 10 or not fits_gated_delta_rule_snapshots(node):
+        return False
+    q, start_pos, lengths = values
+    return _is_index(start_pos, q.shape[0]) and _is_index(lengths, q.shape[0])
+
+
+def fits_gated_delta_rule_snapshots(node: fx.Node) -> bool:
+    # gated_delta_rule_snapshots(q, k, v, g, beta, state, layer, slot_ids): layer is a plain int.
+    values = _vals_at(node, (0, 1, 2, 3, 4, 5, 7))
+    if values is None or len(node.args) < 8 or type(node.args[6]) is not int:
+        return False
+    q, k, v, g, beta, state, slot_ids = values
+    if q.dim() != 4 or v.dim() != 4 or state.dim() != 5:
+        return False
+    batch, t, key_heads, key_dim = q.shape
+    value_heads, value_dim = v.shape[2], v.shape[3]
+    return (
+        q.dtype in FLOAT_DTYPES
+        and k.dtype == v.dtype == beta.dtype == q.dtype
+        and g.dtype == torch.float32
+        and state.dtype == torch.float32
+        and tuple(k.shape) == tuple(q.shape)
+        and tuple(v.shape[:2]) == (batch, t)
+        and tuple(g.shape) == tuple(beta.shape) == (batch, t, value_heads)
+        and value_heads % key_heads == 0
+        and tuple(state.shape[2:]) == (value_heads, key_dim, value_dim)
+        and key_dim <= _module("gated_delta_rule_snapshots").MAX_HEAD_DIM
+        and -state.shape[0] <= node.args[6] < state.shape[0]
+        and _is_index(slot_ids, batch)
+    )
+
+
+def fits_causal_conv1d_snapshots(node: fx.Node) -> bool:
+    # causal_conv1d_snapshots(x, conv_state, layer, slot_ids, weight): layer is a plain int.
+    values = _vals_at(node, (0, 1, 3, 4))
+    if values is None or len(node.args) < 5 or type(node.args[2]) is not int:
+        return False
+    x, conv_state, slot_ids, weight = values
+    return (
+        x.dim() == 3
+        and conv_state.dim() == 4
+        and x.dtype in FLOAT_DTYPES
+        and conv_state.dtype in FLOAT_DTYPES
+        and weight.dtype in FLOAT_DTYPES
+        and conv_state.shape[2] == x.shape[2]
+        and tuple(weight.shape) == (x.shape[2], conv_state.shape[3] + 1)
+        and -conv_state.shape[0] <= node.args[2] < conv_state.shape[0]
+        and _is_index(slot_ids, x.shape[0])
+        # int32 channel offsets within a (row, position) of x and of the outputs; rows are int64
+        and x.shape[2] * conv_state.shape[3] < INT32_LIMIT
+    )
+
+
 # Reference op name (graphspec.ops.OPS) -> fits predicate. The kernel module is graphspec.kernels.<op>
 # and its op torch.ops.graphspec.<op>_triton. A new kernel is a new entry here and a new file.
 KERNELS: dict[str, Callable[[fx.Node], bool]] = {
@@ -290,6 +347,9 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "verify_greedy": fits_verify_greedy,
     "verify_rejection": fits_verify_rejection,
     "sample": fits_sample,
+    "gated_delta_rule": fits_gated_delta_rule,
+    "gated_delta_rule_snapshots": fits_gated_delta_rule_snapshots,
+    "causal_conv1d_snapshots": fits_causal_conv1d_snapshots,
 }
 
 

@@ -19,14 +19,21 @@ from transformers import AutoConfig, PretrainedConfig
 
 from graphspec.errors import CheckpointError
 from graphspec.models.decoder import DecoderLM, checkpoint_layout, checkpoint_shapes
-from graphspec.models.spec import FAMILIES, ModelSpec, rope_frequencies
+from graphspec.models.hybrid import HybridLM
+from graphspec.models.spec import FAMILIES, ModelSpec, rope_frequencies, text_config
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+# Where a multimodal checkpoint (Qwen3.5's Qwen3_5ForConditionalGeneration) keeps its language model,
+# and the tensors of it graphspec does not use (the vision tower: graphspec serves text).
+LANGUAGE_MODEL_PREFIX = "model.language_model."
+UNUSED_PREFIXES = ("model.visual.",)
+
+
 @dataclass
 class LoadedModel:
-    model: DecoderLM
+    model: DecoderLM | HybridLM
     config: PretrainedConfig
     tokenizer: object | None  # a transformers tokenizer when the checkpoint ships one
     path: Path
@@ -164,12 +171,14 @@ def _check_index(path: Path, available: dict[str, tuple[Path, tuple[int, ...]]])
         raise CheckpointError(f"{index}: shard index disagrees with the shards: {', '.join(wrong)}")
 
 
-def build_model(config: PretrainedConfig) -> DecoderLM:
-    """A DecoderLM with uninitialized (meta) parameters for `config`."""
+def build_model(config: PretrainedConfig) -> DecoderLM | HybridLM:
+    """The family's model (DecoderLM, or HybridLM for Gated DeltaNet hybrids) with uninitialized (meta)
+    parameters for `config`."""
     spec = ModelSpec.from_config(config)
     inv_freq, rope_scale = rope_frequencies(config)
+    family = HybridLM if spec.linear is not None else DecoderLM
     with torch.device("meta"):
-        model = DecoderLM(spec, torch.empty_like(inv_freq, device="meta"), rope_scale)
+        model = family(spec, torch.empty_like(inv_freq, device="meta"), rope_scale)
     model.inv_freq = inv_freq  # a real buffer: meta-initialized above only to skip allocating weights
     return model
 
@@ -181,6 +190,7 @@ MTP_LAYER_FIELDS = ("num_mtp_layers", "num_nextn_predict_layers", "mtp_num_hidde
 
 def mtp_layer_count(config: PretrainedConfig) -> int:
     """MTP layers the checkpoint's config declares (0 when it declares none)."""
+    config = text_config(config)
     for field in MTP_LAYER_FIELDS:
         value = getattr(config, field, None)
         if value:
@@ -267,17 +277,20 @@ def load_model(
     files, available = checkpoint_tensors(path)
     model = build_model(config)
 
-    expected = checkpoint_shapes(model)
+    stored = stored_names(checkpoint_shapes(model), available)
+    expected = {stored[name]: shape for name, shape in checkpoint_shapes(model).items()}
     if model.spec.tie_word_embeddings:
         available.pop("lm_head.weight", None)  # some tied checkpoints still store it
     if mtp_layer_count(config):
         for name in [n for n in available if is_mtp_tensor(n, model.spec.num_layers)]:
             available.pop(name)
+    for name in [n for n in available if n.startswith(UNUSED_PREFIXES)]:
+        available.pop(name)
     problems = tensor_problems(expected, available)
     if problems:
         raise CheckpointError(f"{path}: checkpoint does not match its config.json; " + "; ".join(problems))
 
-    read_into(model, files, {name: name for name in expected}, torch_dtype, device)
+    read_into(model, files, stored, torch_dtype, device)
     if model.spec.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = model.inv_freq.to(device)
@@ -285,7 +298,18 @@ def load_model(
     return LoadedModel(model, config, load_tokenizer(path), path, files)
 
 
-def _fuse(model: DecoderLM, state: dict[str, torch.Tensor]) -> None:
+def stored_names(own: dict[str, object], available: dict[str, object]) -> dict[str, str]:
+    """Own checkpoint-layout name -> the name the files store it under: the same, except in a multimodal
+    checkpoint whose language model sits under LANGUAGE_MODEL_PREFIX (model.language_model.layers.*)."""
+    nested = any(name.startswith(LANGUAGE_MODEL_PREFIX) for name in available)
+    if not nested:
+        return {name: name for name in own}
+    return {
+        name: LANGUAGE_MODEL_PREFIX + name.removeprefix("model.") if name.startswith("model.") else name for name in own
+    }
+
+
+def _fuse(model: DecoderLM | HybridLM, state: dict[str, torch.Tensor]) -> None:
     """Replace the checkpoint's separate q/k/v and gate/up tensors in `state` by the fused parameters
     the model holds (concatenated along rows, in FusedLinear.parts order), one parameter at a time so
     peak memory grows by one fused tensor only."""

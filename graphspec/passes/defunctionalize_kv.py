@@ -1,7 +1,7 @@
 """Turn functional state updates back into in-place writes so no step copies a whole cache or drafter state.
 
-Input:  KV and drafter-state writes as functional ops (graphspec::kv_update / slot_update return an
-        updated copy).
+Input:  KV, drafter-state and linear-attention state writes as functional ops (graphspec::kv_update /
+        slot_update / layer_state_update / select_update return an updated copy).
 Output: each such op whose input version of the cache is not read afterwards becomes the in-place
         op (graphspec::kv_write) on the graph input it derives from; readers of the new version read
         that input. Nothing after this pass may assume the graph is pure.
@@ -23,6 +23,8 @@ NAME = "defunctionalize_kv"
 IN_PLACE = {
     torch.ops.graphspec.kv_update.default: (torch.ops.graphspec.kv_write.default, 0),
     torch.ops.graphspec.slot_update.default: (torch.ops.graphspec.slot_write.default, 0),
+    torch.ops.graphspec.layer_state_update.default: (torch.ops.graphspec.layer_state_write.default, 0),
+    torch.ops.graphspec.select_update.default: (torch.ops.graphspec.select_write.default, 0),
 }
 
 

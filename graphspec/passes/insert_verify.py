@@ -5,7 +5,9 @@ Output: outputs named trace.ROW_OUTPUTS, then the states: emitted tokens, accept
         step's committed length / last tokens / step counter, computed by graphspec::verify_greedy
         (ctx.mode == "greedy") or graphspec::verify_rejection ("sample"), capped at the drafter's
         draft_length when it gives one, then graphspec::commit; states that declare a commit write
-        (meta["gs_commit"]) get it here; every node it adds is in the "accept" region.
+        (meta["gs_commit"]) get it here, and every "snapshot" state (meta["gs_state"]) takes each row's
+        snapshot at its accepted count (graphspec::select_update over the traced program's
+        snapshot_name(state) output, which is then dropped); every node it adds is in the "accept" region.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch.fx as fx
 from graphspec import trace
 from graphspec.config import PassContext, PassResult
 from graphspec.passes.cleanup import tag, tidy
+from graphspec.state import snapshot_name
 
 NAME = "insert_verify"
 
@@ -88,6 +91,14 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
                     values["slot_ids"],
                     starts[at],
                     committed[value],
+                )
+            if node.meta["gs_state"] == "snapshot":  # the state after bonus + the accepted drafts: index n
+                states[name] = call(
+                    torch.ops.graphspec.select_update.default,
+                    outputs[name],
+                    values["slot_ids"],
+                    outputs[snapshot_name(name)],
+                    accepted,
                 )
     # These nodes are the step's "accept" region: after the target logits, up to the outputs.
     tag(created, NAME, region="accept")

@@ -139,16 +139,16 @@ class Prefiller:
         for row, prompt in enumerate(prompts):
             tokens[row, : len(prompt)] = torch.as_tensor(prompt, dtype=torch.int64)
         # Per chunk and row: start position, slot, and the index of the row's last prompt token in the
-        # chunk; rows whose prompt ended before the chunk (and bucket padding) are parked.
+        # chunk (a "snapshot" state, linear attention, stops there); rows whose prompt ended before the
+        # chunk (and bucket padding) are parked.
         table = torch.zeros((len(plan), len(ROW_TABLE), bucket), dtype=torch.int64)
         table[:, 1] = spare
         ending: list[list[int]] = [[] for _ in plan]  # rows whose prompt ends in each chunk
         for index, (start, size) in enumerate(zip(starts, plan, strict=True)):
             for row, length in enumerate(lengths):
-                if length > start:
-                    table[index, :2, row] = torch.tensor([start, slot_ids[row]])
+                if length > start:  # last_index: the row's last prompt position in the chunk
+                    table[index, :, row] = torch.tensor([start, slot_ids[row], min(length - start, size) - 1])
                 if start < length <= start + size:
-                    table[index, 2, row] = length - 1 - start
                     ending[index].append(row)
         tokens, table = tokens.to(device), table.to(device)
         logits = hidden = features = None

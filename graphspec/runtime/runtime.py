@@ -19,6 +19,7 @@ from graphspec.counters import COUNTERS
 from graphspec.drafters.base import PrefillView
 from graphspec.errors import InputError
 from graphspec.inputs import check_max_new_tokens, check_prompts
+from graphspec.models.target import target_forward, target_state_names
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.engine import Engine
 from graphspec.runtime.graphs import StepGraph
@@ -104,8 +105,9 @@ class Runtime:
         self.eos_token_ids = compiled.target.eos_token_ids
         self.vocab_size = self.target.spec.vocab_size
         self.max_seq_len = compiled.config.max_seq_len
-        # The step's state (target KV cache, then the drafter's), shared by every bucket.
+        # The step's state (the target's: KV cache first; then the drafter's), shared by every bucket.
         self.state = compiled.new_state()
+        self.target_state_names = target_state_names(self.target)
         self.params = compiled.weights()
         capture = self.device.startswith("cuda") and compiled.config.capture != "none"
         pool = torch.cuda.graph_pool_handle() if capture else None
@@ -320,12 +322,16 @@ class Runtime:
         slots = torch.tensor(list(slot_ids), dtype=torch.int64, device=self.device)
         # The target cache cut to the prompt length (a view: writes land in the cache): the reference
         # attention then scores `longest` positions per row instead of all max_seq_len.
-        target_cache = self.state[TARGET_CACHE][..., :longest, :]
+        states = {name: self.state[name] for name in self.target_state_names}
+        states[TARGET_CACHE] = self.state[TARGET_CACHE][..., :longest, :]
         capture = self.drafter.target_features
         output = "hidden_and_features" if capture else "hidden"
-        hidden, _ = self.target(tokens, start, slots, target_cache, output, in_place=True, capture=capture)
-        hidden, features = hidden if capture else (hidden, None)
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        # lengths: right padding must not advance a "snapshot" state (linear attention).
+        hidden, _ = target_forward(
+            self.target, None, tokens, start, slots, states, output, capture, lengths=lengths, in_place=True
+        )
+        hidden, features = hidden if capture else (hidden, None)
         logits = self.target.logits(hidden[torch.arange(rows, device=self.device), lengths - 1])  # [rows, V]
         first = ops.sample(
             logits,
@@ -348,6 +354,8 @@ class Runtime:
         One target forward over the new tokens' predecessors, reading the committed KV of `slot`
         (positions < start - 1) from a copy of that slot's prefix: the cache the step uses is never
         written, so asking for logprobs cannot change any token."""
+        if len(self.target_state_names) > 1:  # the prefix's linear-attention state is not kept per position
+            raise InputError("prompt logprobs are not supported for hybrid (linear-attention) targets yet")
         end = len(sequence)
         cache = self.state[TARGET_CACHE][:, :, slot : slot + 1, :, :end, :].clone()  # [L, 2, 1, Hkv, end, D]
         tokens = torch.tensor([sequence[start - 1 : end - 1]], dtype=torch.int64, device=self.device)

@@ -2,9 +2,10 @@
 CPU machine (`triton.compile` with a CUDA GPUTarget, ptxas from the Triton wheel). The interpreter runs
 kernels as Python and misses what only the compiler rejects (layouts, shared memory, types); this does not.
 
-The launches are recorded while the real traced step (both sampling modes, fused and unfused) runs
-lowered for sm 90 under the interpreter, so the argument types and constexprs are the ones the step uses;
-tests/lowering/gpu_binaries.py then builds them in a process without the interpreter."""
+The launches are recorded while the real traced step (both sampling modes, fused and unfused; and a
+hybrid Gated DeltaNet target's step) runs lowered for sm 90 under the interpreter, so the argument types
+and constexprs are the ones the step uses; tests/lowering/gpu_binaries.py then builds them in a process
+without the interpreter."""
 
 from __future__ import annotations
 
@@ -17,11 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphspec import pipeline
+from graphspec import pipeline, trace, trace_prefill
+from graphspec.config import PassContext
+from graphspec.drafters.ngram import NGram
 from graphspec.lowering import registry
+from graphspec.models import load_model
+from tests.checkpoints import make_hybrid_checkpoint
 from tests.step_case import StepCase
 
 SMS = (90, 80)
+K_HYBRID = 2
 # (mode, passes skipped): together they lower every kernel of the table, fused and unfused.
 VARIANTS = (
     ("greedy", ()),
@@ -72,8 +78,37 @@ def launch_record(function, args: tuple, kwargs: dict) -> dict:
     }
 
 
+def run_hybrid_step(directory: Path) -> set[str]:
+    """A hybrid (Gated DeltaNet) target's step and prefill chunk program with the n-gram drafter, lowered
+    for sm 90 and run: the verify forward launches the conv and recurrent snapshot kernels, the prefill
+    program the prefill-form recurrence. Returns the ops they lowered."""
+    target = load_model(directory).model
+    drafter = NGram()
+    inputs = trace.new_row_inputs(2, "cpu")
+    for state in trace.step_states(target, drafter, 3, 32, K_HYBRID, torch.float32):
+        inputs[state.name] = state.allocate("cpu")
+    gm, signature = trace.trace_step(target, drafter, K_HYBRID, "greedy", inputs)
+    context = PassContext(k=K_HYBRID, batch=2, mode="greedy", sm=None, scratch_slot=2, options={"force_sm": 90})
+    gm = pipeline.run_pipeline(gm, context, stop_after="lower_kernels").gm
+    params = [*trace.model_inputs(target).values(), *drafter.params().values()]
+    gm(*params, *(inputs[name] for name in signature.step_inputs))
+    # Its prefill chunk program: the prefill-form recurrence (lengths, start positions).
+    chunk = trace_prefill.example_prefill_inputs(target, drafter, K_HYBRID, 2, 8, 3, 32, torch.float32, "cpu")
+    chunk.update({name: inputs[name] for name in signature.states})
+    chunk["last_index"] = torch.tensor([7, 3])
+    prefill, prefill_signature = trace_prefill.trace_prefill(target, drafter, K_HYBRID, chunk)
+    prefill = pipeline.run_pipeline(prefill, context, passes=pipeline.PREFILL_PIPELINE, phase_checks={}).gm
+    prefill(*params, *(chunk[name] for name in prefill_signature.input_names[len(params) :]))
+    return {
+        node.target._opname.removesuffix("_triton")
+        for graph in (gm, prefill)
+        for node in graph.graph.nodes
+        if node.op == "call_function" and str(node.target).startswith("graphspec.")
+    }
+
+
 @pytest.fixture(scope="module")
-def recorded(checkpoint_factory) -> tuple[list[dict], set[str]]:
+def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]]:
     """Distinct Triton launches of the lowered step, recorded under the interpreter, and the ops lowered."""
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -117,6 +152,7 @@ def recorded(checkpoint_factory) -> tuple[list[dict], set[str]]:
             cache = torch.zeros(1, 2, 2, 1, 64, 128, dtype=torch.bfloat16)
             block_attention.block_attention(q, cache, 0, torch.tensor([0]), torch.tensor([20]), 128**-0.5, **config)
         lowered.add("block_attention")
+        lowered |= run_hybrid_step(make_hybrid_checkpoint(tmp_path_factory.mktemp("hybrid_binaries"), seed=0))
     finally:
         InterpretedFunction.run = original
     return list(records.values()), lowered

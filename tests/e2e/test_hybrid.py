@@ -1,0 +1,364 @@
+"""Hybrid (Gated DeltaNet) targets through the speculation step (CPU, fp32; transformers'
+Qwen3_5ForCausalLM as the oracle): for every accepted count 0..K the state the accept region selects
+equals the state transformers reaches feeding the accepted tokens one by one; NaN in the snapshots the
+selection does not pick changes nothing; padded rows write only the spare slot; compiled chunked prefill
+leaves the reference prefill's state; greedy output is lossless against transformers' greedy generate
+with the draft-model and n-gram drafters."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import graphspec
+from graphspec import checks, pipeline, trace
+from graphspec.config import PassContext
+from graphspec.drafters.base import Drafter, PrefillChunk, PrefillView, Proposal, State, StepView
+from graphspec.drafters.mtp import Mtp
+from graphspec.errors import InputError
+from graphspec.models import load_model
+from graphspec.models.hybrid import CONV_STATE, RECURRENT_STATE
+from graphspec.models.target import target_forward
+from graphspec.reference import reference_generate
+from tests.checkpoints import load_hf, load_hf_mtp, make_checkpoint, make_hybrid_checkpoint, make_hybrid_mtp_checkpoint
+
+K = 3
+SLOTS, MAX_SEQ = 7, 32  # K+1 real rows, one padding row, one untouched slot, the spare slot
+PROMPT_LENGTHS = (5, 9, 6, 7)  # one row per accepted count 0..K
+SLOT_IDS = (3, 0, 5, 1)
+UNTOUCHED_SLOT = 4  # the padding row names it; mask_padding must send the row to the spare slot instead
+SNAPSHOT_STATES = (CONV_STATE, RECURRENT_STATE)
+
+
+class ScriptedDrafter(Drafter):
+    """Proposes the K tokens the test wrote into its slot's row: drafts built to hit a chosen accepted count."""
+
+    kind = "scripted"
+
+    def __init__(self) -> None:
+        self.settings = {}
+
+    def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
+        return (State("scripted", (slots, k), torch.int64, "length"),)
+
+    def propose(self, params, step: StepView, state) -> Proposal:
+        return Proposal(state["scripted"].index_select(0, step.inputs["slot_ids"]), dict(state))
+
+    def prefill(self, prompt: PrefillView, state) -> None:
+        pass
+
+    def prefill_chunk(self, params, chunk: PrefillChunk, state):
+        return dict(state)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return make_hybrid_checkpoint(tmp_path_factory.mktemp("hybrid_target"), "qwen3_5_text", seed=3)
+
+
+@pytest.fixture(scope="module")
+def hf(target_dir):
+    return load_hf(target_dir)
+
+
+@pytest.fixture(scope="module")
+def case(target_dir, hf):
+    """A step over K+1 rows whose drafts hit accepted counts 0..K (row a accepts a), plus a padding row,
+    run through the whole pipeline from a reference prefill; returns what the tests compare."""
+    target = load_model(target_dir).model
+    drafter = ScriptedDrafter()
+    vocab = target.spec.vocab_size
+    generator = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, vocab, (n,), generator=generator) for n in PROMPT_LENGTHS]
+    with torch.no_grad():  # transformers' greedy continuation: the first token, then what every draft should be
+        greedy = [hf.generate(p[None], max_new_tokens=K + 1, do_sample=False)[0, len(p) :] for p in prompts]
+    state = {s.name: s.allocate("cpu") for s in trace.step_states(target, drafter, SLOTS, MAX_SEQ, K, torch.float32)}
+    for name in SNAPSHOT_STATES:  # every slot holds garbage: prefill and the step must not read it
+        state[name].normal_(generator=generator)
+    rows = len(prompts)
+    tokens = torch.zeros((rows, max(PROMPT_LENGTHS)), dtype=torch.int64)
+    for row, prompt in enumerate(prompts):
+        tokens[row, : len(prompt)] = prompt
+    lengths = torch.tensor(PROMPT_LENGTHS)
+    with torch.no_grad():
+        hidden, _ = target_forward(
+            target, None, tokens, torch.zeros(rows, dtype=torch.int64), torch.tensor(SLOT_IDS), state, "hidden",
+            lengths=lengths, in_place=True,
+        )  # fmt: skip
+    first = target.logits(hidden[torch.arange(rows), lengths - 1]).argmax(-1)
+    assert first.tolist() == [g[0].item() for g in greedy]
+    for accepted, (slot, row) in enumerate(zip(SLOT_IDS, greedy, strict=True)):
+        drafts = row[1:].clone()  # the target's own next K tokens ...
+        if accepted < K:
+            drafts[accepted] = (drafts[accepted] + 1) % vocab  # ... wrong from index `accepted` on
+        state["scripted"][slot] = drafts
+    inputs = trace.new_row_inputs(rows + 1, "cpu")
+    inputs["last_tokens"] = torch.tensor(
+        [[p[-1].item(), f.item()] for p, f in zip(prompts, first, strict=True)] + [[0, 0]]
+    )
+    inputs["committed_len"] = torch.tensor([*PROMPT_LENGTHS, 2]) + torch.tensor([1] * rows + [0])
+    inputs["slot_ids"] = torch.tensor([*SLOT_IDS, UNTOUCHED_SLOT])
+    inputs["row_valid"] = torch.tensor([True] * rows + [False])
+    step_inputs = {**inputs, **state}
+    gm, signature = trace.trace_step(target, drafter, K, "greedy", step_inputs)
+    ctx = PassContext(k=K, batch=rows + 1, mode="greedy", sm=None, scratch_slot=SLOTS - 1)
+    gm = pipeline.run_pipeline(gm, ctx, check=True).gm
+    params = [*trace.model_inputs(target).values(), *drafter.params().values()]
+    return {
+        "gm": gm, "signature": signature, "params": params, "inputs": step_inputs, "prompts": prompts,
+        "greedy": greedy, "target": target,
+    }  # fmt: skip
+
+
+def run_step(case, gm=None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One step on a copy of the case's inputs: (named outputs, the states after it)."""
+    values = {name: value.clone() for name, value in case["inputs"].items()}
+    gm = case["gm"] if gm is None else gm
+    with torch.no_grad():
+        outputs = gm(*case["params"], *(values[name] for name in case["signature"].step_inputs))
+    return dict(zip(trace.output_nodes(gm), outputs, strict=True)), values
+
+
+def transformers_state(hf, tokens: torch.Tensor, decoded: list[int]):
+    """transformers' cache after the prompt and then `decoded` fed one token at a time."""
+    with torch.no_grad():
+        out = hf(tokens[None], use_cache=True)
+        cache = out.past_key_values
+        for token in decoded:
+            cache = hf(torch.tensor([[token]]), past_key_values=cache, use_cache=True).past_key_values
+    return cache
+
+
+def test_selected_state_equals_transformers_for_every_accepted_count(case, hf):
+    outputs, state = run_step(case)
+    assert outputs["num_accepted"].tolist() == [*range(K + 1), 0]
+    layers = case["target"].spec.linear_layers
+    for accepted, (slot, prompt, greedy) in enumerate(zip(SLOT_IDS, case["prompts"], case["greedy"], strict=True)):
+        # The state after the bonus token and the `accepted` drafts (all equal to greedy's tokens).
+        cache = transformers_state(hf, prompt, greedy[: accepted + 1].tolist())
+        for index, layer in enumerate(layers):
+            expected_conv = cache.layers[layer].conv_states[0][0, :, 1:]
+            expected_recurrent = cache.layers[layer].recurrent_states[0][0]
+            msg = f"accepted {accepted}, linear layer {index}"
+            torch.testing.assert_close(state[CONV_STATE][index, slot], expected_conv, rtol=1e-5, atol=1e-6, msg=msg)
+            torch.testing.assert_close(
+                state[RECURRENT_STATE][index, slot], expected_recurrent, rtol=1e-4, atol=1e-5, msg=msg
+            )
+
+
+def test_padded_row_writes_only_the_spare_slot(case):
+    _, state = run_step(case)
+    for name in SNAPSHOT_STATES:
+        untouched = case["inputs"][name][:, UNTOUCHED_SLOT]
+        assert torch.equal(state[name][:, UNTOUCHED_SLOT], untouched), name
+
+
+def poison_unselected(snapshots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """snapshots [L, B, T, ...] with NaN everywhere but each row's snapshot at index[b]."""
+    keep = torch.arange(snapshots.shape[2])[None, :] == index[:, None]  # [B, T]
+    keep = keep.reshape(1, *keep.shape, *(1,) * (snapshots.dim() - 3))
+    return torch.where(keep, snapshots, torch.full_like(snapshots, float("nan")))
+
+
+def test_nan_in_unselected_snapshots_changes_nothing(case):
+    gm = copy.deepcopy(case["gm"])
+    poisoned = 0
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops.graphspec.select_write.default):
+        with gm.graph.inserting_before(node):
+            bad = gm.graph.call_function(poison_unselected, (node.args[2], node.args[3]))
+        node.update_arg(2, bad)
+        poisoned += 1
+    gm.recompile()
+    assert poisoned == len(SNAPSHOT_STATES)
+    clean_outputs, clean_state = run_step(case)
+    outputs, state = run_step(case, gm)
+    for name, value in clean_outputs.items():
+        if name not in SNAPSHOT_STATES:
+            assert torch.equal(outputs[name], value), name
+    for name in SNAPSHOT_STATES:
+        real = list(SLOT_IDS)
+        assert torch.isfinite(state[name][:, real]).all(), name
+        assert torch.equal(state[name][:, real], clean_state[name][:, real]), name
+
+
+# Found by search for this checkpoint: transformers' greedy output repeats a few n-grams (the n-gram
+# drafter's drafts get accepted); the third prompt runs with a padding row beside it.
+GENERATE_PROMPTS = ([6, 3, 4, 5, 4, 7, 4], [5, 7, 5], [9, 10, 11, 9, 10, 11, 9, 10, 11, 9, 10])
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def runtimes(target_dir, tmp_path_factory):
+    """draft-model (a tiny unrelated qwen3 sharing the vocab) and n-gram runtimes over the hybrid target,
+    bucket 2 (the third prompt runs with a padding row beside it) and 4 positions per prefill chunk."""
+    draft = make_checkpoint(tmp_path_factory.mktemp("hybrid_draft"), "qwen3", seed=1, num_hidden_layers=1)
+    options = dict(k=K, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ, prefill_tokens=8)
+    options["modes"] = ("greedy", "sample")
+    return {
+        name: graphspec.Runtime.from_pretrained(target_dir, d, **options)
+        for name, d in (("draft_model", draft), ("ngram", "ngram"))
+    }
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
+def test_greedy_is_lossless_against_transformers_generate(runtimes, hf, drafter):
+    results = runtimes[drafter].generate([list(p) for p in GENERATE_PROMPTS], max_new_tokens=NEW_TOKENS)
+    for prompt, result in zip(GENERATE_PROMPTS, results, strict=True):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(prompt) :]
+        assert result.token_ids == expected.tolist()
+    if drafter == "ngram":  # the repetitive prompts get drafts accepted: rollback happened mid-sequence too
+        assert sum(sum(r.stats.accepted_per_step) for r in results) > 0
+
+
+def test_sampling_step_with_top_k_one_is_greedy(runtimes, hf):
+    """The rejection-sampling step (verify_rejection, then the snapshot selection at its accepted count)
+    with top_k = 1: target and draft distributions are one-hot, so the output is transformers' greedy."""
+    results = runtimes["draft_model"].generate(
+        [list(p) for p in GENERATE_PROMPTS], max_new_tokens=NEW_TOKENS, temperature=0.8, top_k=1, seed=5
+    )
+    for prompt, result in zip(GENERATE_PROMPTS, results, strict=True):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(prompt) :]
+        assert result.token_ids == expected.tolist()
+
+
+def test_compiled_chunked_prefill_state_equals_reference_prefill(runtimes):
+    """Prompts of 3, 8 and 11 tokens over 4-position chunks in bucket 2, into NaN-poisoned slots."""
+    runtime = runtimes["ngram"]
+    assert runtime.compiled.prefill_chunks(2) == (4,)
+    params = {
+        "temperature": torch.zeros(2), "top_k": torch.zeros(2, dtype=torch.int64), "top_p": torch.ones(2),
+        "seed": torch.zeros(2, dtype=torch.int64), "step_counter": torch.zeros(2, dtype=torch.int64),
+    }  # fmt: skip
+    prompts, slots = [list(GENERATE_PROMPTS[2]), list(GENERATE_PROMPTS[1])], [1, 0]
+    results = []
+    for run in (runtime.prefill, runtime.reference_prefill):
+        for tensor in runtime.state.values():
+            tensor.fill_(float("nan") if tensor.dtype.is_floating_point else -1)
+        first = run(prompts, slots, params)
+        results.append((first.clone(), {name: runtime.state[name][:, slots].clone() for name in SNAPSHOT_STATES}))
+    (first, state), (reference_first, reference_state) = results
+    assert first.tolist() == reference_first.tolist()
+    for name in SNAPSHOT_STATES:
+        assert torch.isfinite(state[name]).all(), name
+        torch.testing.assert_close(state[name], reference_state[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_eagle3_drafter_on_a_hybrid_target_is_refused(target_dir):
+    with pytest.raises(InputError, match="hybrid"):
+        graphspec.compile(
+            target_dir, target_dir, drafter="eagle3", k=K, batch_sizes=(1,), dtype="float32", device="cpu",
+            max_seq_len=MAX_SEQ,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mtp_dir(tmp_path_factory):
+    return make_hybrid_mtp_checkpoint(tmp_path_factory.mktemp("hybrid_mtp"), seed=3)
+
+
+def test_mtp_head_equals_transformers_mtp_model(mtp_dir):
+    """The Qwen3.5 MTP head (mtp.*: zero-centred norms, a gated full-attention block) against
+    transformers' MtpModel over Qwen3_5ForCausalLM on the same weights: pairs (ids[t], hidden[t])."""
+    _, hf_mtp = load_hf_mtp(mtp_dir, "qwen3_next")
+    target = load_model(mtp_dir)
+    drafter = Mtp(target, torch.float32, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 128, (2, 9), generator=generator)
+    hidden = torch.randn(2, 9, target.model.spec.hidden_size, generator=generator)
+    with torch.no_grad():
+        want = hf_mtp.forward_layer(0, hidden, 1 + torch.arange(9)[None], None, input_ids=ids)
+        cache = drafter.states(SLOTS, MAX_SEQ, K, torch.float32)[0].allocate("cpu")
+        cos, sin = target.model.rope(1 + torch.arange(9).expand(2, -1))
+        slots, start = torch.arange(2), torch.zeros(2, dtype=torch.int64)
+        out, _ = drafter.head(0, ids, hidden, start, slots, cache, cos, sin, True)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+
+
+def test_mtp_greedy_is_lossless_against_transformers_generate(mtp_dir):
+    """The target's own MTP head drafts (attention only); verify rolls the GDN state back by snapshot."""
+    runtime = graphspec.Runtime.from_pretrained(
+        mtp_dir, "mtp", k=K, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        prefill_tokens=8, modes=("greedy",),
+    )  # fmt: skip
+    hf_target = load_hf(mtp_dir)
+    results = runtime.generate([list(p) for p in GENERATE_PROMPTS], max_new_tokens=NEW_TOKENS)
+    for prompt, result in zip(GENERATE_PROMPTS, results, strict=True):
+        with torch.no_grad():
+            expected = hf_target.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert result.token_ids == expected[0, len(prompt) :].tolist()
+
+
+def test_checks_refuse_a_selection_not_at_the_accepted_count(case):
+    checks.snapshot_states_selected_at_accept(case["gm"])  # the compiled step satisfies the rule
+    gm = copy.deepcopy(case["gm"])
+    select = gm.graph.find_nodes(op="call_function", target=torch.ops.graphspec.select_write.default)[0]
+    select.update_arg(3, trace.placeholders_by_input(gm)["step_counter"])  # any [B] int64 but the accepted count
+    with pytest.raises(AssertionError, match="not selected at the accepted count"):
+        checks.snapshot_states_selected_at_accept(gm)
+
+
+def test_reference_generate_equals_transformers_generate(target_dir, hf):
+    """The plain-decoding oracle (graphspec.reference) runs hybrid targets too: batched, right-padded."""
+    prompts = [list(p) for p in GENERATE_PROMPTS]
+    outputs = reference_generate(load_model(target_dir).model, prompts, max_new_tokens=6)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt) :]
+        assert output == expected.tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
+def test_gpu_step_with_snapshot_kernels_is_lossless(target_dir, tmp_path_factory, drafter):
+    """On CUDA (fp32, captured CUDA graphs, Triton kernels lowered for the GDN verify ops): greedy output
+    equals plain decoding of the same target on the same device."""
+    draft = "ngram"
+    if drafter == "draft_model":
+        draft = make_checkpoint(tmp_path_factory.mktemp("hybrid_gpu_draft"), "qwen3", seed=1, num_hidden_layers=1)
+    runtime = graphspec.Runtime.from_pretrained(
+        target_dir, draft, k=K, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=64, modes=("greedy",)
+    )
+    step = runtime.compiled.graphs[("greedy", 4)]
+    graphs = [m for _, m in step.named_modules() if isinstance(m, torch.fx.GraphModule)]
+    kernels = {str(node.target) for m in graphs for node in m.graph.nodes if node.op == "call_function"}
+    assert {
+        "graphspec.gated_delta_rule_snapshots_triton.default",
+        "graphspec.causal_conv1d_snapshots_triton.default",
+    } <= kernels
+    prompts = [list(p) for p in GENERATE_PROMPTS]
+    results = runtime.generate(prompts, max_new_tokens=NEW_TOKENS)
+    expected = reference_generate(load_model(target_dir, device="cuda").model, prompts, max_new_tokens=NEW_TOKENS)
+    assert [r.token_ids for r in results] == expected
+
+
+def test_artifact_round_trip_and_dumps_show_the_state_rules(target_dir, tmp_path):
+    """An artifact of a hybrid target reloads and generates the same tokens; every step dump lists the
+    states with their rollback rules."""
+    out, dumps = tmp_path / "artifact", tmp_path / "dumps"
+    compiled = graphspec.compile(
+        target_dir, "ngram", k=2, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        modes=("greedy",), out=out, dump_dir=dumps, prefill_tokens=8,
+    )  # fmt: skip
+    prompt = [list(GENERATE_PROMPTS[0])]
+    fresh = graphspec.Runtime(compiled).generate(prompt, max_new_tokens=6)[0].token_ids
+    assert graphspec.Runtime.load(out).generate(prompt, max_new_tokens=6)[0].token_ids == fresh
+    header = (dumps / "step_b1_greedy" / "01_insert_verify.py").read_text().splitlines()
+    states = next(line for line in header if line.startswith("# states: "))
+    assert "target_conv_state (snapshot)" in states and "target_recurrent_state (snapshot)" in states
+    assert "target_cache (length)" in states and "token_history (length)" in states
+
+
+class AdvancingDrafter(ScriptedDrafter):
+    """Declares a state of the snapshot rule: a drafter whose own state every draft would advance."""
+
+    def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
+        return (State("recurrent", (1, slots, 4), dtype, "snapshot"),)
+
+
+def test_a_drafter_declaring_snapshot_state_is_refused(target_dir):
+    with pytest.raises(ValueError, match="drafters must not"):
+        trace.step_states(load_model(target_dir).model, AdvancingDrafter(), 3, 16, K, torch.float32)
