@@ -247,10 +247,11 @@ def test_compiled_chunked_prefill_state_equals_reference_prefill(runtimes):
         torch.testing.assert_close(state[name], reference_state[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_eagle3_drafter_on_a_hybrid_target_is_refused(target_dir):
-    with pytest.raises(InputError, match="hybrid"):
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_head_drafters_not_wired_to_hybrid_targets_are_refused(target_dir, kind):
+    with pytest.raises(InputError, match=rf"drafter '{kind}' does not support hybrid"):
         graphspec.compile(
-            target_dir, target_dir, drafter="eagle3", k=K, batch_sizes=(1,), dtype="float32", device="cpu",
+            target_dir, target_dir, drafter=kind, k=K, batch_sizes=(1,), dtype="float32", device="cpu",
             max_seq_len=MAX_SEQ,
         )  # fmt: skip
 
