@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Everything graphspec checks on a GPU, in one device call (< 9 minutes on an H200):
-#   1. install the package from this checkout without network (graphspec.kernels maps to kernels/),
-#   2. every GPU test (pytest -m gpu: runtime, passes, kernels, e2e ...),
-#   3. benchmarks/bench_step.py (step time captured vs eager, floor, parity),
-#   4. benchmarks/bench_drafters.py (step time per drafter next to the target-only forwards),
-#   5. scripts/gpu_parity.py, benchmarks/bench_hybrid.py and benchmarks/bench_kernels.py when they exist.
-# Logs and JSON go to $OUT (the device tool brings that folder back); a stage that fails or times out
-# does not stop the later ones, and the script exits non-zero if any stage failed.
-#
-#   bash scripts/gpu_check.sh                      # everything
-#   PYTEST_TARGETS="tests/runtime" PYTEST_FLAGS="-q" bash scripts/gpu_check.sh   # a subset, no -x
-# Stage time limits (seconds) can be overridden: TESTS_S, BENCH_S, DRAFTERS_S, PARITY_S, HYBRID_S, KERNELS_S; BENCH=0 skips
-# stage 3, DRAFTERS=0 stage 4, EXTRAS=0 stage 5, BENCH_ARGS adds arguments to bench_step.py (e.g. "--no-piecewise
-# --self-draft none").
+# Everything graphspec checks on a GPU, stage by stage; STAGES picks them. One device call runs at most 10
+# minutes, so a full check takes several calls, e.g. (H200, 8B/1B shapes; times are rough):
+#   STAGES=tests,kernels bash scripts/gpu_check.sh         # every GPU test + kernel micro-benchmarks
+#   STAGES=step,drafters bash scripts/gpu_check.sh         # the step vs its floor, every drafter's step
+#   STAGES=dflash,hybrid,prefill bash scripts/gpu_check.sh # DFlash, hybrid targets, prefill + cold start
+#   STAGES=serve bash scripts/gpu_check.sh                 # serving under load
+# Stages:
+#   tests     every GPU test (pytest -m gpu; PYTEST_TARGETS / PYTEST_FLAGS narrow it)
+#   step      benchmarks/bench_step.py (step time captured vs eager, floor, parity; BENCH_ARGS adds arguments)
+#   drafters  benchmarks/bench_drafters.py (draft model, n-gram, MTP, EAGLE-3 next to decode and verify)
+#   dflash    benchmarks/bench_drafters.py --drafters dflash (blocks 8 and 16 next to the verify of that width)
+#   hybrid    benchmarks/bench_hybrid.py (a Qwen3.5-shaped target's MTP and n-gram steps)
+#   prefill   benchmarks/bench_prefill.py (time to first token vs transformers, cold start by phase)
+#   serve     benchmarks/bench_serve.py (continuous vs static batching under Poisson load)
+#   parity    scripts/gpu_parity.py (when it exists)
+#   kernels   benchmarks/bench_kernels.py
+# The package is installed from this checkout without network first (graphspec.kernels maps to kernels/).
+# Logs and JSON go to $OUT (the device tool brings that folder back); a stage that fails or times out does
+# not stop the later ones, and the script exits non-zero if any stage failed. Each stage's time limit can be
+# overridden (TESTS_S, STEP_S, DRAFTERS_S, DFLASH_S, HYBRID_S, PREFILL_S, SERVE_S, PARITY_S, KERNELS_S).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,25 +61,41 @@ if ! "$PYTHON" -c 'import graphspec, graphspec.kernels' >>"$SUMMARY" 2>&1; then
     exit 1
 fi
 
+STAGES="${STAGES:-tests,kernels}"
+wants() { [[ ",$STAGES," == *",$1,"* ]]; }
 # shellcheck disable=SC2086  # PYTEST_TARGETS, PYTEST_FLAGS and BENCH_ARGS are word lists on purpose
-stage "gpu tests" "${TESTS_S:-170}" "$OUT/pytest_gpu.log" \
-    "$PYTHON" -m pytest -m gpu $PYTEST_TARGETS $PYTEST_FLAGS -p no:cacheprovider -rs --durations=10
-if [ "${BENCH:-1}" = 1 ]; then
-    stage "bench_step" "${BENCH_S:-300}" "$OUT/bench_step.log" \
+if wants tests; then
+    stage "gpu tests" "${TESTS_S:-300}" "$OUT/pytest_gpu.log" \
+        "$PYTHON" -m pytest -m gpu $PYTEST_TARGETS $PYTEST_FLAGS -p no:cacheprovider -rs --durations=10
+fi
+if wants step; then
+    stage "bench_step" "${STEP_S:-300}" "$OUT/bench_step.log" \
         "$PYTHON" benchmarks/bench_step.py --json "$OUT/bench_step.json" ${BENCH_ARGS:-}
 fi
-if [ "${DRAFTERS:-1}" = 1 ]; then
-    stage "bench_drafters" "${DRAFTERS_S:-420}" "$OUT/bench_drafters.log" \
-        "$PYTHON" benchmarks/bench_drafters.py --json "$OUT/bench_drafters.json"
+if wants drafters; then
+    stage "bench_drafters" "${DRAFTERS_S:-300}" "$OUT/bench_drafters.log" \
+        "$PYTHON" benchmarks/bench_drafters.py --batch-sizes 1,4,16 --json "$OUT/bench_drafters.json"
 fi
-if [ "${EXTRAS:-1}" = 1 ] && [ -f scripts/gpu_parity.py ]; then
-    stage "gpu_parity" "${PARITY_S:-300}" "$OUT/gpu_parity.log" "$PYTHON" scripts/gpu_parity.py
+if wants dflash; then
+    stage "bench_dflash" "${DFLASH_S:-150}" "$OUT/bench_dflash.log" \
+        "$PYTHON" benchmarks/bench_drafters.py --drafters dflash --batch-sizes 1,4,16 --json "$OUT/bench_dflash.json"
 fi
-if [ "${EXTRAS:-1}" = 1 ] && [ -f benchmarks/bench_hybrid.py ]; then
-    stage "bench_hybrid" "${HYBRID_S:-300}" "$OUT/bench_hybrid.log" \
+if wants hybrid; then
+    stage "bench_hybrid" "${HYBRID_S:-150}" "$OUT/bench_hybrid.log" \
         "$PYTHON" benchmarks/bench_hybrid.py --json "$OUT/bench_hybrid.json"
 fi
-if [ "${EXTRAS:-1}" = 1 ] && [ -f benchmarks/bench_kernels.py ]; then
+if wants prefill; then
+    stage "bench_prefill" "${PREFILL_S:-300}" "$OUT/bench_prefill.log" \
+        "$PYTHON" benchmarks/bench_prefill.py --json "$OUT/bench_prefill.json"
+fi
+if wants serve; then
+    stage "bench_serve" "${SERVE_S:-280}" "$OUT/bench_serve.log" \
+        "$PYTHON" benchmarks/bench_serve.py --json "$OUT/bench_serve.json" --plot "$OUT/bench_serve.svg"
+fi
+if wants parity && [ -f scripts/gpu_parity.py ]; then
+    stage "gpu_parity" "${PARITY_S:-300}" "$OUT/gpu_parity.log" "$PYTHON" scripts/gpu_parity.py
+fi
+if wants kernels; then
     stage "bench_kernels" "${KERNELS_S:-90}" "$OUT/bench_kernels.log" "$PYTHON" benchmarks/bench_kernels.py
 fi
 
