@@ -21,11 +21,13 @@ whatever else runs beside it.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +50,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("graphspec")
 
 IDLE_EXIT_S = 2.0  # an idle loop thread ends after this long; the next submit starts a new one
+EXIT_JOIN_S = 30.0  # at interpreter exit: how long to wait for a loop thread to finish its current step
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_engines() -> None:
+    """End every engine's loop thread before the interpreter finalizes. The thread is a daemon (it must
+    not keep a process alive), and a daemon thread that wakes from its idle wait while the interpreter
+    finalizes is killed inside the call (pthread_exit), which aborts the process ("terminate called
+    without an active exception") on a machine slow enough to finalize for longer than IDLE_EXIT_S."""
+    for engine in list(_ENGINES):
+        engine.stop_at_exit()
+
 
 # Per-row values a newcomer is given at admission and a continuing row carries between buckets.
 _ROW_VALUES = ("last_tokens", "committed_len", "slot_ids", "temperature", "top_k", "top_p", "seed", "step_counter")
@@ -117,6 +132,8 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._exiting = False  # set once, at interpreter exit: the loop ends at its next turn
+        _ENGINES.add(self)
         self._free = list(range(max(self.buckets)))  # slot max(buckets) is the spare slot padded rows write
         self._live: list[Request] = []
         self._loaded: tuple[str, int, tuple[int, ...]] | None = None  # (mode, bucket, request ids) in buffers
@@ -178,12 +195,25 @@ class Engine:
     # Engine side (the loop thread only)
     # ---------------------------------------------------------------------------------------------
 
+    def stop_at_exit(self) -> None:
+        """Wake the loop thread, let it end after the step it is in, and wait for it (requests still
+        live or waiting get no more tokens: nobody is left to read them)."""
+        with self._wake:
+            self._exiting = True
+            self._wake.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(EXIT_JOIN_S)
+
     def _loop(self) -> None:
         while True:
             with self._wake:
+                if self._exiting:
+                    self._thread = None
+                    return
                 if not self._live and not self._waiting:
                     self._wake.wait(IDLE_EXIT_S)
-                    if not self._live and not self._waiting:
+                    if self._exiting or (not self._live and not self._waiting):
                         # Idle: end the thread (submit starts another) so an unused Runtime can be freed.
                         self._thread = None
                         return

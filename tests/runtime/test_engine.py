@@ -191,6 +191,20 @@ def test_an_idle_engine_thread_ends_and_the_next_submit_starts_one(runtime, monk
     assert engine.submit([3, 4], SamplingParams(max_tokens=3, stop_token_ids=())).result().token_ids == first.token_ids
 
 
+def test_at_exit_every_engine_thread_ends_before_the_interpreter_finalizes(runtime):
+    """A daemon loop thread that wakes while the interpreter finalizes aborts the process; the atexit
+    hook ends it first (IDLE_EXIT_S keeps the idle thread alive well past this test's submit)."""
+    from graphspec.runtime import engine as engine_module
+
+    engine = Engine(runtime)
+    engine.submit([3, 4], SamplingParams(max_tokens=3, stop_token_ids=())).result()
+    thread = engine._thread
+    assert thread is not None and thread.is_alive()  # idle, waiting for the next request
+    assert engine in engine_module._ENGINES
+    engine_module._stop_engines()  # what atexit runs
+    assert not thread.is_alive() and engine._thread is None
+
+
 @pytest.mark.parametrize(
     ("text", "stops", "searched", "cut"),
     [
