@@ -8,11 +8,12 @@ Systems, each timed end to end (prefill included) on the same prompts and token 
 Rounds interleave the systems (the machine may be shared) and each system's best round counts.
 Greedy outputs are checked against transformers' greedy per prompt (the correctness contract).
 --drafters adds the demo target's drafters side by side (greedy, batch 1, each prompt on its own): the
-draft model, the MTP head directory, the EAGLE-3 head directory and n-gram lookup, each compiled here
+draft model, the MTP head directory, the EAGLE-3 head directory, the DFlash drafter directory and n-gram
+lookup, each compiled here
 (`Runtime.from_pretrained(DEMO_TARGET, drafter)`), with tokens per step and tokens/s.
 
     python benchmarks/bench_cpu.py                       # batch 1 and 4, greedy and sampling (~2 min)
-    python benchmarks/bench_cpu.py --quick --artifact artifacts/demo --drafters draft,mtp,eagle3,ngram
+    python benchmarks/bench_cpu.py --quick --artifact artifacts/demo --drafters draft,mtp,eagle3,dflash,ngram
                                                          # what scripts/quickstart.sh runs
 """
 
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import graphspec
 from graphspec.errors import GraphspecError
-from graphspec.examples import DEMO_DRAFT, DEMO_EAGLE3, DEMO_MTP, DEMO_TARGET
+from graphspec.examples import DEMO_DFLASH, DEMO_DRAFT, DEMO_EAGLE3, DEMO_MTP, DEMO_TARGET
 
 PROMPTS = (
     "def fibonacci(n):",
@@ -46,6 +47,7 @@ DRAFTERS = {
     "draft": ("draft model", DEMO_DRAFT),
     "mtp": ("MTP head", DEMO_MTP),
     "eagle3": ("EAGLE-3 head", DEMO_EAGLE3),
+    "dflash": ("DFlash drafter", DEMO_DFLASH),
     "ngram": ("n-gram", "ngram"),
 }
 

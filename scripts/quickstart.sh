@@ -2,7 +2,7 @@
 # Set up on a fresh machine and run the main job on the built-in example: compile the shipped
 # demo pair (a small trained target + draft, graphspec/examples/demo_pair) into a serving artifact,
 # generate Python code with speculative decoding, then time it next to transformers on this machine,
-# and every drafter of the demo target (draft model, MTP head, EAGLE-3 head, n-gram) side by side.
+# and every drafter of the demo target (draft model, MTP head, EAGLE-3 head, DFlash drafter, n-gram) side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check torch==2.13.0
@@ -25,6 +25,6 @@ graphspec generate artifacts/demo_eagle3 --prompt "def fibonacci(n):" --max-new-
 # The same prompt, greedy, side by side in one process: transformers' greedy (the target alone) and
 # assisted generation (same draft) against graphspec's compiled step (Inductor on the CPU: the first
 # call compiles it, about a minute, cached on disk afterwards); tokens/s, tokens per step, same output.
-# Then every drafter of the demo target side by side (draft model, MTP head, EAGLE-3 head, n-gram
-# lookup: no model): tokens per step and tokens/s, each compiled on its first call.
-python benchmarks/bench_cpu.py --quick --artifact artifacts/demo --drafters draft,mtp,eagle3,ngram
+# Then every drafter of the demo target side by side (draft model, MTP head, EAGLE-3 head, DFlash block
+# drafter, n-gram lookup: no model): tokens per step and tokens/s, each compiled on its first call.
+python benchmarks/bench_cpu.py --quick --artifact artifacts/demo --drafters draft,mtp,eagle3,dflash,ngram

@@ -14,7 +14,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("tokenizer", "target", "draft", "heads", "acceptance")  # timing entries named per phase
-DRAFTER_LABELS = {"draft": "draft model", "mtp": "MTP head", "eagle3": "EAGLE-3 head", "ngram": "n-gram (1..3)"}
+# In table order.
+DRAFTER_LABELS = {
+    "draft": "draft model",
+    "mtp": "MTP head",
+    "eagle3": "EAGLE-3 head",
+    "dflash": "DFlash drafter",
+    "ngram": "n-gram (1..3)",
+}
 # The pair shipped before this script existed, measured the same way (K=4, 20 held-out prompts, fp32).
 PREVIOUS = {"heldout_loss": 2.706, "accepted_128": 3.583, "accepted_32": 2.965, "distinct_128": 0.177}
 
@@ -38,7 +45,8 @@ def acceptance_table(results: dict) -> list[str]:
         "1 / 2 / 3 / 4 | accepted 0/1/2/3/4 (steps) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for name, result in results.items():
+    order = list(DRAFTER_LABELS)
+    for name, result in sorted(results.items(), key=lambda item: order.index(item[0]) if item[0] in order else 99):
         positions = " / ".join(f"{rate:.3f}" for rate in result["position_acceptance"])
         histogram = " / ".join(str(count) for count in result["histogram"])
         lines.append(
@@ -98,6 +106,8 @@ def render(pair: Path) -> str:
                 f"{heads['eagle3']['aux_hidden_state_layer_ids']} (transformers' `hidden_states[i]`)."
             )
         add("")
+    if "dflash" in metadata:
+        out.extend(dflash_section(metadata))
     add(
         f"Shared settings: vocabulary {metadata['tokenizer']['vocab_size']} byte-level BPE tokens; one special "
         "token, `<|endoftext|>` (id 0), is BOS, EOS and pad, and the tokenizer puts it before every encoded prompt "
@@ -144,7 +154,9 @@ def render(pair: Path) -> str:
         "the draft and both heads learn KL(target || drafter) over the vocabulary, half of each batch on corpus "
         "windows and half on the target's own greedy continuations. The heads unroll "
         f"{heads.get('mtp', heads.get('eagle3', {})).get('unroll', 0)} chained drafts per position, draft j feeding "
-        "the head's own output for draft j-1 (weights 0.8^j).\n"
+        "the head's own output for draft j-1 (weights 0.8^j)."
+        + (" The DFlash drafter was trained separately (above)." if "dflash" in metadata else "")
+        + "\n"
     )
     add("| | steps (requested) | peak lr | last training batch | held-out loss (CE) | held-out top-1 agreement |")
     add("| --- | --- | --- | --- | --- | --- |")
@@ -164,9 +176,9 @@ def render(pair: Path) -> str:
         f"{acceptance['prompts']} prompts of {acceptance['prompt_tokens']} tokens from held-out files; a step "
         "accepts the leading drafts equal to the target's greedy continuation. Tokens per step is that plus 1.\n"
     )
-    add("```\nPYTHONPATH=. python3 tools/measure_acceptance.py --threads 1 --drafters draft,mtp,eagle3,ngram\n"
-        "PYTHONPATH=. python3 tools/measure_acceptance.py --threads 1 --drafters draft,mtp,eagle3,ngram "
-        "--new-tokens 32\n```\n")  # fmt: skip
+    measured = [name for name in DRAFTER_LABELS if any(name in r for r in acceptance["by_new_tokens"].values())]
+    command = f"PYTHONPATH=. python3 tools/measure_acceptance.py --threads 1 --drafters {','.join(measured)}"
+    add(f"```\n{command}\n{command} --new-tokens 32\n```\n")
     for new_tokens, results in acceptance["by_new_tokens"].items():
         ratio = next(iter(results.values()))["distinct_4gram_ratio"]
         add(
@@ -190,10 +202,41 @@ def render(pair: Path) -> str:
         add(f"| `{name}` | {metadata['bytes'][name]:,} | `{digest}` |")
     add(
         "\n`tests/e2e/test_demo_pair.py` checks these hashes, that both models load in transformers and graphspec "
-        "with equal logits and greedy output, and that the draft model and both heads still get drafts accepted on "
-        "held-out prompts."
+        "with equal logits and greedy output, and that the draft model"
+        + (", both heads and the DFlash drafter" if "dflash" in metadata else " and both heads")
+        + " still get drafts accepted on held-out prompts."
     )
     return "\n".join(out) + "\n"
+
+
+def dflash_section(metadata: dict) -> list[str]:
+    """The DFlash drafter's paragraph: what it is, how it was trained (tools/train_demo_dflash.py on CPU)."""
+    run = metadata["dflash"]
+    training, corpus = run["training"], run["corpus"]
+    agreement = (training.get("final") or {}).get("heldout_top1_agreement_by_slot", [])
+    mask = run["mask_token"]
+    return [
+        f"`dflash/` is a DFlash block drafter (z-lab layout: a Qwen3 config with architectures "
+        f'`["DFlashDraftModel"]`, `block_size` {run["block_size"]}, `dflash_config` {{`target_layer_ids` '
+        f"{run['target_layer_ids']}, `mask_token_id` {mask['id']}}}): {run['layers']} non-causal decoder layer(s) "
+        f"at the target's hidden size, {run['parameters']:,} parameters of its own (fc, hidden_norm, layers, norm; "
+        f"the embedding and lm_head are the target's), {part_bytes(metadata, 'dflash'):,} bytes. One forward "
+        f"drafts all K = {run['block_size'] - 1} tokens from the block [last token, `{mask['token']}` x "
+        f"{run['block_size'] - 1}] (the mask token is the tokenizer's only special token, which otherwise only "
+        "starts a file), attending to the target's layer outputs of the committed positions before the block.",
+        "",
+        f"It was trained by `tools/train_demo_dflash.py` on a {run['threads']}-thread CPU against the frozen "
+        f"target, after the rest of the pair, in {run['total_seconds']:.0f} s ({training['steps_done']} steps of "
+        f"{training['batch']['corpus_rows']} windows x {training['batch']['seq_len']} tokens with "
+        f"{run['anchors_per_window']} random anchors each; peak lr {run['peak_lr']}, cosine over the time budget): "
+        f"{run['objective']}, on {corpus['train_files_used']} train-split files of the CPython stdlib at "
+        f"`{corpus['stdlib']}` ({corpus['train_tokens']:,} tokens, train fingerprint "
+        f"`{corpus['train_fingerprint'][:16]}...`; held-out files only evaluated). Held-out top-1 agreement with "
+        f"the target per mask slot 1..{len(agreement)}: {' / '.join(f'{x:.3f}' for x in agreement)}. The command:",
+        "",
+        f"```\nPYTHONPATH=. {run['command']}\n```",
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

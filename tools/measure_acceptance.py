@@ -8,8 +8,10 @@ the target's greedy continuation of each prompt once, then replays the steps: co
 draft chain from prompt + continuation[:c], n = leading matches against continuation[c:c+K],
 c += n + 1, until c reaches --new-tokens (or the target's EOS). The same replay measures every drafter
 (--drafters): the draft model, the demo target's MTP and EAGLE-3 heads (tools/demo_heads.py, one
-teacher-forced unroll per sequence gives every chain, exact while the chain's earlier drafts match) and
-n-gram prompt lookup (graphspec's rule, ngram 1..3; fewer than K proposals never accept filler).
+teacher-forced unroll per sequence gives every chain, exact while the chain's earlier drafts match), the
+DFlash drafter (tools/demo_dflash.py: one masked pass per sequence gives the block of every committed
+length; tests/tools/test_demo_dflash.py checks it equal to graphspec's DFlash drafter on the same
+weights) and n-gram prompt lookup (graphspec's rule, ngram 1..3; fewer than K proposals never accept filler).
 
 Reported: mean accepted drafts per step (0..K, the issue's "accepted length"), mean tokens per step
 (accepted + 1), the acceptance rate at each draft position (fraction of steps with n >= i), and the
@@ -18,7 +20,7 @@ graphspec/examples), starting at a line chosen from a hash of the file path, so 
 
     PYTHONPATH=. python3 tools/measure_acceptance.py                      # the shipped demo pair
     PYTHONPATH=. python3 tools/measure_acceptance.py --target T --draft D --prompts 20 --new-tokens 128 -k 4
-    PYTHONPATH=. python3 tools/measure_acceptance.py --drafters draft,mtp,eagle3,ngram   # every demo drafter
+    PYTHONPATH=. python3 tools/measure_acceptance.py --drafters draft,mtp,eagle3,dflash,ngram   # every demo drafter
 """
 
 from __future__ import annotations
@@ -151,6 +153,30 @@ class Head:
         return lambda length: drafts[length - 2]
 
 
+class DFlashReplay:
+    """A DFlash drafter (tools/demo_dflash.py) over the target's features. The step at committed length L
+    drafts the block at anchor L - 1 (context rows 0..L-2, block [x_{L-1}, MASK x K]); its K drafts do
+    not depend on earlier drafts, so one pass over the sequence with every anchor gives every step's."""
+
+    name = "DFlash"
+
+    def __init__(self, target, drafter) -> None:
+        self.target, self.drafter = target, drafter
+
+    @torch.no_grad()
+    def proposer(self, full: list[int], k: int) -> Callable[[int], list[int]]:
+        from demo_dflash import target_features
+
+        block = self.drafter.block_size
+        if k != block - 1:
+            raise SystemExit(f"the DFlash drafter's block_size {block} drafts {block - 1} tokens, not k={k}")
+        tokens = torch.tensor([full], device=self.target.device)
+        features, _ = target_features(self.target, tokens, self.drafter.target_layer_ids)
+        anchors = torch.arange(1, len(full), device=tokens.device)[None]
+        drafts = self.drafter(self.target, features, tokens, anchors)[0].argmax(-1).tolist()  # [T-1, K]
+        return lambda length: drafts[length - 2]
+
+
 def replay(propose: Callable[[int], list[int]], full: list[int], prompt_length: int, length: int, k: int) -> list[int]:
     """Accepted counts of the greedy steps over the target's continuation full[prompt_length:] (of
     `length` committed tokens): n = leading proposals equal to the target's tokens, commit n + 1."""
@@ -224,7 +250,9 @@ def load_pair(target_dir: Path, draft_dir: Path, device: str):
 
 
 def load_drafters(names: list[str], target, draft, heads_dir: Path, device: str) -> dict[str, object]:
-    """name -> drafter for `names` among draft, mtp, eagle3, ngram (heads from heads_dir/mtp, /eagle3)."""
+    """name -> drafter for `names` among draft, mtp, eagle3, dflash, ngram (heads from heads_dir/mtp,
+    /eagle3, /dflash)."""
+    from demo_dflash import DFlashDrafter
     from demo_heads import Eagle3Head, MtpHead
 
     made = {}
@@ -236,8 +264,10 @@ def load_drafters(names: list[str], target, draft, heads_dir: Path, device: str)
         elif name in ("mtp", "eagle3"):
             kind = MtpHead if name == "mtp" else Eagle3Head
             made[name] = Head(name, target, kind.load(heads_dir / name).to(device).eval())
+        elif name == "dflash":
+            made[name] = DFlashReplay(target, DFlashDrafter.load(heads_dir / name).to(device))
         else:
-            raise SystemExit(f"unknown drafter {name!r}; choose from draft, mtp, eagle3, ngram")
+            raise SystemExit(f"unknown drafter {name!r}; choose from draft, mtp, eagle3, dflash, ngram")
     return made
 
 
@@ -261,8 +291,8 @@ def main(argv: list[str] | None = None) -> dict[str, Result]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=Path, default=examples.DEMO_TARGET)
     parser.add_argument("--draft", type=Path, default=examples.DEMO_DRAFT)
-    parser.add_argument("--heads", type=Path, default=examples.DEMO_PAIR_DIR, help="dir holding mtp/ and eagle3/")
-    parser.add_argument("--drafters", default="draft", help="comma-separated: draft, mtp, eagle3, ngram")
+    parser.add_argument("--heads", type=Path, default=examples.DEMO_PAIR_DIR, help="dir holding mtp/, eagle3/, dflash/")
+    parser.add_argument("--drafters", default="draft", help="comma-separated: draft, mtp, eagle3, dflash, ngram")
     parser.add_argument("-k", type=int, default=4, help="draft tokens per step")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--prompt-tokens", type=int, default=64)
@@ -271,6 +301,10 @@ def main(argv: list[str] | None = None) -> dict[str, Result]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--metadata", type=Path, default=None,
+        help="a demo pair's metadata.json: store each drafter's result under acceptance.by_new_tokens[N]",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -301,6 +335,12 @@ def main(argv: list[str] | None = None) -> dict[str, Result]:
             "results": {name: asdict(result) for name, result in results.items()},
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    if args.metadata:
+        metadata = json.loads(args.metadata.read_text())
+        table = metadata["acceptance"]["by_new_tokens"].setdefault(str(args.new_tokens), {})
+        for name, result in results.items():
+            table[name] = asdict(result)
+        args.metadata.write_text(json.dumps(metadata, indent=2) + "\n")
     return results
 
 

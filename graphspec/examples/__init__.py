@@ -1,5 +1,5 @@
-"""Built-in examples. demo_pair/ holds a small trained target/draft pair and two heads for the target
-(MTP, EAGLE-3; see demo_pair/README.md).
+"""Built-in examples. demo_pair/ holds a small trained target/draft pair, two heads for the target
+(MTP, EAGLE-3) and a DFlash drafter for it (see demo_pair/README.md).
 
 This module defines the demo pair's corpus and its train/held-out split, so the training script,
 the acceptance measurement and the tests agree on which files were never trained on. It imports
@@ -22,6 +22,9 @@ DEMO_METADATA = DEMO_PAIR_DIR / "metadata.json"
 # EAGLE-3 head in the public layout. Pass them as `draft` with the demo target.
 DEMO_MTP = DEMO_PAIR_DIR / "mtp"
 DEMO_EAGLE3 = DEMO_PAIR_DIR / "eagle3"
+# A DFlash block drafter for the demo target (z-lab layout, block_size 5: K = 4), trained on CPU by
+# tools/train_demo_dflash.py; it reads target layers 1, 3, 5's outputs and uses the target's embedding and lm_head.
+DEMO_DFLASH = DEMO_PAIR_DIR / "dflash"
 
 # Corpus: every .py file of a Python standard library, its test suite (Lib/test) included, except
 # installed third-party packages and two packages that are generated data tables rather than code.
