@@ -179,6 +179,8 @@ class Engine:
             seed = int(ops.row_seeds(params.seed, 1)[0])
             requests.append(Request(next(self._ids), ids, params, stops, seed, out or queue.SimpleQueue(), tag))
         with self._wake:
+            if self._exiting:  # its loop has ended for good: queueing would wait forever
+                raise RuntimeError("the graphspec engine has stopped: the interpreter is exiting")
             self._waiting.extend(requests)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="graphspec-engine", daemon=True)

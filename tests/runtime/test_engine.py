@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import weakref
 
 import pytest
 import torch
@@ -191,16 +192,18 @@ def test_an_idle_engine_thread_ends_and_the_next_submit_starts_one(runtime, monk
     assert engine.submit([3, 4], SamplingParams(max_tokens=3, stop_token_ids=())).result().token_ids == first.token_ids
 
 
-def test_at_exit_every_engine_thread_ends_before_the_interpreter_finalizes(runtime):
+def test_at_exit_every_engine_thread_ends_before_the_interpreter_finalizes(runtime, monkeypatch):
     """A daemon loop thread that wakes while the interpreter finalizes aborts the process; the atexit
     hook ends it first (IDLE_EXIT_S keeps the idle thread alive well past this test's submit)."""
     from graphspec.runtime import engine as engine_module
 
     engine = Engine(runtime)
+    assert engine in engine_module._ENGINES
+    # The hook ends every engine for good: let it see only this one (the module's runtime serves on).
+    monkeypatch.setattr(engine_module, "_ENGINES", weakref.WeakSet([engine]))
     engine.submit([3, 4], SamplingParams(max_tokens=3, stop_token_ids=())).result()
     thread = engine._thread
     assert thread is not None and thread.is_alive()  # idle, waiting for the next request
-    assert engine in engine_module._ENGINES
     engine_module._stop_engines()  # what atexit runs
     assert not thread.is_alive() and engine._thread is None
 
