@@ -206,6 +206,8 @@ def test_at_exit_every_engine_thread_ends_before_the_interpreter_finalizes(runti
     assert thread is not None and thread.is_alive()  # idle, waiting for the next request
     engine_module._stop_engines()  # what atexit runs
     assert not thread.is_alive() and engine._thread is None
+    with pytest.raises(RuntimeError, match="interpreter is exiting"):  # refused, not queued forever
+        engine.submit([3, 4], SamplingParams(max_tokens=3, stop_token_ids=()))
 
 
 @pytest.mark.parametrize(
