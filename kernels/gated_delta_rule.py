@@ -111,28 +111,57 @@ def gated_delta_rule(
     """(out [B, T, Hv, Dv] in q's dtype, the state after position lengths[b] - 1 [B, Hv, Dk, Dv] in the
     state's dtype); shapes as graphspec.ops.gated_delta_rule, inputs of any strides."""
     check_device(q, k, v, g, beta, state, slot_ids, start_pos, lengths)
+    batch, t, _, key_dim = q.shape
+    final = torch.empty((batch, v.shape[2], key_dim, v.shape[3]), dtype=state.dtype, device=q.device)
+    if batch and t == 0:  # no position: the slot's state, as the reference
+        final.copy_(gated_delta_rule_reference(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths)[1])
+    out = launch("gated_delta_rule", q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths.clamp(0, t),
+                 final, block_v, num_warps)  # fmt: skip
+    return out, final
+
+
+def launch(
+    name: str,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    layer: int,
+    slot_ids: Tensor,
+    start_pos: Tensor | None,
+    lengths: Tensor | None,
+    dest: Tensor,
+    block_v: int,
+    num_warps: int,
+) -> Tensor:
+    """Run gated_delta_rule_kernel and return the output [B, T, Hv, Dv] in q's dtype. start_pos/lengths
+    None: the verify form (SNAPSHOTS): dest [B, T, Hv, Dk, Dv] takes the state after every position; else
+    dest [B, Hv, Dk, Dv] takes the state after position lengths[b] - 1. An empty batch or T = 0 launches
+    nothing."""
     batch, t, key_heads, key_dim = q.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     if value_heads % key_heads or key_dim > MAX_HEAD_DIM:
-        raise ValueError(f"gated_delta_rule kernel: Hv={value_heads} over Hk={key_heads}, Dk={key_dim}")
+        raise ValueError(f"{name} kernel: Hv={value_heads} over Hk={key_heads}, Dk={key_dim}")
     out = torch.empty((batch, t, value_heads, value_dim), dtype=q.dtype, device=q.device)
-    final = torch.empty((batch, value_heads, key_dim, value_dim), dtype=state.dtype, device=q.device)
-    if batch == 0 or t == 0:  # an empty batch launches nothing (t == 0: the slot's state, as the reference)
-        if batch:
-            final.copy_(gated_delta_rule_reference(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths)[1])
-        return out, final
+    if batch == 0 or t == 0:
+        return out
+    snapshots = start_pos is None
+    if snapshots:  # the kernel reads neither in this form: slot_ids fills their places
+        start_pos = lengths = slot_ids
     block_v = min(next_power_of_2(block_v), next_power_of_2(value_dim))
     grid = (batch * value_heads, cdiv(value_dim, block_v))
     layer_state = state[layer]  # a view: its offset is computed here in 64 bits, not in the kernel
     gated_delta_rule_kernel[grid](
-        q, k, v, g, beta, layer_state, slot_ids, start_pos, lengths.clamp(0, t), out, final,
+        q, k, v, g, beta, layer_state, slot_ids, start_pos, lengths, out, dest,
         t, value_heads, value_heads // key_heads, key_dim**-0.5,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         *layer_state.stride(),
-        DK=key_dim, DV=value_dim, BLOCK_K=next_power_of_2(key_dim), BLOCK_V=block_v, SNAPSHOTS=False,
+        DK=key_dim, DV=value_dim, BLOCK_K=next_power_of_2(key_dim), BLOCK_V=block_v, SNAPSHOTS=snapshots,
         num_warps=num_warps,
     )  # fmt: skip
-    return out, final
+    return out
 
 
 @torch.library.custom_op("graphspec::gated_delta_rule_triton", mutates_args=())

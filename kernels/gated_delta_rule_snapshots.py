@@ -14,13 +14,13 @@ different summation order: fp32 results agree to ~1e-6 relative, not bit for bit
 from __future__ import annotations
 
 import torch
-from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2
-from graphspec.kernels.gated_delta_rule import MAX_HEAD_DIM, gated_delta_rule_kernel
+from graphspec.kernels.common import check_config_table, check_device
+from graphspec.kernels.gated_delta_rule import MAX_HEAD_DIM, launch
 from torch import Tensor
 
 from graphspec.ops import gated_delta_rule_snapshots_reference
 
-__all__ = ["CONFIGS", "gated_delta_rule_snapshots", "gated_delta_rule_snapshots_reference"]
+__all__ = ["CONFIGS", "MAX_HEAD_DIM", "gated_delta_rule_snapshots", "gated_delta_rule_snapshots_reference"]
 
 # block_v: value columns per program. The state block [Dk, block_v] lives in registers: 128 x 32 fp32
 # over 4 warps is 32 registers a thread. Untuned (no GPU timing yet).
@@ -47,25 +47,11 @@ def gated_delta_rule_snapshots(
     """(out [B, T, Hv, Dv] in q's dtype, snapshots [B, T, Hv, Dk, Dv] in the state's dtype); shapes as
     graphspec.ops.gated_delta_rule_snapshots, inputs of any strides."""
     check_device(q, k, v, g, beta, state, slot_ids)
-    batch, t, key_heads, key_dim = q.shape
-    value_heads, value_dim = v.shape[2], v.shape[3]
-    if value_heads % key_heads or key_dim > MAX_HEAD_DIM:
-        raise ValueError(f"gated_delta_rule_snapshots kernel: Hv={value_heads} over Hk={key_heads}, Dk={key_dim}")
-    out = torch.empty((batch, t, value_heads, value_dim), dtype=q.dtype, device=q.device)
-    snapshots = torch.empty((batch, t, value_heads, key_dim, value_dim), dtype=state.dtype, device=q.device)
-    if batch == 0 or t == 0:  # an empty batch launches nothing
-        return out, snapshots
-    block_v = min(next_power_of_2(block_v), next_power_of_2(value_dim))
-    grid = (batch * value_heads, cdiv(value_dim, block_v))
-    layer_state = state[layer]  # a view: its offset is computed here in 64 bits, not in the kernel
-    gated_delta_rule_kernel[grid](
-        q, k, v, g, beta, layer_state, slot_ids, slot_ids, slot_ids, out, snapshots,
-        t, value_heads, value_heads // key_heads, key_dim**-0.5,
-        *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
-        *layer_state.stride(),
-        DK=key_dim, DV=value_dim, BLOCK_K=next_power_of_2(key_dim), BLOCK_V=block_v, SNAPSHOTS=True,
-        num_warps=num_warps,
-    )  # fmt: skip
+    batch, t, _, key_dim = q.shape
+    shape = (batch, t, v.shape[2], key_dim, v.shape[3])
+    snapshots = torch.empty(shape, dtype=state.dtype, device=q.device)
+    out = launch("gated_delta_rule_snapshots", q, k, v, g, beta, state, layer, slot_ids, None, None, snapshots,
+                 block_v, num_warps)  # fmt: skip
     return out, snapshots
 
 
