@@ -135,7 +135,9 @@ def test_loaded_graphs_are_the_compiled_graphs(compiled):
 def test_a_loaded_runtime_says_where_its_start_up_went(compiled):
     runtime = Runtime.load(compiled[1])
     phases = runtime.startup_seconds
-    assert list(phases) == ["verify", "weights", "graphs", "state_and_programs", "warm_up_and_capture"]
+    assert list(phases) == [
+        "verify", "checks", "weights", "graphs", "hashing_beside_weights", "state_and_programs", "warm_up_and_capture"
+    ]  # fmt: skip
     assert all(seconds >= 0 for seconds in phases.values()), phases
 
 
@@ -283,6 +285,15 @@ def test_refuses_flipped_byte_in_weight_file(compiled, tmp_path):
     artifact = damaged(compiled, tmp_path)
     flip_byte(artifact / "draft" / "model.safetensors")
     with pytest.raises(ArtifactError, match=r"draft/model.safetensors has another sha256 .* at bytes 0 onwards"):
+        load_artifact(artifact)
+
+
+def test_a_shard_that_no_longer_parses_is_refused_for_its_hash(compiled, tmp_path):
+    # The shards hash while the weights load: a load that fails on the damage must still report it as
+    # the changed file it is, not as a checkpoint error.
+    artifact = damaged(compiled, tmp_path)
+    flip_byte(artifact / "target" / "model.safetensors", offset=8)  # the header's opening brace
+    with pytest.raises(ArtifactError, match=r"target/model.safetensors has another sha256 .* at bytes 0 onwards"):
         load_artifact(artifact)
 
 
