@@ -61,10 +61,7 @@ class Recorder(Protocol):
 
 
 class CudaGraphRecorder:
-    """One torch.cuda.CUDAGraph captured into `pool`. Capture only records kernels; callers capture
-    with inputs that make a run harmless (rows invalid or parked), and capture launches the graph once
-    with them: a graph's first launch uploads it to the device (tens of ms for a whole step), which
-    belongs in start-up, not in the first request."""
+    """One torch.cuda.CUDAGraph captured into `pool`. Capture only records kernels, it runs nothing."""
 
     def __init__(self, pool: object | None) -> None:
         self.graph = torch.cuda.CUDAGraph()
@@ -72,9 +69,7 @@ class CudaGraphRecorder:
 
     def capture(self, module: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Any:
         with torch.cuda.graph(self.graph, pool=self.pool):
-            outputs = module(*inputs)
-        self.graph.replay()
-        return outputs
+            return module(*inputs)
 
     def replay(self) -> None:
         self.graph.replay()
@@ -350,7 +345,7 @@ class StepGraph:
                         inputs.append(buffer)
                 recorder = self.new_recorder(self.pool)
                 values[node] = recorder.capture(module, inputs)
-                recorder.replay()  # the host stand-in's capture leaves poisoned outputs; CUDA's ran already
+                recorder.replay()
                 static.add(node)
                 self.recorders.append(recorder)
                 self._keep_alive.append(inputs)
