@@ -77,7 +77,7 @@ if wants drafters; then
         "$PYTHON" benchmarks/bench_drafters.py --batch-sizes 1,4,16 --json "$OUT/bench_drafters.json"
 fi
 if wants dflash; then
-    stage "bench_dflash" "${DFLASH_S:-150}" "$OUT/bench_dflash.log" \
+    stage "bench_dflash" "${DFLASH_S:-240}" "$OUT/bench_dflash.log" \
         "$PYTHON" benchmarks/bench_drafters.py --drafters dflash --batch-sizes 1,4,16 --json "$OUT/bench_dflash.json"
 fi
 if wants hybrid; then
