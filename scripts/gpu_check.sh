@@ -65,7 +65,7 @@ STAGES="${STAGES:-tests,kernels}"
 wants() { [[ ",$STAGES," == *",$1,"* ]]; }
 # shellcheck disable=SC2086  # PYTEST_TARGETS, PYTEST_FLAGS and BENCH_ARGS are word lists on purpose
 if wants tests; then
-    stage "gpu tests" "${TESTS_S:-300}" "$OUT/pytest_gpu.log" \
+    stage "gpu tests" "${TESTS_S:-450}" "$OUT/pytest_gpu.log" \
         "$PYTHON" -m pytest -m gpu $PYTEST_TARGETS $PYTEST_FLAGS -p no:cacheprovider -rs --durations=10
 fi
 if wants step; then
