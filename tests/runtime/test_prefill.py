@@ -352,6 +352,8 @@ def test_gpu_requests_compile_and_capture_nothing(cuda_pair):
     )  # fmt: skip
     assert all(graph.captured for graph in runtime.graphs.values())
     assert all(program.recorder is not None for program in runtime.prefiller.programs.values())
+    # Start-up's throwaway requests (one per mode) leave no trace in the statistics.
+    assert (runtime.stats.steps, runtime.stats.emitted, runtime.stats.graph_steps) == (0, 0, 0)
     for batch, temperature in ((1, 0.0), (3, 0.0), (4, 0.8), (1, 0.8)):
         prompts = random_prompts([1 + 13 * row for row in range(batch)], runtime.vocab_size, seed=batch)
         runtime.generate(prompts, max_new_tokens=8, temperature=temperature, seed=1, stop_token_ids=[])
