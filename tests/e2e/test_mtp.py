@@ -220,3 +220,25 @@ def test_artifact_with_a_token_map_reproduces_without_the_original_file(mtp_dir,
     write_token_map(tmp_path / "art" / "drafter" / "token_map.safetensors", [6, 3, 0, 5])
     with pytest.raises(ArtifactError, match=r"drafter/token_map\.safetensors has another sha256"):
         graphspec.Runtime.load(tmp_path / "art")
+
+
+@pytest.mark.gpu
+def test_captured_gpu_steps_with_a_token_map_are_lossless(mtp_dir, hot_map):
+    """On the GPU (fp32, Triton kernels, CUDA graphs) with a token map: greedy output equals
+    transformers' greedy generate on the same device, with padding rows; sampling emits valid ids."""
+    runtime = graphspec.Runtime.from_pretrained(
+        mtp_dir, "mtp", k=4, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ,
+        modes=("greedy", "sample"), token_map=hot_map,
+    )  # fmt: skip
+    model = load_hf(mtp_dir).to("cuda")
+    batch = prompts(seed=41)
+    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        ids = torch.tensor([prompt], device="cuda")
+        out = model.generate(
+            ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+            eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+        assert result.token_ids == out[0, len(prompt) :].tolist()
+    sampled = runtime.generate(batch, max_new_tokens=16, temperature=0.8, seed=3, stop_token_ids=[])
+    assert all(len(r.token_ids) == 16 and all(0 <= t < 8 for t in r.token_ids) for r in sampled)
