@@ -46,10 +46,17 @@ def special_ids(tokenizer: object, checkpoint: Path | None = None) -> list[int]:
 
 def count_tokens(tokenizer: object, texts: Iterable[str]) -> Counter[int]:
     """How often each token id occurs in `texts` (no special tokens added)."""
+    # A fast tokenizer's backend encodes without transformers' "longer than model_max_length" warning,
+    # which means nothing here (no model sees these ids).
+    backend = getattr(tokenizer, "backend_tokenizer", None)
     counts: Counter[int] = Counter()
     for text in texts:
         for start in range(0, len(text), CHUNK_CHARS):
-            counts.update(tokenizer.encode(text[start : start + CHUNK_CHARS], add_special_tokens=False))  # type: ignore[attr-defined]
+            piece = text[start : start + CHUNK_CHARS]
+            if backend is not None:
+                counts.update(backend.encode(piece, add_special_tokens=False).ids)
+            else:
+                counts.update(tokenizer.encode(piece, add_special_tokens=False))  # type: ignore[attr-defined]
     return counts
 
 
