@@ -25,6 +25,8 @@ TENSOR = "hot_token_ids"  # the one tensor a token-map file holds
 def read_token_map(path: str | Path, vocab_size: int) -> Tensor:
     """The ids of a token-map file, checked to be a non-empty 1-D int64 tensor of distinct ids in
     0..vocab_size - 1; anything else is refused with an InputError naming the file and the problem."""
+    if not isinstance(path, (str, Path)):
+        raise InputError(f"token_map must be a path to a token-map file, got {type(path).__name__} {path!r}")
     path = Path(path)
     fix = f"write one with `graphspec token-map TARGET CORPUS --size N --out FILE` (one int64 tensor {TENSOR!r})"
     if not path.is_file():

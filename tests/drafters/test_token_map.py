@@ -124,6 +124,8 @@ def test_bad_map_is_refused_before_any_weight_is_read(mtp_dir, tmp_path, no_weig
 def test_missing_and_unreadable_maps_are_refused(tmp_path):
     with pytest.raises(InputError, match="no such file"):
         read_token_map(tmp_path / "absent.safetensors", VOCAB)
+    with pytest.raises(InputError, match="token_map must be a path to a token-map file, got list"):
+        read_token_map([1, 2], VOCAB)
     (tmp_path / "text.safetensors").write_text("not a safetensors file")
     with pytest.raises(InputError, match="is not a readable safetensors file"):
         read_token_map(tmp_path / "text.safetensors", VOCAB)
