@@ -15,10 +15,14 @@ real at committed length about --context. Next to them, per bucket:
   greedy picks included; "/verify" is a drafter's step over that (issue 17 asks <= 1.2 for DFlash at B 1).
 Random weights accept almost nothing, so step time is what this compares; tokens per step depends on
 the text (see tools/measure_acceptance.py for the demo pair's).
+--mtp-token-map-size N[,N...] adds a column `mtp_hot<N>` per size: the same MTP head drafting over N
+random distinct target ids (a token map, drafters/token_map.py; FR-Spec / SGLang's hot vocabulary),
+so MTP's step with and without a reduced lm_head sit side by side in one run.
 
     python benchmarks/bench_drafters.py --json drafters.json             # on the H200 (~3 minutes)
     python benchmarks/bench_drafters.py --drafters dflash --batch-sizes 1,4,16 --json dflash.json   # DFlash b8, b16
     python benchmarks/bench_drafters.py --preset tiny-llama --device cpu   # smoke test of this script
+    python benchmarks/bench_drafters.py --drafters mtp --mtp-token-map-size 32768,16384 --batch-sizes 1,4,16
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from graphspec.compiled import device_sm
 from graphspec.drafters.dflash import DFlashHead
 from graphspec.drafters.eagle3 import Eagle3Head, aux_layers
 from graphspec.drafters.mtp import MtpHead, layer_names
+from graphspec.drafters.token_map import write_token_map
 from graphspec.models.decoder import checkpoint_state
 from graphspec.models.loading import build_model, load_config
 from graphspec.models.spec import ModelSpec, rope_frequencies
@@ -153,6 +158,18 @@ def write_dflash_drafter(directory: Path, target_dir: Path, block: int, device: 
     return directory
 
 
+def hot_column(size: int) -> str:
+    """The column name of MTP with a random token map of `size` ids: mtp_hot32k, mtp_hot1000."""
+    return f"mtp_hot{size // 1024}k" if size % 1024 == 0 else f"mtp_hot{size}"
+
+
+def write_random_token_map(path: Path, vocab_size: int, size: int, device: str, seed: int) -> Path:
+    """`size` distinct random target ids (drawn on `device`) as a token-map file."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.randperm(vocab_size, generator=generator, device=device)[:size]
+    return write_token_map(path, ids.cpu())
+
+
 def time_target_forward(model: torch.nn.Module, batch: int, positions: int, args: argparse.Namespace) -> float:
     """Median ms of the target's forward over `positions` tokens per row (argmax of every position),
     captured on CUDA, with every row at committed length about args.context."""
@@ -183,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default="1,4,16,64")
     parser.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), help=f"any of {','.join(DRAFTERS)}")
     parser.add_argument("--dflash-blocks", default="8,16", help="DFlash block sizes (each drafts block - 1)")
+    parser.add_argument(
+        "--mtp-token-map-size",
+        default="",
+        help="comma-separated sizes N: one more column mtp_hot<N> each, MTP over N random target ids",
+    )
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--context", type=int, default=512, help="committed length of the timed rows")
     parser.add_argument("--replays", type=int, default=100)
@@ -197,9 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(drafters) - set(DRAFTERS))
     if unknown:
         parser.error(f"unknown drafter(s) {unknown}; choose from {DRAFTERS}")
+    hot_sizes = tuple(int(n) for n in args.mtp_token_map_size.split(",") if n)
+    target_shape, draft_shape = PRESETS[args.preset]
+    vocab_size = common.make_config(target_shape).vocab_size
+    if any(not 1 <= n <= vocab_size for n in hot_sizes):
+        parser.error(f"--mtp-token-map-size: each size must be in 1..{vocab_size} (the target's vocabulary)")
     # args.warmup/replays double as bench_step.time_step's warmup/iteration counts
     report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args), "rows": []}
-    target_shape, draft_shape = PRESETS[args.preset]
     options = dict(k=args.k, dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len, modes=("greedy",))
     with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
         target_dir = write_checkpoint(Path(workdir) / "target", target_shape, args.device, seed=1)
@@ -209,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             write_eagle3_head(eagle3_dir, target_dir, args.device, seed=4)
         # column -> (drafter kind, its checkpoint or name, K): DFlash once per block size, K = block - 1.
         columns: dict[str, tuple[str, str, int]] = {}
+        column_options: dict[str, dict[str, Any]] = {}  # extra compile options of a column
         for name in drafters:
             if name != "dflash":  # "ngram", "mtp": no checkpoint of their own
                 draft = {"draft_model": str(draft_dir), "eagle3": str(eagle3_dir)}.get(name, name)
@@ -217,13 +244,19 @@ def main(argv: list[str] | None = None) -> int:
             for block in (int(b) for b in args.dflash_blocks.split(",") if b):
                 directory = write_dflash_drafter(Path(workdir) / f"dflash_b{block}", target_dir, block, args.device, 5)
                 columns[f"dflash_b{block}"] = (name, str(directory), block - 1)
-        if "mtp" in drafters:
+        for size in hot_sizes:  # beside plain MTP: same head, same seed, a reduced lm_head
+            column = hot_column(size)
+            columns[column] = ("mtp", "mtp", args.k)
+            path = Path(workdir) / f"{column}.safetensors"
+            column_options[column] = {"token_map": write_random_token_map(path, vocab_size, size, args.device, 6)}
+        if "mtp" in drafters or hot_sizes:
             add_mtp_head(target_dir, args.device, seed=3)
         steps: dict[str, dict[int, float]] = {}
         target = None
         for column, (_kind, draft, k) in columns.items():
             begin = time.perf_counter()
-            runtime = graphspec.Runtime.from_pretrained(target_dir, draft, batch_sizes=buckets, **{**options, "k": k})
+            extra = {**options, "k": k, **column_options.get(column, {})}
+            runtime = graphspec.Runtime.from_pretrained(target_dir, draft, batch_sizes=buckets, **extra)
             print(f"[bench] {column}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
             fill_caches(runtime, 0)
             steps[column] = {b: time_step(runtime, b, args, args.replays)["median_ms"] for b in buckets}

@@ -12,6 +12,8 @@ An artifact directory holds:
     graphs/prefill_b<B>_c<C>.*           the bucket's prefill chunk programs (trace_prefill.py), stored
                                          like the step graphs and listed under "prefill"
     kernels.json                         node -> kernel chosen by lower_kernels, per graph
+    drafter/<setting>.safetensors        a copy of each file a drafter setting names (an MTP token map);
+                                         the manifest's drafter record names the copy, loading reads it
     target/, draft/                      checkpoint copies (config, safetensors, tokenizer files), or,
                                          with copy_weights=False, absolute paths + sha256 in the manifest
 
@@ -64,7 +66,15 @@ from safetensors.torch import load_file, save_file
 from graphspec import trace
 from graphspec.compiled import Compiled, device_sm, prefill_graph_name
 from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, SpecConfig
-from graphspec.drafters import DIRECTORY_KINDS, NAMED_KINDS, SETTINGS, check_drafter, draft_config, open_drafter
+from graphspec.drafters import (
+    DIRECTORY_KINDS,
+    FILE_SETTINGS,
+    NAMED_KINDS,
+    SETTINGS,
+    check_drafter,
+    draft_config,
+    open_drafter,
+)
 from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.file_digest import copy_and_digest, digest_file, mismatched_blocks
@@ -145,6 +155,7 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
             role: _save_weights(role, loaded, staging, files, copy_weights)
             for role, loaded in checkpoints(compiled).items()
         }
+        drafter = {**compiled.drafter.describe(), **_save_drafter_files(compiled, staging, files)}
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -158,7 +169,7 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
             },
             "config": {**asdict(compiled.config), "batch_sizes": list(compiled.config.batch_sizes)},
             "modes": sorted({mode for mode, _ in compiled.graphs}, key=SAMPLING_MODES.index),
-            "drafter": compiled.drafter.describe(),
+            "drafter": drafter,
             "models": models,
             "signature": {
                 "target_params": list(compiled.signature.target_params),
@@ -294,6 +305,18 @@ def _save_weights(
             files[key] = digest_file(file)
         entry["files"].append(key)
     return entry
+
+
+def _save_drafter_files(compiled: Compiled, staging: Path, files: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Copy each file a drafter setting names into drafter/ (always copied, however the weights are
+    stored: it is small and the artifact must not depend on where it was); setting -> its copy."""
+    stored = {}
+    for name in FILE_SETTINGS:
+        if name in compiled.drafter.settings:
+            key = f"drafter/{name}{Path(compiled.drafter.settings[name]).suffix}"
+            files[key] = copy_and_digest(Path(compiled.drafter.settings[name]), staging / key)
+            stored[name] = key
+    return stored
 
 
 def checkpoints(compiled: Compiled) -> dict[str, LoadedModel]:
@@ -877,11 +900,15 @@ def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:
     verified = time.perf_counter()
     target = load_model(weights["target"], config.dtype, config.device)
     settings = {name: value for name, value in drafter_record.items() if name in SETTINGS[kind]}
+    # File settings name the artifact's own (verified) copy.
+    files = {name: settings.pop(name) for name in FILE_SETTINGS if name in settings}
+    settings.update({name: path / _inside(relative) for name, relative in files.items()})
     checked = check_drafter(
         weights.get("draft", kind), kind, weights["target"], target.config, config.max_seq_len, settings, config.k
     )
-    drafter = open_drafter(weights.get("draft", kind), kind, target, config.dtype, config.device, checked)
-    if drafter.describe() != {"kind": kind, **drafter_record}:
+    drafter = open_drafter(weights.get("draft", kind), kind, target, config.dtype, config.device, checked, settings)
+    described = {name: value for name, value in drafter_record.items() if name not in files}
+    if drafter.describe() != {"kind": kind, **described}:
         raise ArtifactError(
             f"{path / MANIFEST}: drafter {drafter_record} does not describe what its files give "
             f"({drafter.describe()}): recompile with `{command}`"
@@ -1147,6 +1174,8 @@ def _verify_files(path: Path, manifest: dict[str, Any], command: str, which: Cal
     used = [entry[key] for entry in entries for key in ("graph", "constants") if entry.get(key)]
     used += [manifest.get("kernels", KERNELS)]
     used += [name for role in manifest_roles(manifest) for name in manifest["models"][role]["files"]]
+    drafter = manifest.get("drafter", {})
+    used += [drafter[name] for name in FILE_SETTINGS if name in drafter]
     unlisted = [name for name in used if which(name) and name not in manifest["files"]]
     if unlisted:
         raise ArtifactError(

@@ -66,7 +66,8 @@ def compile(
 
     draft: a draft-model checkpoint directory, a head directory (EAGLE-3, or MTP in the NextN convention;
     the kind is read from its config's architectures), "mtp" (the target checkpoint's own MTP head), or
-    "ngram" (no model; options ngram_min, ngram_max).
+    "ngram" (no model; options ngram_min, ngram_max). MTP takes token_map: a token-map file
+    (graphspec/drafters/token_map.py) that restricts its drafts to those target ids (a reduced lm_head).
     drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS).
     max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py)."""
     config = SpecConfig(
@@ -104,7 +105,7 @@ def compile(
     target_model = load_model(target, dtype, device)
     if checked is None:  # the drafter has weights of its own
         progress(f"loading draft {draft}")
-    drafter_model = open_drafter(draft, kind, target_model, dtype, device, checked)
+    drafter_model = open_drafter(draft, kind, target_model, dtype, device, checked, dict(drafter_options))
     check_tokenizers(target_model, drafter_model)
     sm = device_sm(device)
     slots = max(config.batch_sizes) + 1

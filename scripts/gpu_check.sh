@@ -8,7 +8,8 @@
 # Stages:
 #   tests     every GPU test (pytest -m gpu; PYTEST_TARGETS / PYTEST_FLAGS narrow it)
 #   step      benchmarks/bench_step.py (step time captured vs eager, floor, parity; BENCH_ARGS adds arguments)
-#   drafters  benchmarks/bench_drafters.py (draft model, n-gram, MTP, EAGLE-3 next to decode and verify)
+#   drafters  benchmarks/bench_drafters.py (draft model, n-gram, MTP, EAGLE-3 next to decode and verify;
+#             DRAFTERS_ARGS adds arguments, e.g. "--drafters mtp --mtp-token-map-size 32768,16384")
 #   dflash    benchmarks/bench_drafters.py --drafters dflash (blocks 8 and 16 next to the verify of that width)
 #   hybrid    benchmarks/bench_hybrid.py (a Qwen3.5-shaped target's MTP and n-gram steps)
 #   prefill   benchmarks/bench_prefill.py (time to first token vs transformers, cold start by phase)
@@ -63,7 +64,7 @@ fi
 
 STAGES="${STAGES:-tests,kernels}"
 wants() { [[ ",$STAGES," == *",$1,"* ]]; }
-# shellcheck disable=SC2086  # PYTEST_TARGETS, PYTEST_FLAGS and BENCH_ARGS are word lists on purpose
+# shellcheck disable=SC2086  # PYTEST_TARGETS, PYTEST_FLAGS, BENCH_ARGS and DRAFTERS_ARGS are word lists on purpose
 if wants tests; then
     stage "gpu tests" "${TESTS_S:-450}" "$OUT/pytest_gpu.log" \
         "$PYTHON" -m pytest -m gpu $PYTEST_TARGETS $PYTEST_FLAGS -p no:cacheprovider -rs --durations=10
@@ -74,7 +75,7 @@ if wants step; then
 fi
 if wants drafters; then
     stage "bench_drafters" "${DRAFTERS_S:-300}" "$OUT/bench_drafters.log" \
-        "$PYTHON" benchmarks/bench_drafters.py --batch-sizes 1,4,16 --json "$OUT/bench_drafters.json"
+        "$PYTHON" benchmarks/bench_drafters.py --batch-sizes 1,4,16 --json "$OUT/bench_drafters.json" ${DRAFTERS_ARGS:-}
 fi
 if wants dflash; then
     stage "bench_dflash" "${DFLASH_S:-240}" "$OUT/bench_dflash.log" \

@@ -355,3 +355,22 @@ def test_compile_with_a_dflash_directory_and_inspect_it(checkpoints, tmp_path, c
     assert manifest["drafter"] == {"kind": "dflash", "block_size": 3, "target_layer_ids": [0, 1], "mask_token_id": 4}
     assert f"--draft {drafter.absolute()}" in manifest["command"]
     assert Runtime.load(out).generate([[5, 6, 5, 6, 5]], max_new_tokens=4, stop_token_ids=[])[0].token_ids
+
+
+def test_compile_mtp_with_a_token_map_and_inspect_it(tmp_path, capsys):
+    from graphspec.drafters.token_map import write_token_map
+    from tests.checkpoints import make_mtp_checkpoint
+
+    target = make_mtp_checkpoint(tmp_path / "target", "deepseek_v3", seed=2)
+    hot = write_token_map(tmp_path / "hot.safetensors", [9, 4, 100, 2])
+    out = tmp_path / "mtp_art"
+    args = ["compile", str(target), "--draft", "mtp", "--token-map", str(hot), "-k", "2", "--batch-sizes", "1"]
+    assert main([*args, *COMPILE_FLAGS, "--modes", "greedy", "--out", str(out)]) == 0
+    assert main(["inspect", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "drafter    mtp  layers 1  layout deepseek_v3  draft_vocab_size 4  token_map drafter/token_map.safetensors"
+        in printed
+    )
+    assert f"--token-map {hot}" in json.loads((out / "manifest.json").read_text())["command"]
+    assert Runtime.load(out).generate([[5, 6, 5, 6, 5]], max_new_tokens=4, stop_token_ids=[])[0].token_ids

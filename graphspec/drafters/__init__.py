@@ -17,6 +17,7 @@ from graphspec.drafters.draft_model import DraftModel
 from graphspec.drafters.eagle3 import Eagle3
 from graphspec.drafters.mtp import Mtp, plan_head
 from graphspec.drafters.ngram import NGram
+from graphspec.drafters.token_map import read_token_map
 from graphspec.errors import InputError
 from graphspec.models.loading import LoadedModel, build_model, load_config, load_model
 from graphspec.models.spec import ModelSpec
@@ -33,7 +34,17 @@ KINDS: dict[str, type[Drafter]] = {
 }
 NAMED_KINDS = ("ngram", "mtp")
 DIRECTORY_KINDS = ("draft_model", "mtp", "eagle3", "dflash")
-SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": (), "eagle3": (), "dflash": ()}
+SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": ("token_map",), "eagle3": (), "dflash": ()}
+# Settings that name a file: an artifact carries a copy (digest-checked) and loads from it, never from
+# the path given at compile time.
+FILE_SETTINGS = ("token_map",)
+# Why a kind takes no token map (drafters/token_map.py): said instead of "unknown option".
+NO_TOKEN_MAP = {
+    "draft_model": "a draft model scores its own lm_head inside its forward; slicing it is not wired",
+    "ngram": "n-gram drafts are copied from the history, no logits are computed",
+    "eagle3": "an EAGLE-3 head carries its own reduced vocabulary (d2t in its checkpoint)",
+    "dflash": "a DFlash drafter's block forward scores the target's lm_head over whole blocks; not wired",
+}
 # Kinds not wired to hybrid targets yet (EAGLE-3 and DFlash heads are trained and tested for attention-only
 # targets so far).
 HYBRID_UNSUPPORTED = ("eagle3", "dflash")
@@ -88,6 +99,12 @@ def check_drafter(
     """Validate the drafter against the target checkpoint (its directory and config), the cache length
     and K, from configs and file headers alone (no weights read). Returns the drafter when it needs no
     weights, else None (open_drafter loads it)."""
+    if settings.get("token_map") is not None and kind in NO_TOKEN_MAP:
+        raise InputError(
+            f"token_map applies to MTP heads (draft='mtp' or an MTP head directory), not drafter {kind!r}: "
+            f"{NO_TOKEN_MAP[kind]}"
+        )
+    settings = {name: value for name, value in settings.items() if name not in FILE_SETTINGS or value is not None}
     unknown = sorted(set(settings) - set(SETTINGS[kind]))
     if unknown:
         takes = ", ".join(SETTINGS[kind]) or "none"
@@ -101,6 +118,8 @@ def check_drafter(
             f"use one of: draft_model, ngram, mtp"
         )
     if kind == "mtp":  # names and shapes from the headers, against a meta-device target
+        if settings.get("token_map") is not None:
+            read_token_map(settings["token_map"], target_spec.vocab_size)
         if str(draft) == "mtp":
             plan_head(Path(target), target_config, build_model(target_config))
         else:
@@ -142,14 +161,23 @@ def draft_config(draft: str | Path, kind: str) -> PretrainedConfig:
 
 
 def open_drafter(
-    draft: str | Path, kind: str, target: LoadedModel, dtype: str, device: str, checked: Drafter | None = None
+    draft: str | Path,
+    kind: str,
+    target: LoadedModel,
+    dtype: str,
+    device: str,
+    checked: Drafter | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> Drafter:
-    """The drafter with its weights loaded (after check_drafter passed and the target is loaded)."""
+    """The drafter with its weights loaded (after check_drafter passed on the same settings and the
+    target is loaded)."""
     if checked is not None:
         return checked
+    settings = settings or {}
     if kind == "mtp":
         head_dir = None if str(draft) == "mtp" else Path(draft)
-        return Mtp(target, target.model.model.embed_tokens.weight.dtype, device, head_dir)
+        embedding = target.model.model.embed_tokens.weight
+        return Mtp(target, embedding.dtype, device, head_dir, settings.get("token_map"))
     if kind == "eagle3":
         return Eagle3(draft, target, target.model.model.embed_tokens.weight.dtype, device)
     if kind == "dflash":
@@ -159,6 +187,7 @@ def open_drafter(
 
 __all__ = [
     "DIRECTORY_KINDS",
+    "FILE_SETTINGS",
     "KINDS",
     "NAMED_KINDS",
     "Drafter",

@@ -47,6 +47,7 @@ from graphspec.drafters.base import (
     State,
     StepView,
 )
+from graphspec.drafters.token_map import scatter_to_vocab
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import (
     DecoderLayer,
@@ -294,8 +295,7 @@ class Eagle3(Drafter):
         """[B, V] target-vocabulary logits of head outputs [B, H]: draft logits at their target ids,
         -inf elsewhere (so no draft and no draft probability lands on an unmapped id)."""
         logits = F.linear(out, params["lm_head.weight"])  # [B, draft vocab]
-        full = logits.new_full((logits.shape[0], self.head.spec.vocab_size), float("-inf"))
-        return full.scatter(-1, params["draft_to_target"].expand(logits.shape[0], -1), logits)
+        return scatter_to_vocab(logits, params["draft_to_target"], self.head.spec.vocab_size)
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
         k, inputs = step.k, step.inputs

@@ -25,6 +25,13 @@ A head directory (SGLang's standalone NextN convention) holds the same head apar
 config.json is a config of the target's family with architectures ["<TargetArch>NextN"] and
 num_nextn_predict_layers, and the tensors use the DeepSeek-V3 layout at layer index 0
 (`model.layers.0.{enorm, hnorm, eh_proj, shared_head.norm, <decoder layer>}`).
+
+A reduced ("hot") draft vocabulary (setting `token_map`, a token-map file: drafters/token_map.py): the
+lm_head rows of the map's N ids are copied once at load into `hot_lm_head` [N, H] (the target's lm_head
+is untouched and still scores the verify), each draft scores N ids instead of V, and the logits are
+scattered onto the target vocabulary with -inf elsewhere, as EAGLE-3's d2t (FR-Spec, SGLang's
+--speculative-token-map). Still lossless: drafts are target ids and q is 0 off the map, so the verify
+emits the target's token wherever it lies; acceptance drops where that token is off the map.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from graphspec.drafters.base import (
     State,
     StepView,
 )
+from graphspec.drafters.token_map import read_token_map, scatter_to_vocab
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape
 from graphspec.models.hybrid import GatedAttentionLayer, HybridLM
@@ -157,26 +165,49 @@ class Mtp(Drafter):
     target_features = ("final",)
 
     def __init__(
-        self, target: LoadedModel, dtype: torch.dtype, device: str | torch.device, head_dir: Path | None = None
+        self,
+        target: LoadedModel,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        head_dir: Path | None = None,
+        token_map: str | Path | None = None,
     ) -> None:
-        """head_dir: a NextN head directory; None reads the head from the target's own checkpoint."""
+        """head_dir: a NextN head directory; None reads the head from the target's own checkpoint.
+        token_map: a token-map file (drafters/token_map.py): draft over its ids only; None: the full vocabulary."""
         self.target = target.model
         path, config = (target.path, target.config) if head_dir is None else (Path(head_dir), load_config(head_dir))
         head, names, layout, files = plan_head(path, config, target.model, own_checkpoint=head_dir is None)
         self.layout = layout
         read_into(head, files, names, dtype, device)
         head.inv_freq = head.inv_freq.to(device)
+        if token_map is not None:
+            # The map's rows of the target's lm_head, copied once: each draft then reads N x H, not V x H.
+            ids = read_token_map(token_map, target.model.spec.vocab_size).to(device)
+            head.hot_lm_head = nn.Parameter(target.model.lm_head.weight.detach().index_select(0, ids))
+            head.register_buffer("draft_to_target", ids, persistent=False)
         head.eval().requires_grad_(False)
         self.head = head
         # From the target's checkpoint the artifact stores no second copy; a head directory is its
         # "draft" checkpoint.
         self.loaded = None if head_dir is None else LoadedModel(head, config, None, path, files)  # type: ignore[arg-type]
-        self.settings = {}
+        self.settings = {} if token_map is None else {"token_map": str(Path(token_map).absolute())}
         # Tied embeddings appear once among the parameters, under the embedding's name.
         self.head_weight = "embed_tokens.weight" if target.model.spec.tie_word_embeddings else "lm_head.weight"
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "layers": len(self.head.layers), "layout": self.layout}
+        # The token map's path is not described: an artifact carries its own copy (artifact.py).
+        described = {"kind": self.kind, "layers": len(self.head.layers), "layout": self.layout}
+        if "token_map" in self.settings:
+            described["draft_vocab_size"] = self.head.hot_lm_head.shape[0]
+        return described
+
+    def draft_logits(self, params: dict[str, Tensor], out: Tensor) -> Tensor:
+        """[B, V] draft logits of head outputs [B, H]: the full lm_head, or with a token map the hot rows
+        scattered onto the target vocabulary (-inf off the map)."""
+        if "token_map" not in self.settings:
+            return F.linear(out, params[self.head_weight])
+        logits = F.linear(out, params["hot_lm_head"])  # [B, N]
+        return scatter_to_vocab(logits, params["draft_to_target"], self.head.spec.vocab_size)
 
     @property
     def model(self) -> nn.Module:
@@ -222,14 +253,14 @@ class Mtp(Drafter):
         # 1. Catch-up over the previous verify's rows; the accepted row's output predicts d1.
         out, cache = head(tokens, hidden, kv_start, cache, slice(0, k + 1))  # [B, K+1, H]
         chained = out[rows, accepted]  # [B, H]
-        logits = F.linear(chained, params[self.head_weight])  # [B, V]
+        logits = self.draft_logits(params, chained)  # [B, V]
         proposals, proposal_logits = [step.pick(logits, 0)], [logits]
         # 2. Drafts 2..K: d_{i-1} at position L + i - 2 (KV entry one before) with the head's own output.
         for index in range(1, k):
             kv = (length + index - 2).clamp(min=0)
             out, cache = head(proposals[-1][:, None], chained[:, None], kv, cache, slice(k + index, k + index + 1))
             chained = out[:, 0]
-            logits = F.linear(chained, params[self.head_weight])
+            logits = self.draft_logits(params, chained)
             proposals.append(step.pick(logits, index))
             proposal_logits.append(logits)
         states = {"mtp_cache": cache, **{name: state[name] for name in ("mtp_hidden", "mtp_tokens", "mtp_start")}}

@@ -1,12 +1,18 @@
 """The MTP drafter end to end on a tiny Qwen3 target with an MTP head (CPU, fp32): lossless against
 transformers' greedy generate, transformers' own MTP assisted generation accepting exactly as much
-at every step (K = 1, its only K), dead head state never read, and an artifact round trip."""
+at every step (K = 1, its only K), dead head state never read, and an artifact round trip; the same
+with a reduced draft vocabulary (a token map), whose copy the artifact carries."""
+
+import json
+import shutil
 
 import pytest
 import torch
 import transformers
 
 import graphspec
+from graphspec.drafters.token_map import write_token_map
+from graphspec.errors import ArtifactError
 from tests.checkpoints import load_hf, make_mtp_checkpoint, split_nextn_head
 from tests.engine_hooks import between_steps
 
@@ -158,3 +164,81 @@ def test_nextn_head_directory_is_lossless_and_round_trips(mtp_dir, tmp_path):
     for prompt, result in zip(batch, results, strict=True):
         assert result.token_ids == hf_greedy(model, prompt, 20)
     assert sum(a for r in results for a in r.stats.accepted_per_step) > 0
+
+
+# --- a reduced ("hot") draft vocabulary: drafters/token_map.py ---------------------------------------
+
+HOT_IDS = [6, 3, 0, 4]  # of the 8 ids: the target's greedy tokens are often outside them
+
+
+@pytest.fixture(scope="module")
+def hot_map(tmp_path_factory):
+    return write_token_map(tmp_path_factory.mktemp("hot") / "hot.safetensors", HOT_IDS)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_with_a_token_map_is_lossless_against_transformers(mtp_dir, hot_map, k):
+    runtime = graphspec.Runtime.from_pretrained(
+        mtp_dir, "mtp", k=k, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        modes=("greedy",), token_map=hot_map,
+    )  # fmt: skip
+    assert runtime.drafter.describe()["draft_vocab_size"] == len(HOT_IDS)
+    model = load_hf(mtp_dir)
+    batch = prompts(seed=30 + k)
+    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+    emitted = [token for result in results for token in result.token_ids]
+    for prompt, result in zip(batch, results, strict=True):
+        assert result.token_ids == hf_greedy(model, prompt, 24)
+    assert sum(a for r in results for a in r.stats.accepted_per_step) > 0  # drafts from the map were accepted
+    assert set(emitted) - set(HOT_IDS)  # and the target's tokens off the map came out too
+
+
+def test_artifact_with_a_token_map_reproduces_without_the_original_file(mtp_dir, hot_map, tmp_path):
+    """The artifact carries the map (digest-checked): it loads and generates the same tokens after the
+    original file is gone, the manifest names its copy and the draft vocabulary size, and an edited
+    copy is refused."""
+    source = shutil.copy(hot_map, tmp_path / "map.safetensors")
+    compiled = graphspec.compile(
+        mtp_dir, "mtp", k=2, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        out=tmp_path / "art", token_map=source,
+    )  # fmt: skip
+    (tmp_path / "map.safetensors").unlink()
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert manifest["drafter"] == {
+        "kind": "mtp", "layers": 1, "layout": "deepseek_v3", "draft_vocab_size": 4,
+        "token_map": "drafter/token_map.safetensors",
+    }  # fmt: skip
+    assert "drafter/token_map.safetensors" in manifest["files"]
+    assert f"--token-map {tmp_path / 'map.safetensors'}" in manifest["command"]
+    loaded = graphspec.Runtime.load(tmp_path / "art")
+    assert loaded.drafter.describe()["draft_vocab_size"] == 4
+    batch = prompts(seed=8, lengths=[7, 12])
+    for options in ({}, {"temperature": 0.8, "seed": 3}):
+        expected = graphspec.Runtime(compiled).generate(batch, max_new_tokens=12, stop_token_ids=[], **options)
+        got = loaded.generate(batch, max_new_tokens=12, stop_token_ids=[], **options)
+        assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    write_token_map(tmp_path / "art" / "drafter" / "token_map.safetensors", [6, 3, 0, 5])
+    with pytest.raises(ArtifactError, match=r"drafter/token_map\.safetensors has another sha256"):
+        graphspec.Runtime.load(tmp_path / "art")
+
+
+@pytest.mark.gpu
+def test_captured_gpu_steps_with_a_token_map_are_lossless(mtp_dir, hot_map):
+    """On the GPU (fp32, Triton kernels, CUDA graphs) with a token map: greedy output equals
+    transformers' greedy generate on the same device, with padding rows; sampling emits valid ids."""
+    runtime = graphspec.Runtime.from_pretrained(
+        mtp_dir, "mtp", k=4, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ,
+        modes=("greedy", "sample"), token_map=hot_map,
+    )  # fmt: skip
+    model = load_hf(mtp_dir).to("cuda")
+    batch = prompts(seed=41)
+    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        ids = torch.tensor([prompt], device="cuda")
+        out = model.generate(
+            ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+            eos_token_id=None, pad_token_id=0,
+        )  # fmt: skip
+        assert result.token_ids == out[0, len(prompt) :].tolist()
+    sampled = runtime.generate(batch, max_new_tokens=16, temperature=0.8, seed=3, stop_token_ids=[])
+    assert all(len(r.token_ids) == 16 and all(0 <= t < 8 for t in r.token_ids) for r in sampled)

@@ -1,0 +1,72 @@
+"""Reduced ("hot") draft vocabularies: a draft head scores only N chosen target ids and its logits are
+scattered onto the target vocabulary with -inf elsewhere, so greedy drafts and rejection sampling's q
+are over target ids and never pick an id outside the map (the verify's residual still emits those).
+
+EAGLE-3 heads ship their map (d2t, eagle3.py); a head that shares the target's lm_head (MTP) takes one
+from a token-map file, FR-Spec (arXiv 2502.14856) and SGLang's --speculative-token-map: its lm_head
+rows are sliced to those ids once, at load. A token-map file is a safetensors file holding one 1-D
+int64 tensor `hot_token_ids` of distinct target token ids (`graphspec token-map` writes one from text).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from graphspec.errors import InputError
+
+TENSOR = "hot_token_ids"  # the one tensor a token-map file holds
+
+
+def read_token_map(path: str | Path, vocab_size: int) -> Tensor:
+    """The ids of a token-map file, checked to be a non-empty 1-D int64 tensor of distinct ids in
+    0..vocab_size - 1; anything else is refused with an InputError naming the file and the problem."""
+    if not isinstance(path, (str, Path)):
+        raise InputError(f"token_map must be a path to a token-map file, got {type(path).__name__} {path!r}")
+    path = Path(path)
+    fix = f"write one with `graphspec token-map TARGET CORPUS --size N --out FILE` (one int64 tensor {TENSOR!r})"
+    if not path.is_file():
+        raise InputError(f"token map {path}: no such file; {fix}")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            names = list(handle.keys())
+            if names != [TENSOR]:
+                raise InputError(f"token map {path} holds tensors {names}, not exactly one named {TENSOR!r}; {fix}")
+            ids = handle.get_tensor(TENSOR)
+    except (SafetensorError, OSError) as error:
+        raise InputError(f"token map {path} is not a readable safetensors file ({error}); {fix}") from None
+    if ids.dtype != torch.int64:
+        raise InputError(f"token map {path}: {TENSOR} must be int64, found {ids.dtype}")
+    if ids.dim() != 1:
+        raise InputError(f"token map {path}: {TENSOR} must be 1-D, found shape {list(ids.shape)}")
+    if ids.numel() == 0:
+        raise InputError(f"token map {path}: {TENSOR} is empty; a draft vocabulary needs at least one id")
+    bad = ((ids < 0) | (ids >= vocab_size)).nonzero().flatten().tolist()
+    if bad:
+        shown = ", ".join(f"[{i}]={int(ids[i])}" for i in bad[:5])
+        raise InputError(
+            f"token map {path}: {len(bad)} id(s) outside the target vocabulary 0..{vocab_size - 1} ({shown})"
+        )
+    unique, counts = ids.unique(return_counts=True)
+    if unique.numel() != ids.numel():
+        repeated = unique[counts > 1][:5].tolist()
+        raise InputError(f"token map {path}: ids repeat ({repeated}); each id may appear once")
+    return ids
+
+
+def write_token_map(path: str | Path, ids: Tensor | list[int]) -> Path:
+    """Save `ids` as a token-map file (the order is kept; it means nothing to the drafter)."""
+    path = Path(path)
+    save_file({TENSOR: torch.as_tensor(ids, dtype=torch.int64).contiguous()}, str(path))
+    return path
+
+
+def scatter_to_vocab(logits: Tensor, draft_to_target: Tensor, vocab_size: int) -> Tensor:
+    """[B, V] target-vocabulary logits from [B, N] draft-vocabulary ones: logits[:, d] at target id
+    draft_to_target[d], -inf at every other id (no draft and no draft probability lands there)."""
+    full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
+    return full.scatter(-1, draft_to_target.expand(logits.shape[0], -1), logits)
