@@ -402,7 +402,7 @@ class Progress:
     """Elapsed-time progress lines on stderr; on a terminal each line replaces the previous one.
     Tracing messages are numbered against the number of graphs, so a long compile shows how far it is."""
 
-    def __init__(self, stream: TextIO, graphs: int) -> None:
+    def __init__(self, stream: TextIO, graphs: int | None) -> None:
         self.stream = stream
         self.start = time.perf_counter()
         self.tty = stream.isatty()
@@ -411,7 +411,7 @@ class Progress:
     def __call__(self, message: str) -> None:
         if message.startswith("tracing "):
             self.traced += 1
-            message = f"{message} (graph {self.traced}/{self.graphs})"
+            message = f"{message} (graph {self.traced}{'' if self.graphs is None else f'/{self.graphs}'})"
         line = f"[{time.perf_counter() - self.start:6.1f}s] {message}"
         self.stream.write(f"\r\x1b[K{line}" if self.tty else f"{line}\n")
         self.stream.flush()
@@ -445,10 +445,13 @@ def run_compile(args: argparse.Namespace) -> int:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    # A step graph per (mode, bucket) and the prefill chunk programs of each bucket.
-    buckets = set(args.batch_sizes)
-    prefill = sum(len(chunk_sizes(bucket, args.max_seq_len, args.prefill_tokens)) for bucket in buckets)
-    progress = Progress(sys.stderr, len(buckets) * len(set(args.modes)) + prefill)
+    # A step graph per (mode, bucket) and the prefill chunk programs of each bucket; without
+    # --max-seq-len the chunk sizes are known only once compile has sized the context: no total.
+    buckets, total = set(args.batch_sizes), None
+    if args.max_seq_len is not None:
+        prefill = sum(len(chunk_sizes(bucket, args.max_seq_len, args.prefill_tokens)) for bucket in buckets)
+        total = len(buckets) * len(set(args.modes)) + prefill
+    progress = Progress(sys.stderr, total)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")  # each warning once per place, as without catching

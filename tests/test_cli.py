@@ -323,6 +323,17 @@ def test_compile_with_the_ngram_drafter_and_inspect_it(checkpoints, tmp_path, ca
     assert Runtime.load(out).generate([[5, 6, 5, 6, 5]], max_new_tokens=4, stop_token_ids=[])[0].token_ids
 
 
+def test_compile_without_max_seq_len_sizes_the_context_from_the_model(checkpoints, tmp_path, capsys):
+    target, _ = checkpoints
+    out = tmp_path / "sized"
+    args = ["compile", str(target), "--draft", "ngram", "-k", "2", "--batch-sizes", "1", "--modes", "greedy"]
+    assert main([*args, "--dtype", "float32", "--device", "cpu", "--out", str(out)]) == 0
+    assert "(graph 1)" in capsys.readouterr().err  # progress without a total
+    manifest = json.loads((out / "manifest.json").read_text())
+    positions = json.loads((target / "config.json").read_text())["max_position_embeddings"]
+    assert 0 < manifest["config"]["max_seq_len"] <= positions
+
+
 def test_compile_with_an_eagle3_head_directory_and_inspect_it(checkpoints, tmp_path, capsys):
     from tests.eagle3_oracle import make_eagle3_head
 
