@@ -56,7 +56,7 @@ CONFIGS: dict[int | str, dict[str, int]] = {
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
-HEAD_DIMS = (64, 128)  # head dims the kernel is tested for (any power of 2 from 16 to 256 compiles)
+HEAD_DIMS = (64, 128, 256)  # head dims the kernel is tested for (256: Qwen3.5 and Qwen3-Next full attention)
 MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
 MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
 REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step

@@ -56,6 +56,7 @@ CASES = [
     (torch.bfloat16, 1, 128),
     (torch.bfloat16, 2, 64),
     (torch.bfloat16, 4, 128),
+    (torch.bfloat16, 4, 256),  # the hybrid families' gated full attention (Qwen3.5, Qwen3-Next)
 ]
 
 
@@ -135,6 +136,16 @@ def test_attention_real_shapes_gpu(batch: int, seq: int, k: int) -> None:
     poison_allocator()
     out = kernel.attention(q, cache, 0, slot_ids, start_pos, 128**-0.5, **device_config())
     check(q, cache, 0, slot_ids, start_pos, 128**-0.5, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "k"), [(1, 3), (8, 3)])
+def test_attention_head_dim_256_gpu(batch: int, k: int) -> None:
+    """Qwen3.5's gated full attention (16 query, 2 KV heads of 256), as its MTP verify runs it."""
+    q, cache, slot_ids, start_pos = make_case(batch, 16, 2, k + 1, 4096, 256, torch.bfloat16, seed=batch, layers=1)
+    poison_allocator()
+    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 256**-0.5, **device_config())
+    check(q, cache, 0, slot_ids, start_pos, 256**-0.5, out)
 
 
 @pytest.mark.gpu

@@ -152,6 +152,13 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
             cache = torch.zeros(1, 2, 2, 1, 64, 128, dtype=torch.bfloat16)
             block_attention.block_attention(q, cache, 0, torch.tensor([0]), torch.tensor([20]), 128**-0.5, **config)
         lowered.add("block_attention")
+        # The hybrid families' full attention at their real head size, 256 (Qwen3.5, Qwen3-Next).
+        from graphspec.kernels import attention
+
+        for config in (attention.CONFIGS[90], attention.CONFIGS["default"]):
+            q = torch.randn(1, 4, 4, 256, dtype=torch.bfloat16)
+            cache = torch.zeros(1, 2, 2, 1, 64, 256, dtype=torch.bfloat16)
+            attention.attention(q, cache, 0, torch.tensor([0]), torch.tensor([20]), 256**-0.5, **config)
         lowered |= run_hybrid_step(make_hybrid_checkpoint(tmp_path_factory.mktemp("hybrid_binaries"), seed=0))
     finally:
         InterpretedFunction.run = original
