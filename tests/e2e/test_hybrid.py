@@ -336,6 +336,25 @@ def test_gpu_step_with_snapshot_kernels_is_lossless(target_dir, tmp_path_factory
     assert [r.token_ids for r in results] == expected
 
 
+@pytest.mark.gpu
+def test_gpu_full_attention_of_head_dim_256_runs_the_kernel_losslessly(tmp_path):
+    """Qwen3.5 and Qwen3-Next full-attention heads are 256 wide: the decode attention kernel takes them
+    (not the reference attention), and greedy output still equals plain decoding on the device."""
+    target = make_hybrid_checkpoint(tmp_path / "head_dim_256", "qwen3_5_text", seed=4, head_dim=256)
+    runtime = graphspec.Runtime.from_pretrained(
+        target, "ngram", k=K, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=64, modes=("greedy",)
+    )
+    step = runtime.compiled.graphs[("greedy", 4)]
+    graphs = [m for _, m in step.named_modules() if isinstance(m, torch.fx.GraphModule)]
+    assert "graphspec.attention_triton.default" in {
+        str(node.target) for m in graphs for node in m.graph.nodes if node.op == "call_function"
+    }
+    prompts = [list(p) for p in GENERATE_PROMPTS]
+    results = runtime.generate(prompts, max_new_tokens=NEW_TOKENS)
+    expected = reference_generate(load_model(target, device="cuda").model, prompts, max_new_tokens=NEW_TOKENS)
+    assert [r.token_ids for r in results] == expected
+
+
 def test_artifact_round_trip_and_dumps_show_the_state_rules(target_dir, tmp_path):
     """An artifact of a hybrid target reloads and generates the same tokens; every step dump lists the
     states with their rollback rules."""
