@@ -49,6 +49,19 @@ def sm_count(device: torch.device) -> int:
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _cuda_shared_memory(index: int) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
+def shared_memory_per_block(device: torch.device) -> int | None:
+    """Bytes of shared memory one program may opt in to (Triton's "hardware limit"); None off CUDA (the
+    interpreter has no limit). A cached host-side property query."""
+    if device.type != "cuda":
+        return None
+    return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def config_for(configs: Mapping[int | str, dict[str, int]], sm: int | None) -> dict[str, int]:
     """The config of an SM from a CONFIGS table: exact SM, else "default"."""
     return dict(configs.get(sm, configs["default"]))

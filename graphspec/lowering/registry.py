@@ -211,6 +211,7 @@ def fits_prefill_attention(node: fx.Node) -> bool:
     q, k, v, cache, slot_ids, start_pos = values
     return (
         _attention_fits(q, cache)
+        and q.shape[-1] in _module("prefill_attention").HEAD_DIMS  # narrower than the decode kernel's
         and k.dtype == v.dtype == cache.dtype
         and _kv_write_fits(cache, node.args[4], slot_ids, start_pos, k, v)
         and k.shape[2] == q.shape[2]

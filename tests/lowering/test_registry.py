@@ -174,3 +174,16 @@ def test_cpu_table_resolves_on_cpu_nodes_only() -> None:
     )
     node = next(n for n in meta.graph.nodes if n.target == ops.OPS["attention"])
     assert registry.resolve("attention", registry.CPU, node) is None
+
+
+@pytest.mark.parametrize(("head_dim", "lowered"), [(128, True), (256, False)])
+def test_prefill_attention_takes_only_the_prefill_kernels_head_dims(head_dim: int, lowered: bool) -> None:
+    # The decode attention kernel takes heads of 256 (the hybrid families'), the prefill kernel does not.
+    def prefill(q, k, v, cache, slot_ids, start_pos):
+        return ops.OPS["prefill_attention"](q, k, v, cache, 1, slot_ids, start_pos, head_dim**-0.5)
+
+    q, k, v = (torch.randn(1, 2, 16, head_dim) for _ in range(3))
+    cache = torch.zeros(2, 2, 2, 2, 64, head_dim)
+    gm = make_fx(prefill, tracing_mode="fake")(q, k, v, cache, torch.tensor([0]), torch.tensor([0]))
+    node = next(n for n in gm.graph.nodes if n.target is ops.OPS["prefill_attention"])
+    assert (registry.resolve("prefill_attention", 90, node) is not None) is lowered
