@@ -15,14 +15,15 @@ real at committed length about --context. Next to them, per bucket:
   greedy picks included; "/verify" is a drafter's step over that (issue 17 asks <= 1.2 for DFlash at B 1).
 Random weights accept almost nothing, so step time is what this compares; tokens per step depends on
 the text (see tools/measure_acceptance.py for the demo pair's).
---mtp-token-map-size N[,N...] adds a column `mtp_hot<N>` per size: the same MTP head drafting over N
-random distinct target ids (a token map, drafters/token_map.py; FR-Spec / SGLang's hot vocabulary),
-so MTP's step with and without a reduced lm_head sit side by side in one run.
+--token-map-sizes N[,N...] adds, for every drafter column that takes a token map (MTP, DFlash), a column
+`<column>_hot<N>` per size: the same drafter drafting over N random distinct target ids (a token map,
+drafters/token_map.py; FR-Spec / SGLang's hot vocabulary), so its step with and without a reduced lm_head
+sit side by side in one run.
 
     python benchmarks/bench_drafters.py --json drafters.json             # on the H200 (~3 minutes)
     python benchmarks/bench_drafters.py --drafters dflash --batch-sizes 1,4,16 --json dflash.json   # DFlash b8, b16
-    python benchmarks/bench_drafters.py --preset tiny-llama --device cpu   # smoke test of this script
-    python benchmarks/bench_drafters.py --drafters mtp --mtp-token-map-size 32768,16384 --batch-sizes 1,4,16
+    python benchmarks/bench_drafters.py --preset tiny-llama --device cpu --max-seq-len 256 --context 64   # smoke test
+    python benchmarks/bench_drafters.py --drafters mtp,dflash --token-map-sizes 32768,16384 --batch-sizes 1,4,16
 """
 
 from __future__ import annotations
@@ -158,9 +159,12 @@ def write_dflash_drafter(directory: Path, target_dir: Path, block: int, device: 
     return directory
 
 
-def hot_column(size: int) -> str:
-    """The column name of MTP with a random token map of `size` ids: mtp_hot32k, mtp_hot1000."""
-    return f"mtp_hot{size // 1024}k" if size % 1024 == 0 else f"mtp_hot{size}"
+TOKEN_MAP_KINDS = ("mtp", "dflash")  # the drafters that take a token map (share the target's lm_head)
+
+
+def hot_column(column: str, size: int) -> str:
+    """The column name of `column`'s drafter with a random token map of `size` ids: mtp_hot32k, dflash_b8_hot1000."""
+    return f"{column}_hot{size // 1024}k" if size % 1024 == 0 else f"{column}_hot{size}"
 
 
 def write_random_token_map(path: Path, vocab_size: int, size: int, device: str, seed: int) -> Path:
@@ -201,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), help=f"any of {','.join(DRAFTERS)}")
     parser.add_argument("--dflash-blocks", default="8,16", help="DFlash block sizes (each drafts block - 1)")
     parser.add_argument(
-        "--mtp-token-map-size",
+        "--token-map-sizes",
         default="",
-        help="comma-separated sizes N: one more column mtp_hot<N> each, MTP over N random target ids",
+        help="comma-separated sizes N: for each MTP and DFlash column one more, <column>_hot<N>, drafting over N "
+        "random target ids",
     )
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--context", type=int, default=512, help="committed length of the timed rows")
@@ -219,11 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(drafters) - set(DRAFTERS))
     if unknown:
         parser.error(f"unknown drafter(s) {unknown}; choose from {DRAFTERS}")
-    hot_sizes = tuple(int(n) for n in args.mtp_token_map_size.split(",") if n)
+    hot_sizes = tuple(int(n) for n in args.token_map_sizes.split(",") if n)
     target_shape, draft_shape = PRESETS[args.preset]
     vocab_size = common.make_config(target_shape).vocab_size
     if any(not 1 <= n <= vocab_size for n in hot_sizes):
-        parser.error(f"--mtp-token-map-size: each size must be in 1..{vocab_size} (the target's vocabulary)")
+        parser.error(f"--token-map-sizes: each size must be in 1..{vocab_size} (the target's vocabulary)")
+    if hot_sizes and not set(drafters) & set(TOKEN_MAP_KINDS):
+        parser.error(f"--token-map-sizes needs a drafter that takes a token map in --drafters: {TOKEN_MAP_KINDS}")
     # args.warmup/replays double as bench_step.time_step's warmup/iteration counts
     report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args), "rows": []}
     options = dict(k=args.k, dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len, modes=("greedy",))
@@ -244,12 +251,14 @@ def main(argv: list[str] | None = None) -> int:
             for block in (int(b) for b in args.dflash_blocks.split(",") if b):
                 directory = write_dflash_drafter(Path(workdir) / f"dflash_b{block}", target_dir, block, args.device, 5)
                 columns[f"dflash_b{block}"] = (name, str(directory), block - 1)
-        for size in hot_sizes:  # beside plain MTP: same head, same seed, a reduced lm_head
-            column = hot_column(size)
-            columns[column] = ("mtp", "mtp", args.k)
-            path = Path(workdir) / f"{column}.safetensors"
-            column_options[column] = {"token_map": write_random_token_map(path, vocab_size, size, args.device, 6)}
-        if "mtp" in drafters or hot_sizes:
+        for size in hot_sizes:  # beside each plain column: same drafter, same seed, a reduced lm_head
+            path = Path(workdir) / f"token_map_{size}.safetensors"
+            token_map = write_random_token_map(path, vocab_size, size, args.device, 6)
+            for column, (kind, draft, k) in list(columns.items()):
+                if kind in TOKEN_MAP_KINDS and column_options.get(column) is None:
+                    columns[hot_column(column, size)] = (kind, draft, k)
+                    column_options[hot_column(column, size)] = {"token_map": token_map}
+        if "mtp" in drafters:
             add_mtp_head(target_dir, args.device, seed=3)
         steps: dict[str, dict[int, float]] = {}
         target = None

@@ -9,7 +9,7 @@
 #   tests     every GPU test (pytest -m gpu; PYTEST_TARGETS / PYTEST_FLAGS narrow it)
 #   step      benchmarks/bench_step.py (step time captured vs eager, floor, parity; BENCH_ARGS adds arguments)
 #   drafters  benchmarks/bench_drafters.py (draft model, n-gram, MTP, EAGLE-3 next to decode and verify;
-#             DRAFTERS_ARGS adds arguments, e.g. "--drafters mtp --mtp-token-map-size 32768,16384")
+#             DRAFTERS_ARGS adds arguments, e.g. "--drafters mtp,dflash --token-map-sizes 32768,16384")
 #   dflash    benchmarks/bench_drafters.py --drafters dflash (blocks 8 and 16 next to the verify of that width)
 #   hybrid    benchmarks/bench_hybrid.py (a Qwen3.5-shaped target's MTP and n-gram steps)
 #   prefill   benchmarks/bench_prefill.py (time to first token vs transformers, cold start by phase)

@@ -34,7 +34,13 @@ KINDS: dict[str, type[Drafter]] = {
 }
 NAMED_KINDS = ("ngram", "mtp")
 DIRECTORY_KINDS = ("draft_model", "mtp", "eagle3", "dflash")
-SETTINGS = {"draft_model": (), "ngram": ("ngram_min", "ngram_max"), "mtp": ("token_map",), "eagle3": (), "dflash": ()}
+SETTINGS = {
+    "draft_model": (),
+    "ngram": ("ngram_min", "ngram_max"),
+    "mtp": ("token_map",),
+    "eagle3": (),
+    "dflash": ("token_map",),
+}
 # Settings that name a file: an artifact carries a copy (digest-checked) and loads from it, never from
 # the path given at compile time.
 FILE_SETTINGS = ("token_map",)
@@ -43,7 +49,6 @@ NO_TOKEN_MAP = {
     "draft_model": "a draft model scores its own lm_head inside its forward; slicing it is not wired",
     "ngram": "n-gram drafts are copied from the history, no logits are computed",
     "eagle3": "an EAGLE-3 head carries its own reduced vocabulary (d2t in its checkpoint)",
-    "dflash": "a DFlash drafter's block forward scores the target's lm_head over whole blocks; not wired",
 }
 # Kinds not wired to hybrid targets yet (EAGLE-3 and DFlash heads are trained and tested for attention-only
 # targets so far).
@@ -101,7 +106,8 @@ def check_drafter(
     weights, else None (open_drafter loads it)."""
     if settings.get("token_map") is not None and kind in NO_TOKEN_MAP:
         raise InputError(
-            f"token_map applies to MTP heads (draft='mtp' or an MTP head directory), not drafter {kind!r}: "
+            f"token_map applies to drafters that share the target's lm_head (MTP heads, DFlash drafters), not "
+            f"drafter {kind!r}: "
             f"{NO_TOKEN_MAP[kind]}"
         )
     settings = {name: value for name, value in settings.items() if name not in FILE_SETTINGS or value is not None}
@@ -117,9 +123,9 @@ def check_drafter(
             f"drafter {kind!r} does not support hybrid (Gated DeltaNet) targets like {target} yet; "
             f"use one of: draft_model, ngram, mtp"
         )
+    if settings.get("token_map") is not None:  # the file, before any weight is read
+        read_token_map(settings["token_map"], target_spec.vocab_size)
     if kind == "mtp":  # names and shapes from the headers, against a meta-device target
-        if settings.get("token_map") is not None:
-            read_token_map(settings["token_map"], target_spec.vocab_size)
         if str(draft) == "mtp":
             plan_head(Path(target), target_config, build_model(target_config))
         else:
@@ -181,7 +187,7 @@ def open_drafter(
     if kind == "eagle3":
         return Eagle3(draft, target, target.model.model.embed_tokens.weight.dtype, device)
     if kind == "dflash":
-        return DFlash(draft, target, target.model.model.embed_tokens.weight.dtype, device)
+        return DFlash(draft, target, target.model.model.embed_tokens.weight.dtype, device, settings.get("token_map"))
     return DraftModel(load_model(draft, dtype, device))
 
 

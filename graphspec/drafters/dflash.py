@@ -52,6 +52,7 @@ from graphspec.drafters.base import (
     State,
     StepView,
 )
+from graphspec.drafters.token_map import attach_hot_head, hot_logits
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape, rope_tables
 from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, read_into, tensor_problems
@@ -353,25 +354,41 @@ def check_tensors(
 class DFlash(Drafter):
     kind = "dflash"
 
-    def __init__(self, path: str | Path, target: LoadedModel, dtype: torch.dtype, device: str | torch.device) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        target: LoadedModel,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        token_map: str | Path | None = None,
+    ) -> None:
+        """token_map: a token-map file (drafters/token_map.py): the block's drafts score only its ids
+        (the lm_head read per step drops from V x H to N x H); None: the full vocabulary."""
         plan = plan_head(Path(path), target.model)  # K and the cache length: checked by check_drafter
         head = plan.head
         read_into(head, plan.files, plan.names, dtype, device)
         head.inv_freq = head.inv_freq.to(device)
+        self.draft_vocab = None
+        if token_map is not None:
+            vocab = target.model.spec.vocab_size
+            self.draft_vocab = attach_hot_head(head, target.model.lm_head.weight, token_map, vocab)
         head.eval().requires_grad_(False)
         self.head, self.config = head, plan.dflash
         self.target_features = capture_points(plan.dflash.target_layer_ids, target.model.spec.num_layers)
         # The artifact stores the drafter directory's files as the "draft" checkpoint.
         self.loaded = LoadedModel(head, plan.config, None, Path(path), plan.files)  # type: ignore[arg-type]
-        self.settings = {}
+        self.settings = {} if token_map is None else {"token_map": str(Path(token_map).absolute())}
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described = {
             "kind": self.kind,
             "block_size": self.config.block_size,
             "target_layer_ids": list(self.config.target_layer_ids),
             "mask_token_id": self.config.mask_token_id,
         }
+        if self.draft_vocab is not None:  # the map's path is not described: an artifact carries a copy
+            described["draft_vocab_size"] = self.draft_vocab
+        return described
 
     def check_k(self, k: int) -> None:
         if k != self.config.block_size - 1:
@@ -417,8 +434,11 @@ class DFlash(Drafter):
         mask = torch.full((length.shape[0], k), self.config.mask_token_id, dtype=torch.int64, device=length.device)
         tokens = torch.cat((inputs["last_tokens"][:, 1:], mask), dim=1)  # [B, K+1]
         out, cache = head("block", tokens, block_start, cache, slice(k + 1, 2 * (k + 1)))
-        head_weight = params.get("lm_head.weight", params["embed_tokens.weight"])  # tied: the embedding's name
-        logits = F.linear(out[:, 1:], head_weight)  # [B, K, V]
+        if self.draft_vocab is None:
+            head_weight = params.get("lm_head.weight", params["embed_tokens.weight"])  # tied: the embedding's name
+            logits = F.linear(out[:, 1:], head_weight)  # [B, K, V]
+        else:
+            logits = hot_logits(out[:, 1:], params, self.head.spec.vocab_size)  # [B, K, V], -inf off the map
         drafts = torch.stack([step.pick(logits[:, index], index) for index in range(k)], dim=1)
         kept = {name: state[name] for name in ("dflash_features", "dflash_start")}
         return Proposal(drafts, {"dflash_cache": cache, **kept}, logits)

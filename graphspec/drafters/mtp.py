@@ -54,7 +54,7 @@ from graphspec.drafters.base import (
     State,
     StepView,
 )
-from graphspec.drafters.token_map import read_token_map, scatter_to_vocab
+from graphspec.drafters.token_map import attach_hot_head, hot_logits
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape
 from graphspec.models.hybrid import GatedAttentionLayer, HybridLM
@@ -180,11 +180,8 @@ class Mtp(Drafter):
         self.layout = layout
         read_into(head, files, names, dtype, device)
         head.inv_freq = head.inv_freq.to(device)
-        if token_map is not None:
-            # The map's rows of the target's lm_head, copied once: each draft then reads N x H, not V x H.
-            ids = read_token_map(token_map, target.model.spec.vocab_size).to(device)
-            head.hot_lm_head = nn.Parameter(target.model.lm_head.weight.detach().index_select(0, ids))
-            head.register_buffer("draft_to_target", ids, persistent=False)
+        if token_map is not None:  # each draft then reads N x H of the lm_head, not V x H
+            attach_hot_head(head, target.model.lm_head.weight, token_map, target.model.spec.vocab_size)
         head.eval().requires_grad_(False)
         self.head = head
         # From the target's checkpoint the artifact stores no second copy; a head directory is its
@@ -206,8 +203,7 @@ class Mtp(Drafter):
         scattered onto the target vocabulary (-inf off the map)."""
         if "token_map" not in self.settings:
             return F.linear(out, params[self.head_weight])
-        logits = F.linear(out, params["hot_lm_head"])  # [B, N]
-        return scatter_to_vocab(logits, params["draft_to_target"], self.head.spec.vocab_size)
+        return hot_logits(out, params, self.head.spec.vocab_size)
 
     @property
     def model(self) -> nn.Module:

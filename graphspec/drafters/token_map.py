@@ -2,9 +2,10 @@
 scattered onto the target vocabulary with -inf elsewhere, so greedy drafts and rejection sampling's q
 are over target ids and never pick an id outside the map (the verify's residual still emits those).
 
-EAGLE-3 heads ship their map (d2t, eagle3.py); a head that shares the target's lm_head (MTP) takes one
-from a token-map file, FR-Spec (arXiv 2502.14856) and SGLang's --speculative-token-map: its lm_head
-rows are sliced to those ids once, at load. A token-map file is a safetensors file holding one 1-D
+EAGLE-3 heads ship their map (d2t, eagle3.py); a drafter that shares the target's lm_head (MTP heads,
+DFlash drafters) takes one from a token-map file, FR-Spec (arXiv 2502.14856) and SGLang's
+--speculative-token-map: its lm_head rows are sliced to those ids once, at load (attach_hot_head), and
+each draft reads N x H of them instead of V x H (hot_logits). A token-map file is a safetensors file holding one 1-D
 int64 tensor `hot_token_ids` of distinct target token ids (`graphspec token-map` writes one from text).
 """
 
@@ -13,9 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
-from torch import Tensor
+from torch import Tensor, nn
 
 from graphspec.errors import InputError
 
@@ -70,3 +72,21 @@ def scatter_to_vocab(logits: Tensor, draft_to_target: Tensor, vocab_size: int) -
     draft_to_target[d], -inf at every other id (no draft and no draft probability lands there)."""
     full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
     return full.scatter(-1, draft_to_target.expand(logits.shape[0], -1), logits)
+
+
+def attach_hot_head(module: nn.Module, lm_head_weight: Tensor, token_map: str | Path, vocab_size: int) -> int:
+    """Give `module` the token map's rows of `lm_head_weight` as a parameter `hot_lm_head` [N, H] (a
+    copy made once: the target's lm_head is untouched and still scores the verify) and its ids as the
+    buffer `draft_to_target`, which hot_logits reads. Returns N."""
+    ids = read_token_map(token_map, vocab_size).to(lm_head_weight.device)
+    module.hot_lm_head = nn.Parameter(lm_head_weight.detach().index_select(0, ids), requires_grad=False)
+    module.register_buffer("draft_to_target", ids, persistent=False)
+    return ids.numel()
+
+
+def hot_logits(out: Tensor, params: dict[str, Tensor], vocab_size: int) -> Tensor:
+    """[..., V] draft logits of outputs [..., H] through the attached hot_lm_head, scattered onto the
+    target vocabulary (-inf off the map)."""
+    logits = F.linear(out, params["hot_lm_head"])  # [..., N]
+    full = scatter_to_vocab(logits.flatten(0, -2), params["draft_to_target"], vocab_size)
+    return full.view(*out.shape[:-1], vocab_size)

@@ -12,13 +12,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import graphspec
-from graphspec import ops
 from graphspec.drafters import drafter_kind
 from graphspec.drafters.base import PrefillView, StepView
 from graphspec.drafters.eagle3 import Eagle3
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.loading import load_model
 from tests.checkpoints import load_hf
+from tests.drafters.rejection import sample_and_verify
 from tests.eagle3_oracle import full_vocab, load_oracle, make_eagle3_head
 from tests.test_ops import g_test_p_value
 
@@ -146,15 +146,8 @@ def test_rejection_sampling_over_the_reduced_vocabulary_emits_the_target_distrib
     out = torch.randn(1, 64, generator=generator)
     draft_logits = drafter.full_logits(drafter.params(), out).expand(rows, k, VOCAB)  # [rows, K, V]
     target = torch.randn(VOCAB, generator=generator) * 1.5
-    params = (torch.ones(rows), torch.zeros(rows, dtype=torch.int64), torch.ones(rows))
-    seeds, counter = torch.arange(rows, dtype=torch.int64), torch.zeros(rows, dtype=torch.int64)
-    drafts = torch.stack(
-        [ops.sample(draft_logits[:, i], *params, seeds, counter, ops.DRAFT_LANE + i) for i in range(k)], 1
-    )
+    drafts, tokens, accepted = sample_and_verify(draft_logits, target)
     assert bool(torch.isin(drafts, ids).all())
-    tokens, accepted = ops.verify_rejection(
-        target.expand(rows, k + 1, VOCAB), draft_logits, drafts, *params, seeds, counter
-    )
     p = torch.softmax(target, -1)
     first = torch.bincount(tokens[:, 0], minlength=VOCAB)
     assert g_test_p_value(first, p) > 1e-3

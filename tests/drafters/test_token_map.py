@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import save_file
 
 import graphspec
-from graphspec import ops
 from graphspec.drafters.mtp import Mtp
 from graphspec.drafters.token_map import read_token_map, scatter_to_vocab, write_token_map
 from graphspec.errors import InputError
 from graphspec.models.loading import load_model
 from tests.checkpoints import make_mtp_checkpoint
+from tests.drafters.rejection import sample_and_verify
 from tests.test_ops import g_test_p_value
 
 VOCAB = 128
@@ -64,15 +64,8 @@ def test_rejection_sampling_over_the_hot_vocabulary_emits_the_target_distributio
     generator = torch.Generator().manual_seed(9)
     draft_logits = hot.draft_logits(hot.params(), torch.randn(1, 64, generator=generator)).expand(rows, k, VOCAB)
     target = torch.randn(VOCAB, generator=generator) * 1.5
-    params = (torch.ones(rows), torch.zeros(rows, dtype=torch.int64), torch.ones(rows))
-    seeds, counter = torch.arange(rows, dtype=torch.int64), torch.zeros(rows, dtype=torch.int64)
-    drafts = torch.stack(
-        [ops.sample(draft_logits[:, i], *params, seeds, counter, ops.DRAFT_LANE + i) for i in range(k)], 1
-    )
+    drafts, tokens, accepted = sample_and_verify(draft_logits, target)
     assert bool(torch.isin(drafts, HOT).all())
-    tokens, accepted = ops.verify_rejection(
-        target.expand(rows, k + 1, VOCAB), draft_logits, drafts, *params, seeds, counter
-    )
     p = torch.softmax(target, -1)
     first = torch.bincount(tokens[:, 0], minlength=VOCAB)
     assert g_test_p_value(first, p) > 1e-3
@@ -138,5 +131,5 @@ def test_missing_and_unreadable_maps_are_refused(tmp_path):
 def test_drafters_without_a_token_map_refuse_one(mtp_dir, checkpoint_factory, tmp_path, no_weight_loading, draft, why):
     path = write_token_map(tmp_path / "map.safetensors", HOT)
     draft = checkpoint_factory("qwen3", seed=1) if draft == "draft_model" else draft
-    with pytest.raises(InputError, match=f"token_map applies to MTP heads .*: .*{why}"):
+    with pytest.raises(InputError, match=f"token_map applies to drafters that share .*: .*{why}"):
         graphspec.compile(mtp_dir, draft, k=2, dtype="float32", device="cpu", max_seq_len=64, token_map=path)

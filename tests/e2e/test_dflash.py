@@ -10,7 +10,7 @@ import graphspec
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.graphs import StepGraph
 from tests.checkpoints import load_hf
-from tests.e2e.test_mtp import hf_greedy, prompts
+from tests.e2e.test_mtp import assert_gpu_run_is_lossless, hf_greedy, prompts
 from tests.engine_hooks import between_steps
 
 MAX_SEQ = 128
@@ -169,15 +169,32 @@ def test_captured_gpu_steps_are_lossless(target_dir, drafter_dir, capture):
         target_dir, drafter_dir(8), k=7, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ,
         modes=("greedy", "sample"), capture=capture,
     )  # fmt: skip
-    model = load_hf(target_dir).to("cuda")
-    batch = prompts(seed=41, vocab=VOCAB)
+    assert_gpu_run_is_lossless(runtime, target_dir, prompts(seed=41, vocab=VOCAB), vocab=VOCAB)
+
+
+def test_a_token_map_keeps_greedy_lossless_and_travels_with_the_artifact(target_dir, drafter_dir, tmp_path):
+    """With a token map (half the vocabulary) the block's drafts score only mapped ids: greedy output still
+    equals transformers' token for token, ids off the map still come out (the verify emits them), some
+    drafts are accepted, and the artifact carries its own copy of the map."""
+    from graphspec.drafters.token_map import write_token_map
+
+    hot = torch.tensor([0, 2, 3, 5, 7, 11])
+    token_map = write_token_map(tmp_path / "map.safetensors", hot)
+    compiled = graphspec.compile(
+        target_dir, drafter_dir(4), k=3, batch_sizes=(4,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        modes=("greedy",), token_map=token_map, out=tmp_path / "art",
+    )  # fmt: skip
+    runtime = graphspec.Runtime(compiled)
+    assert runtime.drafter.describe()["draft_vocab_size"] == len(hot)
+    model = load_hf(target_dir)
+    torch.testing.assert_close(runtime.drafter.params()["hot_lm_head"], model.lm_head.weight[hot], rtol=0, atol=0)
+    batch = prompts(seed=4, vocab=VOCAB)
     results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
-    for prompt, result in zip(batch, results, strict=True):
-        ids = torch.tensor([prompt], device="cuda")
-        out = model.generate(
-            ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=24, min_new_tokens=24, do_sample=False,
-            eos_token_id=None, pad_token_id=0,
-        )  # fmt: skip
-        assert result.token_ids == out[0, len(prompt) :].tolist()
-    sampled = runtime.generate(batch, max_new_tokens=16, temperature=0.8, seed=3, stop_token_ids=[])
-    assert all(len(r.token_ids) == 16 and all(0 <= t < VOCAB for t in r.token_ids) for r in sampled)
+    assert [r.token_ids for r in results] == [hf_greedy(model, prompt, 24) for prompt in batch]
+    assert sum(a for r in results for a in r.stats.accepted_per_step) > 0
+    assert any(token not in hot.tolist() for r in results for token in r.token_ids)
+    token_map.unlink()  # the artifact loads its own copy
+    loaded = graphspec.Runtime.load(tmp_path / "art")
+    assert [r.token_ids for r in loaded.generate(batch, max_new_tokens=24, stop_token_ids=[])] == [
+        r.token_ids for r in results
+    ]

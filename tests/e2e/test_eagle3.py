@@ -7,7 +7,7 @@ import torch
 
 import graphspec
 from tests.checkpoints import load_hf
-from tests.e2e.test_mtp import hf_greedy, prompts
+from tests.e2e.test_mtp import assert_gpu_run_is_lossless, hf_greedy, prompts
 from tests.engine_hooks import between_steps
 
 MAX_SEQ = 128
@@ -231,15 +231,4 @@ def test_captured_gpu_steps_are_lossless(target_dir, head_dir, capture):
         target_dir, head_dir, k=4, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ,
         modes=("greedy", "sample"), capture=capture,
     )  # fmt: skip
-    model = load_hf(target_dir).to("cuda")
-    batch = prompts(seed=41, vocab=VOCAB)
-    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
-    for prompt, result in zip(batch, results, strict=True):
-        ids = torch.tensor([prompt], device="cuda")
-        out = model.generate(
-            ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=24, min_new_tokens=24, do_sample=False,
-            eos_token_id=None, pad_token_id=0,
-        )  # fmt: skip
-        assert result.token_ids == out[0, len(prompt) :].tolist()
-    sampled = runtime.generate(batch, max_new_tokens=16, temperature=0.8, seed=3, stop_token_ids=[])
-    assert all(len(r.token_ids) == 16 and all(0 <= t < VOCAB for t in r.token_ids) for r in sampled)
+    assert_gpu_run_is_lossless(runtime, target_dir, prompts(seed=41, vocab=VOCAB), vocab=VOCAB)

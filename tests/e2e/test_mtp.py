@@ -47,12 +47,22 @@ def mtp_runtime(mtp_dir):
 
 
 def hf_greedy(model, prompt: list[int], new_tokens: int, **options) -> list[int]:
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
         do_sample=False, eos_token_id=None, pad_token_id=0, **options,
     )  # fmt: skip
     return out[0, len(prompt) :].tolist()
+
+
+def assert_gpu_run_is_lossless(runtime: graphspec.Runtime, checkpoint, batch: list[list[int]], vocab: int) -> None:
+    """A GPU runtime's greedy output equals transformers' greedy generate of the target on the same
+    device (24 tokens per prompt; the batch has padding rows), and sampling emits valid ids."""
+    model = load_hf(checkpoint).to("cuda")
+    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+    assert [r.token_ids for r in results] == [hf_greedy(model, prompt, 24) for prompt in batch]
+    sampled = runtime.generate(batch, max_new_tokens=16, temperature=0.8, seed=3, stop_token_ids=[])
+    assert all(len(r.token_ids) == 16 and all(0 <= t < vocab for t in r.token_ids) for r in sampled)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 6])
@@ -230,15 +240,4 @@ def test_captured_gpu_steps_with_a_token_map_are_lossless(mtp_dir, hot_map):
         mtp_dir, "mtp", k=4, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ,
         modes=("greedy", "sample"), token_map=hot_map,
     )  # fmt: skip
-    model = load_hf(mtp_dir).to("cuda")
-    batch = prompts(seed=41)
-    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
-    for prompt, result in zip(batch, results, strict=True):
-        ids = torch.tensor([prompt], device="cuda")
-        out = model.generate(
-            ids, attention_mask=ids.new_ones(ids.shape), max_new_tokens=24, min_new_tokens=24, do_sample=False,
-            eos_token_id=None, pad_token_id=0,
-        )  # fmt: skip
-        assert result.token_ids == out[0, len(prompt) :].tolist()
-    sampled = runtime.generate(batch, max_new_tokens=16, temperature=0.8, seed=3, stop_token_ids=[])
-    assert all(len(r.token_ids) == 16 and all(0 <= t < 8 for t in r.token_ids) for r in sampled)
+    assert_gpu_run_is_lossless(runtime, mtp_dir, prompts(seed=41), vocab=8)
