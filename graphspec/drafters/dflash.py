@@ -11,6 +11,9 @@ drafter layer keeps in its cache (k_norm(k_proj(ctx)) roped at the row's positio
 context rows do not run through the layers). Mask slot j predicts the token at its own position
 through the target's lm_head after the drafter's final norm. The K drafts are independent given the
 context, so sampling each from its own logits gives rejection sampling a valid q (Proposal.logits).
+With a token map (setting `token_map`, drafters/token_map.py) the block scores only the map's lm_head
+rows, scattered onto the vocabulary with -inf elsewhere: the lm_head read per step drops from V x H to
+N x H, at the cost of never drafting an id off the map.
 
 One step: the previous verify's K+1 feature rows (committed by the accept region, rows past the
 accepted count dead) are written as context K/V at their positions start-1 .. start-1+K, then the block
