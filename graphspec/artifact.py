@@ -12,7 +12,7 @@ An artifact directory holds:
     graphs/prefill_b<B>_c<C>.*           the bucket's prefill chunk programs (trace_prefill.py), stored
                                          like the step graphs and listed under "prefill"
     kernels.json                         node -> kernel chosen by lower_kernels, per graph
-    drafter/<setting>.safetensors        a copy of each file a drafter setting names (an MTP token map);
+    drafter/<setting>.safetensors        a copy of each file a drafter setting names (a token map);
                                          the manifest's drafter record names the copy, loading reads it
     target/, draft/                      checkpoint copies (config, safetensors, tokenizer files), or,
                                          with copy_weights=False, absolute paths + sha256 in the manifest
