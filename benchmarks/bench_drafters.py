@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +41,8 @@ from safetensors.torch import load_file, save_file
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import graphspec
 from benchmarks import common, target_only
-from benchmarks.bench_step import PRESETS, fill_caches, time_step, timed, write_checkpoint
+from benchmarks.bench_step import PRESETS, time_drafter_steps, time_replays, write_checkpoint
 from graphspec.compiled import device_sm
 from graphspec.drafters.dflash import DFlashHead
 from graphspec.drafters.eagle3 import Eagle3Head, aux_layers
@@ -190,10 +187,7 @@ def time_target_forward(model: torch.nn.Module, batch: int, positions: int, args
     def step() -> None:
         gm(*weights, tokens, start, slots, cache)
 
-    run = common.capture(step, device).replay if common.is_cuda(device) else step
-    for _ in range(args.warmup):
-        run()
-    return statistics.median(timed(run, args.replays, device))
+    return time_replays(step, args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,15 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         steps: dict[str, dict[int, float]] = {}
         target = None
         for column, (_kind, draft, k) in columns.items():
-            begin = time.perf_counter()
             extra = {**options, "k": k, **column_options.get(column, {})}
-            runtime = graphspec.Runtime.from_pretrained(target_dir, draft, batch_sizes=buckets, **extra)
-            print(f"[bench] {column}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
-            fill_caches(runtime, 0)
-            steps[column] = {b: time_step(runtime, b, args, args.replays)["median_ms"] for b in buckets}
-            target = runtime.target
-            del runtime
-            common.free_device_memory()
+            steps[column], target = time_drafter_steps(target_dir, draft, buckets, args, column, **extra)
         decode = {b: time_target_forward(target, b, 1, args) for b in buckets}
         widths = sorted({k + 1 for _, _, k in columns.values()})
         verify = {(b, w): time_target_forward(target, b, w, args) for b in buckets for w in widths}

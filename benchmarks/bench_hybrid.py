@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +32,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import graphspec
 from benchmarks import common
-from benchmarks.bench_step import fill_caches, time_step, timed
+from benchmarks.bench_step import time_drafter_steps, time_replays
 from benchmarks.target_only import DECODE_PASSES
 from graphspec import ops
 from graphspec.compiled import device_sm
@@ -134,10 +131,7 @@ def time_target_forward(model: HybridLM, batch: int, positions: int, args: argpa
     def step() -> None:
         gm(*weights, tokens, start, slots, *states)
 
-    run = common.capture(step, args.device).replay if common.is_cuda(args.device) else step
-    for _ in range(args.warmup):
-        run()
-    return statistics.median(timed(run, args.replays, args.device))
+    return time_replays(step, args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,14 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         steps: dict[str, dict[int, float]] = {}
         target = None
         for name in drafters:
-            begin = time.perf_counter()
-            runtime = graphspec.Runtime.from_pretrained(target_dir, name, batch_sizes=buckets, **options)
-            print(f"[bench] {name}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
-            fill_caches(runtime, 0)
-            steps[name] = {b: time_step(runtime, b, args, args.replays)["median_ms"] for b in buckets}
-            target = runtime.target
-            del runtime
-            common.free_device_memory()
+            steps[name], target = time_drafter_steps(target_dir, name, buckets, args, name, **options)
         decode = {b: time_target_forward(target, b, 1, args) for b in buckets}
         verify = {b: time_target_forward(target, b, args.k + 1, args) for b in buckets}
     header = f"{'B':>4} {'target decode':>14} {'verify K+1':>11}" + "".join(f" {n + ' step':>12}" for n in drafters)

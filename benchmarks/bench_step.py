@@ -201,6 +201,31 @@ def time_step(
     }
 
 
+def time_drafter_steps(
+    target: Path, draft: str, buckets: tuple[int, ...], args: argparse.Namespace, label: str, **options: Any
+) -> tuple[dict[int, float], torch.nn.Module]:
+    """Compile (target, draft) with `options`, then the median ms of its captured greedy step per bucket
+    (time_step, rows at committed length about args.context). Returns those and the compiled target
+    model (for target-only timings); the runtime is released."""
+    begin = time.perf_counter()
+    runtime = graphspec.Runtime.from_pretrained(target, draft, batch_sizes=buckets, **options)
+    print(f"[bench] {label}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
+    fill_caches(runtime, 0)
+    steps = {b: time_step(runtime, b, args, args.replays)["median_ms"] for b in buckets}
+    target_model = runtime.target
+    del runtime
+    common.free_device_memory()
+    return steps, target_model
+
+
+def time_replays(step: Callable[[], None], args: argparse.Namespace) -> float:
+    """Median ms of `step` (captured into a CUDA graph on a GPU), after args.warmup untimed calls."""
+    run = common.capture(step, args.device).replay if common.is_cuda(args.device) else step
+    for _ in range(args.warmup):
+        run()
+    return statistics.median(timed(run, args.replays, args.device))
+
+
 def random_prompts(count: int, length: int, vocab: int, rng: random.Random) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(length)] for _ in range(count)]
 
