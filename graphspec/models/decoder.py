@@ -10,6 +10,8 @@ checkpoint's separate tensors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -98,10 +100,13 @@ class DecoderLayer(nn.Module):
 
 
 class Body(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    """Embedding, layers, final norm (the checkpoint's `model.*`); `layer` builds layer i (hybrid
+    families pass their own)."""
+
+    def __init__(self, spec: ModelSpec, layer: Callable[[ModelSpec, int], nn.Module] = DecoderLayer) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(layer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphspec import ops
-from graphspec.models.decoder import MLP, FusedLinear, RMSNorm, capture_points, rope_tables
+from graphspec.models.decoder import MLP, Body, FusedLinear, RMSNorm, capture_points, rope_tables
 from graphspec.models.spec import ModelSpec
 from graphspec.state import TARGET_CACHE, State, snapshot_name
 
@@ -187,14 +187,6 @@ class HybridLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
 
-class HybridBody(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(HybridLayer(spec, i) for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-
-
 class HybridLM(nn.Module):
     """forward(tokens [B, T], start_pos [B], slot_ids [B], state, output, ...) -> (out, state): as
     DecoderLM.forward, with `state` the dict of the target's declared states (`states`) instead of one
@@ -205,7 +197,7 @@ class HybridLM(nn.Module):
         super().__init__()
         assert spec.linear is not None, "HybridLM needs a hybrid spec"
         self.spec = spec
-        self.model = HybridBody(spec)
+        self.model = Body(spec, HybridLayer)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
