@@ -180,8 +180,10 @@ class Mtp(Drafter):
         self.layout = layout
         read_into(head, files, names, dtype, device)
         head.inv_freq = head.inv_freq.to(device)
-        if token_map is not None:  # each draft then reads N x H of the lm_head, not V x H
-            attach_hot_head(head, target.model.lm_head.weight, token_map, target.model.spec.vocab_size)
+        self.draft_vocab = None  # N with a token map: each draft then reads N x H of the lm_head, not V x H
+        if token_map is not None:
+            vocab = target.model.spec.vocab_size
+            self.draft_vocab = attach_hot_head(head, target.model.lm_head.weight, token_map, vocab)
         head.eval().requires_grad_(False)
         self.head = head
         # From the target's checkpoint the artifact stores no second copy; a head directory is its
@@ -194,14 +196,14 @@ class Mtp(Drafter):
     def describe(self) -> dict[str, Any]:
         # The token map's path is not described: an artifact carries its own copy (artifact.py).
         described = {"kind": self.kind, "layers": len(self.head.layers), "layout": self.layout}
-        if "token_map" in self.settings:
-            described["draft_vocab_size"] = self.head.hot_lm_head.shape[0]
+        if self.draft_vocab is not None:
+            described["draft_vocab_size"] = self.draft_vocab
         return described
 
     def draft_logits(self, params: dict[str, Tensor], out: Tensor) -> Tensor:
         """[B, V] draft logits of head outputs [B, H]: the full lm_head, or with a token map the hot rows
         scattered onto the target vocabulary (-inf off the map)."""
-        if "token_map" not in self.settings:
+        if self.draft_vocab is None:
             return F.linear(out, params[self.head_weight])
         return hot_logits(out, params, self.head.spec.vocab_size)
 
