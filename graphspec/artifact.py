@@ -78,7 +78,7 @@ from graphspec.drafters import (
 from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.file_digest import copy_and_digest, digest_file, mismatched_blocks
-from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
+from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype, prefetched
 from graphspec.pipeline import PIPELINE, PREFILL_PIPELINE
 from graphspec.trace import model_inputs
 from graphspec.trace_prefill import PrefillSignature, chunk_sizes
@@ -831,23 +831,27 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     # block matched: a changed shard still refuses the whole load, in the time the load takes anyway.
     shards = {name for role in manifest_roles(manifest) for name in manifest["models"][role]["files"]}
     shards = {name for name in shards if name.endswith(".safetensors")}
-    _verify_files(path, manifest, command, lambda name: name not in shards)
-    small_files = time.perf_counter() - began
+    # The shards' tensors also start moving to the device now, beside the config parse whose first
+    # transformers import takes seconds (loading.prefetched); the models take them from there.
+    shard_files = sorted(Path(name) if Path(name).is_absolute() else path / _inside(name) for name in shards)
+    with prefetched(shard_files, manifest["config"]["dtype"], manifest["config"]["device"]):
+        _verify_files(path, manifest, command, lambda name: name not in shards)
+        small_files = time.perf_counter() - began
 
-    def hash_shards() -> float:
-        start = time.perf_counter()
-        _verify_files(path, manifest, command, lambda name: name in shards)
-        return time.perf_counter() - start
+        def hash_shards() -> float:
+            start = time.perf_counter()
+            _verify_files(path, manifest, command, lambda name: name in shards)
+            return time.perf_counter() - start
 
-    with ThreadPoolExecutor(1, thread_name_prefix="graphspec-verify") as pool:
-        hashing = pool.submit(hash_shards)
-        try:
-            compiled = _build(path, manifest, command)
-        except BaseException:
-            hashing.result()  # a changed file explains a failure best: raise that one if there is one
-            raise
-        waiting = time.perf_counter()
-        hashed = hashing.result()
+        with ThreadPoolExecutor(1, thread_name_prefix="graphspec-verify") as pool:
+            hashing = pool.submit(hash_shards)
+            try:
+                compiled = _build(path, manifest, command)
+            except BaseException:
+                hashing.result()  # a changed file explains a failure best: raise that one if there is one
+                raise
+            waiting = time.perf_counter()
+            hashed = hashing.result()
     # Phases on the critical path, in order, plus the hashing that ran beside "weights" (not added).
     verify = small_files + time.perf_counter() - waiting
     compiled.load_seconds = {"verify": verify, **compiled.load_seconds, "hashing_beside_weights": hashed}

@@ -7,9 +7,12 @@ parsed up front, so a truncated file is named), and the exact set and shapes of 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import re
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,6 +217,74 @@ def checkpoint_tensors(path: str | Path) -> tuple[list[Path], dict[str, tuple[Pa
     return files, available
 
 
+class _Prefetch:
+    """Every tensor of some safetensors files, copied to the device in the target dtype by a side thread.
+    Each file's tensors become available together once the file is read; a file that fails to read is
+    left to read_into, which reads it again and names the error."""
+
+    def __init__(self, files: Iterable[Path], dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        self._files = {Path(file).resolve(): threading.Event() for file in files}
+        self._tensors: dict[Path, dict[str, torch.Tensor]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="graphspec-prefetch", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for file, done in self._files.items():
+            try:
+                if self._stop.is_set():
+                    return
+                tensors = {}
+                with safe_open(str(file), framework="pt", device="cpu") as handle:
+                    for name in handle.keys():
+                        if self._stop.is_set():
+                            return
+                        if not name.startswith(UNUSED_PREFIXES):
+                            tensors[name] = handle.get_tensor(name).to(device=self.device, dtype=self.dtype)
+                self._tensors[file] = tensors
+            except Exception:  # read_into reads the file again and reports what is wrong
+                pass
+            finally:
+                done.set()
+
+    def take(self, file: Path, names: Iterable[str], dtype: torch.dtype, device: torch.device) -> dict | None:
+        """The named tensors of `file` (removed from the prefetch), or None when it cannot give them
+        all: another file, dtype or device, a file it failed to read, or names it does not hold."""
+        file = Path(file).resolve()
+        if file not in self._files or (dtype, device) != (self.dtype, self.device):
+            return None
+        self._files[file].wait()
+        tensors = self._tensors.get(file, {})
+        names = list(names)
+        if not all(name in tensors for name in names):
+            return None
+        return {name: tensors.pop(name) for name in names}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._tensors.clear()
+
+
+_PREFETCH: contextvars.ContextVar[_Prefetch | None] = contextvars.ContextVar("graphspec_prefetch", default=None)
+
+
+@contextlib.contextmanager
+def prefetched(files: Iterable[Path], dtype: str | torch.dtype, device: str | torch.device) -> Iterator[None]:
+    """Within the block, read_into takes the tensors of `files` from copies a side thread starts making
+    on the device at once, before the caller has parsed a config. Loading an artifact whose files are
+    known up front starts the weights' transfer beside the first transformers config parse, whose
+    imports take seconds (docs/BENCHMARKS.md, cold start); tensors nobody took are freed on exit."""
+    prefetch = _Prefetch(files, parse_dtype(dtype), torch.device(device))
+    token = _PREFETCH.set(prefetch)
+    try:
+        yield
+    finally:
+        _PREFETCH.reset(token)
+        prefetch.close()
+
+
 def read_into(
     module: torch.nn.Module,
     files: list[Path],
@@ -225,12 +296,15 @@ def read_into(
     (decoder.checkpoint_state's, fused projections unfused) to the name stored in the files."""
     wanted = {stored: own for own, stored in names.items()}
     state: dict[str, torch.Tensor] = {}
+    prefetch = _PREFETCH.get()
     for file in files:
         try:
             with safe_open(str(file), framework="pt", device="cpu") as handle:
-                for name in handle.keys():
-                    if name in wanted:
-                        state[wanted[name]] = handle.get_tensor(name).to(device=device, dtype=dtype)
+                here = [name for name in handle.keys() if name in wanted]
+                taken = prefetch.take(file, here, dtype, torch.device(device)) if prefetch else None
+                for name in here:
+                    tensor = taken[name] if taken else handle.get_tensor(name).to(device=device, dtype=dtype)
+                    state[wanted[name]] = tensor
         except Exception as error:  # safetensors raises its own error types for corrupt data
             raise CheckpointError(f"{file}: could not read tensors ({error})") from None
     _fuse(module, state)

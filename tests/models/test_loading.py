@@ -13,7 +13,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from graphspec.errors import CheckpointError
-from graphspec.models import FAMILIES, load_model
+from graphspec.models import FAMILIES, load_model, loading
 from graphspec.models.decoder import checkpoint_state
 from tests.checkpoints import load_hf
 
@@ -389,3 +389,55 @@ def test_eos_ids_fall_back_to_config_json(checkpoint: Path) -> None:
     config["eos_token_id"] = 7
     (checkpoint / "config.json").write_text(json.dumps(config))
     assert load_model(checkpoint).eos_token_ids == [7]
+
+
+# --------------------------------------------------------------------------------------------------
+# Prefetched loads (an artifact's shards start moving to the device before the config is parsed)
+# --------------------------------------------------------------------------------------------------
+
+
+def count_takes(monkeypatch) -> list[int]:
+    """Spy on the prefetch: the number of tensors each take() handed over (None counted as -1)."""
+    handed: list[int] = []
+    take = loading._Prefetch.take
+
+    def spy(self, *args, **kwargs):
+        taken = take(self, *args, **kwargs)
+        handed.append(-1 if taken is None else len(taken))
+        return taken
+
+    monkeypatch.setattr(loading._Prefetch, "take", spy)
+    return handed
+
+
+def test_prefetched_load_takes_every_tensor_from_the_prefetch_and_loads_the_same_weights(
+    checkpoint_factory, sharded: Path, monkeypatch
+) -> None:
+    handed = count_takes(monkeypatch)
+    files = sorted(sharded.glob("*.safetensors"))
+    with loading.prefetched(files, "bfloat16", "cpu"):
+        loaded = load_model(sharded, dtype="bfloat16")
+    assert -1 not in handed and sum(handed) == sum(len(load_file(file)) for file in files)
+    reference = dict(load_model(checkpoint_factory("llama"), dtype="bfloat16").model.named_parameters())
+    params = dict(loaded.model.named_parameters())
+    assert set(params) == set(reference)
+    for name, tensor in reference.items():
+        assert params[name].dtype == torch.bfloat16 and torch.equal(params[name], tensor), name
+
+
+def test_prefetch_of_another_dtype_is_not_used(checkpoint: Path, monkeypatch) -> None:
+    handed = count_takes(monkeypatch)
+    with loading.prefetched([checkpoint / "model.safetensors"], "bfloat16", "cpu"):
+        model = load_model(checkpoint, dtype="float32").model
+    assert handed == [-1]
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_prefetch_of_a_corrupt_file_leaves_the_error_to_the_load(checkpoint: Path) -> None:
+    file = checkpoint / "model.safetensors"
+    data = bytearray(file.read_bytes())
+    header_len = int.from_bytes(data[:8], "little")
+    file.write_bytes(bytes(data[: 8 + header_len + 16]) + bytes(len(data) - 8 - header_len - 16 - 1))  # 1 short
+    with loading.prefetched([file], "float32", "cpu"):
+        message = load_error(checkpoint)
+    assert str(file) in message and "truncated" in message
