@@ -12,7 +12,9 @@ device (or the tiny stand-ins with --preset tiny-llama), in one run:
 - cold start (--cold-start, default on): the compiled Runtime saved as an artifact (weights referenced,
   not copied), then, in a fresh process, Runtime.load to ready (verification, weights, warm-up and
   capture of every program), the first and the second request of the same prompt, and the Triton
-  compiles and graph captures those requests caused (both must be 0).
+  compiles and graph captures those requests caused (both must be 0);
+- with --profile SHAPE (e.g. 4096x1): the kernels of one graphspec prefill and of one transformers
+  forward at that shape, by category and the top ones by time, from the PyTorch profiler.
 
     python benchmarks/bench_prefill.py --json prefill.json       # on the H200: one command, ~5 minutes
     python benchmarks/bench_prefill.py --preset tiny-llama --device cpu --shapes 32x1,48x2 --max-seq-len 128 \
@@ -88,8 +90,10 @@ def matmul_params(directory: Path) -> int:
     return common.ModelCost.of(model).matmul_params
 
 
-def time_graphspec(runtime: graphspec.Runtime, shapes, reps: int, seed: int) -> dict[str, dict[str, float]]:
-    results = {}
+def time_graphspec(
+    runtime: graphspec.Runtime, shapes, reps: int, seed: int, profile: str | None
+) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
     for tokens, batch in shapes:
         prompts = prompts_for(tokens, batch, runtime.vocab_size, seed).tolist()
         params = greedy_params(batch, runtime.device)
@@ -97,16 +101,21 @@ def time_graphspec(runtime: graphspec.Runtime, shapes, reps: int, seed: int) -> 
         def first_token(prompts: list[list[int]] = prompts, params: dict = params) -> list[int]:
             return runtime.prefill(prompts, list(range(len(prompts))), params).tolist()
 
-        results[f"{tokens}x{batch}"] = wall_ms(first_token, reps, runtime.device)
+        key = f"{tokens}x{batch}"
+        results[key] = wall_ms(first_token, reps, runtime.device)
+        if key == profile:
+            results[key]["profile"] = common.kernel_profile(first_token, 1, top=15)
     return results
 
 
-def time_transformers(directory: Path, shapes, reps: int, seed: int, device: str) -> dict[str, dict[str, float]]:
+def time_transformers(
+    directory: Path, shapes, reps: int, seed: int, device: str, profile: str | None
+) -> dict[str, dict[str, Any]]:
     import transformers
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, attn_implementation="sdpa")
     hf = hf.to(device).eval().requires_grad_(False)
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for tokens, batch in shapes:
         ids = prompts_for(tokens, batch, hf.config.vocab_size, seed).to(device)
 
@@ -114,7 +123,10 @@ def time_transformers(directory: Path, shapes, reps: int, seed: int, device: str
         def first_token(ids: torch.Tensor = ids, hf: torch.nn.Module = hf) -> list[int]:
             return hf(ids, logits_to_keep=1).logits[:, -1].argmax(-1).tolist()
 
-        results[f"{tokens}x{batch}"] = wall_ms(first_token, reps, device)
+        key = f"{tokens}x{batch}"
+        results[key] = wall_ms(first_token, reps, device)
+        if key == profile:
+            results[key]["profile"] = common.kernel_profile(first_token, 1, top=15)
     del hf
     common.free_device_memory()
     return results
@@ -158,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cold-start", dest="cold_start", action="store_false")
     parser.add_argument("--cold-start-tokens", type=int, default=512, help="prompt tokens of the cold-start requests")
     parser.add_argument("--cold-start-artifact", default=None, help=argparse.SUPPRESS)  # the fresh process
+    parser.add_argument("--profile", default=None, metavar="SHAPE", help="profile the kernels at one of --shapes")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.cold_start_artifact:
@@ -167,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_prefill: CUDA is not available; pass --device cpu for a smoke run", file=sys.stderr)
         return 2
     shapes = parse_shapes(args.shapes)
+    if args.profile is not None and args.profile not in {f"{tokens}x{batch}" for tokens, batch in shapes}:
+        parser.error(f"--profile {args.profile} is not one of --shapes {args.shapes}")
+    if args.profile is not None and not common.is_cuda(args.device):
+        parser.error("--profile reads CUDA kernels: it needs --device cuda")
     buckets = tuple(sorted({batch for _, batch in shapes}))
     report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args)}
     target_shape, draft_shape = PRESETS[args.preset]
@@ -183,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         report["compile_and_warm_up_s"] = time.perf_counter() - begin
         print(f"[bench] graphspec compiled and warmed up in {report['compile_and_warm_up_s']:.0f} s", flush=True)
         report["chunks"] = {bucket: runtime.compiled.prefill_chunks(bucket) for bucket in buckets}
-        report["graphspec"] = time_graphspec(runtime, shapes, args.reps, args.seed)
+        report["graphspec"] = time_graphspec(runtime, shapes, args.reps, args.seed, args.profile)
         artifact = Path(workdir) / "artifact"
         if args.cold_start:
             from graphspec.artifact import save_artifact
@@ -191,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             save_artifact(runtime.compiled, artifact, copy_weights=False)
         del runtime
         common.free_device_memory()
-        report["transformers"] = time_transformers(target_dir, shapes, args.reps, args.seed, args.device)
+        report["transformers"] = time_transformers(target_dir, shapes, args.reps, args.seed, args.device, args.profile)
         print(f"[bench] transformers timed at {time.perf_counter() - started:.0f} s", flush=True)
         rate = common.measure_matmul_rate(args.device, torch.bfloat16 if args.device != "cpu" else torch.float32)
         report["matmul_tflops"] = rate["tflops"]
@@ -247,7 +264,23 @@ def print_table(report: dict[str, Any], shapes) -> None:
         print(f"  start-up by phase: {phases}")
     elif cold:
         print("\ncold start failed (see stderr)")
+    for system in ("graphspec", "transformers"):
+        profile = next((row["profile"] for row in report[system].values() if "profile" in row), None)
+        if profile:
+            print_profile(system, profile)
     print(f"compile + warm-up {report['compile_and_warm_up_s']:.0f} s; whole run {report['seconds']:.0f} s")
+
+
+def print_profile(system: str, profile: dict[str, Any]) -> None:
+    print(
+        f"\nkernels of one {system} prefill: {profile['kernels_per_step']:.0f} launches, "
+        f"{profile['kernel_us_per_step'] / 1e3:.2f} ms of kernel time"
+    )
+    for category, entry in sorted(profile["categories"].items(), key=lambda item: -item[1]["us_per_step"]):
+        print(f"  {category:>10} {entry['us_per_step'] / 1e3:8.2f} ms {entry['calls_per_step']:6.0f} launches")
+    for kernel in profile["top"]:
+        ms, calls = kernel["us_per_step"] / 1e3, kernel["calls_per_step"]
+        print(f"  {ms:8.2f} ms {calls:5.0f}x {kernel['share']:6.1%} {kernel['name']}")
 
 
 if __name__ == "__main__":

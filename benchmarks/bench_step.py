@@ -274,18 +274,6 @@ def parity(captured: Runtime, eager: Runtime, args: argparse.Namespace) -> dict[
 
 
 # Kernel name substrings -> category, first match wins (cuBLAS on sm90 names its GEMMs nvjet_*).
-KERNEL_CATEGORIES = (
-    ("gemm", ("nvjet", "gemm", "gemv", "splitKreduce", "cutlass", "xmma")),
-    ("rotary_kv", ("rotary_kv_write",)),  # before kv_write and rotary: its name contains both
-    ("kv_write", ("index_elementwise", "index_put", "kv_write")),
-    ("attention", ("attention",)),
-    ("norm", ("rms_norm",)),
-    ("silu_mul", ("silu_mul",)),
-    ("rotary", ("rotary",)),
-    ("verify", ("verify",)),
-)
-
-
 def step_regions(runtime: Runtime, row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Draft / verify / accept time of the bucket's real step, measured inside it by marks at its region
     boundaries (graphspec.runtime.region_timing), at the mean context of the acceptance run; host = that
@@ -319,42 +307,6 @@ def print_regions(regions: dict[str, Any] | None) -> None:
             else ""
         )
     )
-
-
-def kernel_profile(graph: StepGraph, replays: int) -> dict[str, Any]:
-    """Kernels of `replays` calls of an already captured step, from the PyTorch profiler (CUPTI sees
-    the kernels inside graph replays): per-step count and time, top kernels by time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph()
-        torch.cuda.synchronize()
-    kernels = []
-    for item in prof.key_averages():
-        device_us = getattr(item, "self_device_time_total", None)
-        if device_us is None:
-            device_us = getattr(item, "self_cuda_time_total", 0.0)
-        if device_us > 0 and item.cpu_time_total == 0:  # device-only rows are kernels and copies
-            kernels.append((item.key, item.count / replays, device_us / replays))
-    kernels.sort(key=lambda k: -k[2])
-    total_us = sum(k[2] for k in kernels)
-    categories: dict[str, list[float]] = {}
-    for kernel_name, calls, us in kernels:
-        category = next((c for c, keys in KERNEL_CATEGORIES if any(key in kernel_name for key in keys)), "other")
-        entry = categories.setdefault(category, [0.0, 0.0])
-        entry[0] += calls
-        entry[1] += us
-    return {
-        "kernels_per_step": sum(k[1] for k in kernels),
-        "kernel_us_per_step": total_us,
-        "categories": {c: {"calls_per_step": calls, "us_per_step": us} for c, (calls, us) in categories.items()},
-        "top": [
-            {"name": n[:90], "calls_per_step": c, "us_per_step": us, "share": us / total_us}
-            for n, c, us in kernels[:12]
-        ],
-    }
 
 
 def measure_pair(
@@ -555,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         report["rows"] += rows
         if cuda and captured.graphs[("greedy", buckets[0])].captured:
             try:
-                report["profile_batch_1"] = kernel_profile(captured.graphs[("greedy", buckets[0])], 3)
+                report["profile_batch_1"] = common.kernel_profile(captured.graphs[("greedy", buckets[0])], 3)
             except Exception as error:
                 report["profile_batch_1"] = {"error": f"{type(error).__name__}: {error}"}
                 traceback.print_exc()
@@ -584,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows, stock_runtime, _ = measure_pair(f"{pair} stock", stock, args, floor_ms, eager_too=False)
                 report["rows"] += rows
                 with contextlib.suppress(Exception):
-                    report["profile_batch_1_stock"] = kernel_profile(stock_runtime.graphs[("greedy", buckets[0])], 3)
+                    stock_graph = stock_runtime.graphs[("greedy", buckets[0])]
+                    report["profile_batch_1_stock"] = common.kernel_profile(stock_graph, 3)
                 del stock, stock_runtime, rows
             except Exception as error:
                 report["stock_error"] = f"{type(error).__name__}: {error}"

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -417,3 +418,53 @@ def free_device_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+# Kernel-name fragments per category, for kernel_profile (first match wins).
+KERNEL_CATEGORIES = (
+    ("gemm", ("nvjet", "gemm", "gemv", "splitKreduce", "cutlass", "xmma")),
+    ("rotary_kv", ("rotary_kv_write",)),  # before kv_write and rotary: its name contains both
+    ("kv_write", ("index_elementwise", "index_put", "kv_write")),
+    ("attention", ("attention", "flash", "fmha")),
+    ("norm", ("rms_norm",)),
+    ("silu_mul", ("silu_mul",)),
+    ("rotary", ("rotary",)),
+    ("verify", ("verify",)),
+)
+
+
+def kernel_profile(run: Callable[[], object], replays: int, top: int = 12) -> dict[str, Any]:
+    """Kernels of `replays` calls of `run` (an already warmed-up and, on GPU, usually captured program), from
+    the PyTorch profiler (CUPTI sees the kernels inside graph replays): per-call count and time by category,
+    and the `top` kernels by time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            run()
+        torch.cuda.synchronize()
+    kernels = []
+    for item in prof.key_averages():
+        device_us = getattr(item, "self_device_time_total", None)
+        if device_us is None:
+            device_us = getattr(item, "self_cuda_time_total", 0.0)
+        if device_us > 0 and item.cpu_time_total == 0:  # device-only rows are kernels and copies
+            kernels.append((item.key, item.count / replays, device_us / replays))
+    kernels.sort(key=lambda k: -k[2])
+    total_us = sum(k[2] for k in kernels)
+    categories: dict[str, list[float]] = {}
+    for kernel_name, calls, us in kernels:
+        category = next((c for c, keys in KERNEL_CATEGORIES if any(key in kernel_name for key in keys)), "other")
+        entry = categories.setdefault(category, [0.0, 0.0])
+        entry[0] += calls
+        entry[1] += us
+    return {
+        "kernels_per_step": sum(k[1] for k in kernels),
+        "kernel_us_per_step": total_us,
+        "categories": {c: {"calls_per_step": calls, "us_per_step": us} for c, (calls, us) in categories.items()},
+        "top": [
+            {"name": n[:90], "calls_per_step": c, "us_per_step": us, "share": us / total_us}
+            for n, c, us in kernels[:top]
+        ],
+    }
