@@ -12,7 +12,8 @@
 #             DRAFTERS_ARGS adds arguments, e.g. "--drafters mtp,dflash --token-map-sizes 32768,16384")
 #   dflash    benchmarks/bench_drafters.py --drafters dflash (blocks 8 and 16 next to the verify of that width)
 #   hybrid    benchmarks/bench_hybrid.py (a Qwen3.5-shaped target's MTP and n-gram steps)
-#   prefill   benchmarks/bench_prefill.py (time to first token vs transformers, cold start by phase)
+#   prefill   benchmarks/bench_prefill.py (time to first token vs transformers, cold start by phase;
+#             PREFILL_ARGS adds arguments, e.g. "--profile 4096x1")
 #   serve     benchmarks/bench_serve.py (continuous vs static batching under Poisson load)
 #   parity    scripts/gpu_parity.py (when it exists)
 #   kernels   benchmarks/bench_kernels.py
@@ -64,7 +65,7 @@ fi
 
 STAGES="${STAGES:-tests,kernels}"
 wants() { [[ ",$STAGES," == *",$1,"* ]]; }
-# shellcheck disable=SC2086  # PYTEST_TARGETS, PYTEST_FLAGS, BENCH_ARGS and DRAFTERS_ARGS are word lists on purpose
+# shellcheck disable=SC2086  # PYTEST_TARGETS, PYTEST_FLAGS and the *_ARGS are word lists on purpose
 if wants tests; then
     stage "gpu tests" "${TESTS_S:-450}" "$OUT/pytest_gpu.log" \
         "$PYTHON" -m pytest -m gpu $PYTEST_TARGETS $PYTEST_FLAGS -p no:cacheprovider -rs --durations=10
@@ -87,7 +88,7 @@ if wants hybrid; then
 fi
 if wants prefill; then
     stage "bench_prefill" "${PREFILL_S:-300}" "$OUT/bench_prefill.log" \
-        "$PYTHON" benchmarks/bench_prefill.py --json "$OUT/bench_prefill.json"
+        "$PYTHON" benchmarks/bench_prefill.py --json "$OUT/bench_prefill.json" ${PREFILL_ARGS:-}
 fi
 if wants serve; then
     stage "bench_serve" "${SERVE_S:-280}" "$OUT/bench_serve.log" \
