@@ -11,7 +11,8 @@ cache, the chunk's own keys straight from k and v (not read back from the cache)
 what another writes: the programs of q head g * GROUP store the chunk's keys and values of their query
 block into the cache, and nothing in this launch reads those cache positions. The chunk loop stops at
 the block's last query (causal), so a chunk costs about half of its full T x T scores; only the blocks
-that straddle the diagonal are masked.
+that straddle the diagonal (and the prefix's last partial block) are masked, the others load and attend
+without masks.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from graphspec.ops import prefill_attention_reference
 __all__ = ["CONFIGS", "prefill_attention", "prefill_attention_reference", "prefill_attention_triton"]
 
 # block_m: queries per program; block_n: keys per loop step; num_warps/num_stages: Triton launch knobs.
-# 90 and 80 are the usual flash-attention-2 tiles for D 128 in bf16 (untuned here: see
-# benchmarks/bench_prefill.py for the end-to-end time); "default" is small so the interpreter stays quick.
+# 90: the fastest or within 1% of it for every shape of `benchmarks/bench_prefill_attention.py --sweep`
+# on an H200 (8B heads x 128 at 4096 and 2048 tokens and 512 after a 3584 prefix, 1B heads x 64 at 4096:
+# docs/BENCHMARKS.md); 80 is the usual flash-attention-2 tile, untuned; "default" is small so the
+# interpreter stays quick.
 CONFIGS: dict[int | str, dict[str, int]] = {
     80: {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2},
-    90: {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3},
+    90: {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3},
     "default": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
@@ -99,7 +102,9 @@ def prefill_attention_kernel(
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
-    m_block = tl.program_id(0)
+    # Heaviest query blocks first (block m attends to about m + 1 key blocks): the last wave of
+    # programs is then made of the short ones, not of the longest.
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     row_head = tl.program_id(1)  # b * Hq + q head
     b = row_head // q_heads
     head = row_head % q_heads
@@ -146,18 +151,38 @@ def prefill_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
 
+    # Key blocks that every query of the block sees whole load and attend without masks; only the
+    # cached prefix's last partial block and the chunk's blocks on the diagonal are masked. The blocks
+    # run in the same order either way, so the split changes no result.
+    all_visible = offs_n >= 0  # an all-true mask of [BLOCK_N]
+
     # 1. The cached prefix, positions [0, start): every query of the chunk sees all of it.
-    for block_start in range(0, start, BLOCK_N):
+    full_prefix = start - start % BLOCK_N
+    for block_start in range(0, full_prefix, BLOCK_N):
+        kv_offsets = (block_start + offs_n)[:, None] * stride_cs + dims[None, :] * stride_cd
+        k = tl.load(key_base + kv_offsets)
+        v = tl.load(value_base + kv_offsets)
+        m_i, l_i, acc = _attend(q, k, v, all_visible[None, :], m_i, l_i, acc, qk_scale, PRECISION, UPCAST_DOT)
+    for block_start in range(full_prefix, start, BLOCK_N):  # at most one block, past its end masked as 0
         pos = block_start + offs_n
-        in_range = pos < start  # the last block may run past it; masked keys/values load as 0
+        in_range = pos < start
         kv_offsets = pos[:, None] * stride_cs + dims[None, :] * stride_cd
         k = tl.load(key_base + kv_offsets, mask=in_range[:, None], other=0.0)
         v = tl.load(value_base + kv_offsets, mask=in_range[:, None], other=0.0)
         m_i, l_i, acc = _attend(q, k, v, in_range[None, :], m_i, l_i, acc, qk_scale, PRECISION, UPCAST_DOT)
 
     # 2. The chunk's own keys 0 .. (last query of this block), from k and v: causal within the chunk.
-    chunk_end = tl.minimum((m_block + 1) * BLOCK_M, T)
-    for block_start in range(0, chunk_end, BLOCK_N):
+    # Keys before the block's first query (BLOCK_M is a multiple of BLOCK_N) are all visible and real.
+    block_first = m_block * BLOCK_M
+    for block_start in range(0, block_first, BLOCK_N):
+        key_tokens = (block_start + offs_n).to(tl.int64)
+        k = tl.load(k_base + key_tokens[:, None] * stride_kt + dims[None, :] * stride_kd)
+        v = tl.load(v_base + key_tokens[:, None] * stride_vt + dims[None, :] * stride_vd)
+        m_i, l_i, acc = _attend(
+            q, k.to(dtype), v.to(dtype), all_visible[None, :], m_i, l_i, acc, qk_scale, PRECISION, UPCAST_DOT
+        )
+    chunk_end = tl.minimum(block_first + BLOCK_M, T)
+    for block_start in range(block_first, chunk_end, BLOCK_N):
         key_tokens = block_start + offs_n
         in_range = key_tokens < T
         k = tl.load(
@@ -214,6 +239,8 @@ def prefill_attention(
             f"prefill_attention kernel: k/v must be {kv_shape} {q.dtype}, got {tuple(k.shape)} {k.dtype}, "
             f"{tuple(v.shape)} {v.dtype}"
         )
+    if block_m % block_n:
+        raise ValueError(f"prefill_attention kernel: block_m ({block_m}) must be a multiple of block_n ({block_n})")
     if head_dim & (head_dim - 1) or head_dim < 16:
         raise ValueError(f"prefill_attention kernel: head dim must be a power of 2 >= 16, got {head_dim}")
     if (seq_capacity - 1) * cache.stride(4) + (head_dim - 1) * cache.stride(5) >= 2**31:

@@ -65,10 +65,15 @@ CASES = [
 
 
 @pytest.mark.parametrize(("dtype", "group", "head_dim"), CASES)
-def test_prefill_attention_matches_reference(dtype: torch.dtype, group: int, head_dim: int) -> None:
+@pytest.mark.parametrize(("block_m", "block_n"), [(16, 16), (32, 16)])
+def test_prefill_attention_matches_reference(
+    dtype: torch.dtype, group: int, head_dim: int, block_m: int, block_n: int
+) -> None:
+    """Random chunk starts (so the cached prefix ends inside a key block) and 40 tokens (so the last
+    query block is partial); block_m 32 over block_n 16 puts two key blocks on each diagonal."""
     kv_heads = 2
     case = make_case(3, kv_heads * group, kv_heads, 40, 96, head_dim, dtype, seed=group)
-    check(*run_both(*case, head_dim**-0.5, block_m=16, block_n=16))
+    check(*run_both(*case, head_dim**-0.5, block_m=block_m, block_n=block_n))
 
 
 def test_prefill_attention_causal_mask_hides_later_chunk_keys() -> None:
@@ -120,6 +125,8 @@ def test_prefill_attention_mismatched_kv_raises() -> None:
         kernel.prefill_attention(q, k, v[:, :1], cache, 0, slot_ids, start_pos, 0.125)
     with pytest.raises(ValueError, match="does not match cache"):
         kernel.prefill_attention(q[..., :32], k, v, cache, 0, slot_ids, start_pos, 0.125)
+    with pytest.raises(ValueError, match="multiple of block_n"):
+        kernel.prefill_attention(q, k, v, cache, 0, slot_ids, start_pos, 0.125, 48, 32)
 
 
 def test_prefill_attention_triton_opcheck() -> None:
