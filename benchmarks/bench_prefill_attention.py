@@ -1,7 +1,7 @@
 """Prefill attention kernel: graphspec::prefill_attention_triton next to torch SDPA (cuDNN / flash,
-causal, GQA) at the prefill shapes of a Llama-3.1-8B target (32/8 heads x 128) and a Llama-3.2-1B
-draft (32/8 x 64), bf16, in TFLOP/s of causal attention (2 matmuls, half of T x T scored), with the
-relative error against the fp32 reference.
+causal, GQA) at the prefill shapes of a Llama-3.1-8B target (32/8 heads x 128), a Llama-3.2-1B draft
+(32/8 x 64) and Qwen3.5's full-attention layers (16/4 x 256), bf16, in TFLOP/s of causal attention
+(2 matmuls, half of T x T scored), with the relative error against the fp32 reference.
 
     python benchmarks/bench_prefill_attention.py            # the registry's config for this GPU's SM
     python benchmarks/bench_prefill_attention.py --sweep    # also every config of SWEEP_GRID, fastest first
@@ -33,6 +33,7 @@ SHAPES = [  # (name, q heads, kv heads, head dim, cached prefix, chunk tokens)
     ("8B 2048", 32, 8, 128, 0, 2048),
     ("8B 512 after 3584", 32, 8, 128, 3584, 512),
     ("1B 4096", 32, 8, 64, 0, 4096),
+    ("Qwen3.5 x256 4096", 16, 4, 256, 0, 4096),
 ]
 SWEEP_GRID = list(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)))  # block_m, block_n, warps, stages
 

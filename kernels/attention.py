@@ -32,9 +32,9 @@ from graphspec.kernels.common import (
     cdiv,
     check_config_table,
     check_device,
+    fit_shared_memory,
     next_power_of_2,
     round_to,
-    shared_memory_per_block,
     sm_count,
 )
 from graphspec.kernels.rms_norm import inverse_rms, scale_rows
@@ -58,7 +58,6 @@ CONFIGS: dict[int | str, dict[str, int]] = {
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
 HEAD_DIMS = (64, 128, 256)  # head dims the kernel is tested for (256: Qwen3.5 and Qwen3-Next full attention)
-SHARED_MARGIN = 16 << 10  # bytes of shared memory fit_shared_memory leaves for what it does not count
 MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
 MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
 REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step
@@ -330,25 +329,6 @@ def num_splits(
     the cache and MAX_SPLITS. A function of shapes only, so a CUDA graph replays the same grid."""
     programs = batch * kv_heads * m_blocks
     return max(1, min(MAX_SPLITS, cdiv(seq_capacity, block_n), cdiv(programs_per_sm * sms, programs)))
-
-
-def fit_shared_memory(q: Tensor, block_m: int, block_n: int, num_stages: int) -> tuple[int, int]:
-    """(block_n, num_stages) cut down until the tiles fit the device's shared memory: every pipeline
-    stage past the first holds a K and a V tile, beside the q tile. The config tables are tuned for
-    bf16 heads of up to 128; fp32 heads of 256 need fewer stages. Stages change no result."""
-    limit = shared_memory_per_block(q.device)
-    if limit is None:
-        return block_n, num_stages
-    row = q.shape[-1] * q.element_size()
-
-    def needs(stages: int, block: int) -> int:  # Triton's own count runs a few KB above it: margin below
-        return (max(stages - 1, 1) * 2 * block + block_m) * row + SHARED_MARGIN
-
-    while num_stages > 1 and needs(num_stages, block_n) > limit:
-        num_stages -= 1
-    while block_n > 16 and needs(num_stages, block_n) > limit:
-        block_n //= 2
-    return block_n, num_stages
 
 
 def attention(

@@ -62,6 +62,29 @@ def shared_memory_per_block(device: torch.device) -> int | None:
     return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
 
 
+SHARED_MARGIN = 16 << 10  # bytes of shared memory fit_shared_memory leaves for what it does not count
+
+
+def fit_shared_memory(q: torch.Tensor, block_m: int, block_n: int, num_stages: int) -> tuple[int, int]:
+    """(block_n, num_stages) cut down until the tiles fit the device's shared memory: every pipeline
+    stage past the first holds a K and a V tile, beside the q tile. The config tables are tuned for
+    bf16 heads of up to 128; heads of 256 need fewer stages or narrower tiles. Neither changes a result
+    (the key blocks are visited in the same order)."""
+    limit = shared_memory_per_block(q.device)
+    if limit is None:
+        return block_n, num_stages
+    row = q.shape[-1] * q.element_size()
+
+    def needs(stages: int, block: int) -> int:  # Triton's own count runs a few KB above it: margin below
+        return (max(stages - 1, 1) * 2 * block + block_m) * row + SHARED_MARGIN
+
+    while num_stages > 1 and needs(num_stages, block_n) > limit:
+        num_stages -= 1
+    while block_n > 16 and needs(num_stages, block_n) > limit:
+        block_n //= 2
+    return block_n, num_stages
+
+
 def config_for(configs: Mapping[int | str, dict[str, int]], sm: int | None) -> dict[str, int]:
     """The config of an SM from a CONFIGS table: exact SM, else "default"."""
     return dict(configs.get(sm, configs["default"]))

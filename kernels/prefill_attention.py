@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphspec.kernels.common import cdiv, check_config_table, check_device, round_to
+from graphspec.kernels.common import cdiv, check_config_table, check_device, fit_shared_memory, round_to
 from torch import Tensor
 
 from graphspec.ops import prefill_attention_reference
@@ -38,7 +38,7 @@ CONFIGS: dict[int | str, dict[str, int]] = {
     "default": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
-HEAD_DIMS = (64, 128)  # head dims the kernel is tested for
+HEAD_DIMS = (64, 128, 256)  # head dims the kernel is tested for (256: Qwen3.5 / Qwen3-Next attention)
 LOG2E = 1.4426950408889634
 
 
@@ -248,6 +248,7 @@ def prefill_attention(
     out = torch.empty((batch, t, q_heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0 or t == 0:
         return out
+    block_n, num_stages = fit_shared_memory(q, block_m, block_n, num_stages)  # heads of 256: smaller tiles
     # HACK(triton<=3.9 interpreter): tl.dot on bf16/fp16 operands returns garbage under
     # TRITON_INTERPRET=1; there the kernel upcasts the (exactly representable) operands to fp32.
     # Remove when the interpreter's dot handles 16-bit floats.

@@ -178,19 +178,3 @@ def test_attention_replays_in_cuda_graph_gpu() -> None:
     slot_ids.copy_(slot_ids.flip(0))
     graph.replay()
     torch.testing.assert_close(out, kernel.attention(q, cache, 0, slot_ids, start_pos, 0.088, **config))
-
-
-@pytest.mark.parametrize(
-    ("dtype", "head_dim", "block_m", "expected"),
-    [
-        (torch.bfloat16, 128, 128, (64, 3)),  # the sm_90 row as tuned: untouched
-        (torch.float32, 128, 128, (64, 3)),
-        (torch.bfloat16, 256, 16, (64, 3)),
-        (torch.float32, 256, 16, (64, 2)),  # fp32 heads of 256: one stage fewer
-        (torch.float32, 256, 128, (32, 1)),  # and a tall q tile: narrower K/V tiles too
-    ],
-)
-def test_tiles_are_cut_to_the_shared_memory_of_an_sm_90(monkeypatch, dtype, head_dim, block_m, expected) -> None:
-    monkeypatch.setattr(kernel, "shared_memory_per_block", lambda device: 232448)  # an H100/H200's opt-in limit
-    q = torch.empty(1, 1, 1, head_dim, dtype=dtype)
-    assert kernel.fit_shared_memory(q, block_m, 64, 3) == expected

@@ -6,6 +6,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from graphspec.kernels import common
 from graphspec.kernels.common import round_to
 
 from tests.kernels.helpers import DEVICE, generator
@@ -42,3 +43,19 @@ def test_round_to_matches_torch(dtype: torch.dtype) -> None:
     assert out.isnan().equal(expected.isnan())
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
     assert out.signbit()[~out.isnan()].equal(expected.signbit()[~expected.isnan()])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "block_m", "expected"),
+    [
+        (torch.bfloat16, 128, 128, (64, 3)),  # the sm_90 row as tuned: untouched
+        (torch.float32, 128, 128, (64, 3)),
+        (torch.bfloat16, 256, 16, (64, 3)),
+        (torch.float32, 256, 16, (64, 2)),  # fp32 heads of 256: one stage fewer
+        (torch.float32, 256, 128, (32, 1)),  # and a tall q tile: narrower K/V tiles too
+    ],
+)
+def test_tiles_are_cut_to_the_shared_memory_of_an_sm_90(monkeypatch, dtype, head_dim, block_m, expected) -> None:
+    monkeypatch.setattr(common, "shared_memory_per_block", lambda device: 232448)  # an H100/H200's opt-in limit
+    q = torch.empty(1, 1, 1, head_dim, dtype=dtype)
+    assert common.fit_shared_memory(q, block_m, 64, 3) == expected

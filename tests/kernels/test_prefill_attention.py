@@ -61,6 +61,7 @@ CASES = [
     (torch.float32, 4, 128),
     (torch.bfloat16, 2, 64),
     (torch.bfloat16, 4, 128),
+    (torch.bfloat16, 4, 256),  # Qwen3.5 / Qwen3-Next full-attention heads
 ]
 
 
@@ -138,9 +139,11 @@ def test_prefill_attention_triton_opcheck() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config_key", [90, "default"])
-def test_prefill_attention_real_shapes(config_key) -> None:
-    """Llama-3.1-8B heads (32/8 x 128), a 512-token chunk after a 1536-token prefix, bf16."""
-    q, k, v, cache, slot_ids, start_pos = make_case(2, 32, 8, 512, 4096, 128, torch.bfloat16, seed=12)
+@pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(32, 8, 128), (16, 4, 256)])
+def test_prefill_attention_real_shapes(config_key, q_heads: int, kv_heads: int, head_dim: int) -> None:
+    """Llama-3.1-8B heads (32/8 x 128) and Qwen3.5 full-attention heads (16/4 x 256, where the tiles are
+    cut to the shared memory), a 512-token chunk after a 1536-token prefix, bf16."""
+    q, k, v, cache, slot_ids, start_pos = make_case(2, q_heads, kv_heads, 512, 4096, head_dim, torch.bfloat16, seed=12)
     start_pos[:] = torch.tensor([0, 1536], device=DEVICE)
     config = kernel.CONFIGS[config_key]
-    check(*run_both(q, k, v, cache, slot_ids, start_pos, 128**-0.5, **config))
+    check(*run_both(q, k, v, cache, slot_ids, start_pos, head_dim**-0.5, **config))

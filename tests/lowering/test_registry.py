@@ -176,9 +176,9 @@ def test_cpu_table_resolves_on_cpu_nodes_only() -> None:
     assert registry.resolve("attention", registry.CPU, node) is None
 
 
-@pytest.mark.parametrize(("head_dim", "lowered"), [(128, True), (256, False)])
+@pytest.mark.parametrize(("head_dim", "lowered"), [(128, True), (256, True), (96, False), (512, False)])
 def test_prefill_attention_takes_only_the_prefill_kernels_head_dims(head_dim: int, lowered: bool) -> None:
-    # The decode attention kernel takes heads of 256 (the hybrid families'), the prefill kernel does not.
+    # Heads of 64, 128 and 256 (the hybrid families') lower; others keep the reference.
     def prefill(q, k, v, cache, slot_ids, start_pos):
         return ops.OPS["prefill_attention"](q, k, v, cache, 1, slot_ids, start_pos, head_dim**-0.5)
 
