@@ -121,7 +121,7 @@ def main() -> int:
         timed.sort(key=lambda row: row["ms"])
         rows += timed
         print(f"\n{name}: SDPA {sdpa_ms:.3f} ms ({flops / sdpa_ms / 1e9:.0f} TFLOP/s)")
-        for row in [r for r in timed if r["configured"]] + timed[:8]:
+        for row in [r for r in timed if r["configured"]] + [r for r in timed[:8] if not r["configured"]]:
             mark = "configured" if row["configured"] else ""
             print(
                 f"  {'/'.join(map(str, row['config'])):>14} {row['ms']:8.3f} ms {row['tflops']:5.0f} TFLOP/s "
