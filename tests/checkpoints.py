@@ -189,14 +189,17 @@ def tiny_hybrid_config(
     return HYBRID_CLASSES[family][0](**fields)
 
 
-def make_hybrid_checkpoint(directory: Path, family: str = "qwen3_5_text", seed: int = 0, **overrides) -> Path:
+def make_hybrid_checkpoint(
+    directory: Path, family: str = "qwen3_5_text", seed: int = 0, perturbation: float = 0.05, **overrides
+) -> Path:
     """Save a random-weight hybrid model (transformers' own class) to `directory` and return it. Its
-    norms start at zero ((1 + w) norms) and A_log/dt_bias at fixed values, so everything is perturbed."""
+    norms start at zero ((1 + w) norms) and A_log/dt_bias at fixed values, so everything is perturbed
+    (by noise of std `perturbation`; larger gives peakier next-token distributions)."""
     torch.manual_seed(seed)
     model = HYBRID_CLASSES[family][1](tiny_hybrid_config(family, **overrides))
     with torch.no_grad():
         for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.05)
+            parameter.add_(torch.randn_like(parameter) * perturbation)
     model.save_pretrained(directory)
     return Path(directory)
 

@@ -3,7 +3,7 @@ Qwen3_5ForCausalLM as the oracle): for every accepted count 0..K the state the a
 equals the state transformers reaches feeding the accepted tokens one by one; NaN in the snapshots the
 selection does not pick changes nothing; padded rows write only the spare slot; compiled chunked prefill
 leaves the reference prefill's state; greedy output is lossless against transformers' greedy generate
-with the draft-model and n-gram drafters."""
+with the draft-model and n-gram drafters; sampled output follows transformers' distribution (G-test)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import graphspec
-from graphspec import checks, pipeline, trace
+from graphspec import checks, ops, pipeline, trace
 from graphspec.config import PassContext
 from graphspec.drafters.base import Drafter, PrefillChunk, PrefillView, Proposal, State, StepView
 from graphspec.drafters.mtp import Mtp
@@ -23,6 +23,7 @@ from graphspec.models.hybrid import CONV_STATE, RECURRENT_STATE
 from graphspec.models.target import target_forward
 from graphspec.reference import reference_generate
 from tests.checkpoints import load_hf, load_hf_mtp, make_checkpoint, make_hybrid_checkpoint, make_hybrid_mtp_checkpoint
+from tests.test_ops import g_test_p_value
 
 K = 3
 SLOTS, MAX_SEQ = 7, 32  # K+1 real rows, one padding row, one untouched slot, the spare slot
@@ -223,6 +224,71 @@ def test_sampling_step_with_top_k_one_is_greedy(runtimes, hf):
         with torch.no_grad():
             expected = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(prompt) :]
         assert result.token_ids == expected.tolist()
+
+
+@pytest.fixture(scope="module")
+def peaky(tmp_path_factory):
+    """A hybrid target with peaky next-token distributions (max probability around 0.8, where the default
+    test checkpoint's are nearly uniform), so that a wrong state changes what it emits measurably, and a
+    draft-model runtime over it in sampling mode."""
+    target_dir = make_hybrid_checkpoint(tmp_path_factory.mktemp("peaky"), "qwen3_5_text", seed=3, perturbation=0.5)
+    draft = make_checkpoint(tmp_path_factory.mktemp("peaky_draft"), "qwen3", seed=1, num_hidden_layers=1)
+    runtime = graphspec.Runtime.from_pretrained(
+        target_dir, draft, k=K, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        prefill_tokens=8, modes=("sample",),
+    )  # fmt: skip
+    return runtime, load_hf(target_dir)
+
+
+def sampling_pit_p_value(runtime, hf, prompts: int = 128, new_tokens: int = 8) -> tuple[float, int]:
+    """(p-value, accepted drafts): the G-test, over 16 equal bins, of the randomized probability integral
+    transform of every token the runtime samples at temperature 1, each against transformers' distribution
+    given the prompt and the tokens emitted before it (u = P(< token) + U * P(token), U uniform). Under
+    lossless sampling the u are independent and uniform on [0, 1) whatever the position, so every token of
+    every step counts, including those after a rollback."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = hf.config.vocab_size
+    lengths = torch.randint(3, 9, (prompts,), generator=generator).tolist()
+    batch = [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in lengths]
+    results = runtime.generate(
+        batch, max_new_tokens=new_tokens, temperature=1.0, seed=list(range(prompts)), stop_token_ids=[]
+    )
+    transforms = []
+    for prompt, result in zip(batch, results, strict=True):
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + result.token_ids])).logits[0].double()
+        probs = torch.softmax(logits[len(prompt) - 1 : -1], -1)  # the distribution of each emitted token
+        emitted = torch.tensor(result.token_ids)
+        below = torch.cumsum(probs, -1).gather(1, emitted[:, None]).squeeze(1) - probs.gather(
+            1, emitted[:, None]
+        ).squeeze(1)
+        jitter = torch.rand(len(emitted), generator=generator, dtype=torch.float64)
+        transforms.append(below + jitter * probs.gather(1, emitted[:, None]).squeeze(1))
+    transforms = torch.cat(transforms)
+    counts = torch.bincount((transforms * 16).long().clamp(0, 15), minlength=16)
+    accepted = sum(sum(result.stats.accepted_per_step) for result in results)
+    return g_test_p_value(counts, torch.full((16,), 1 / 16)), accepted
+
+
+def test_sampling_emits_the_target_distribution_at_every_position(peaky):
+    """Rejection sampling through the step on a hybrid target, then the snapshot selection at the
+    accepted count: every emitted token follows transformers' conditional distribution (G-test)."""
+    p_value, accepted = sampling_pit_p_value(*peaky)
+    assert accepted > 0  # drafts were accepted (and rejected), so rollbacks of every kind happened
+    assert p_value > 1e-3
+
+
+def test_the_sampling_g_test_catches_a_wrong_rollback(peaky, monkeypatch):
+    """The test above can fail: selecting the last snapshot (the state after every verified position,
+    rejected drafts included) instead of the one at the accepted count is caught."""
+    select_rows = ops._select_rows
+
+    def last_snapshot(state, slot_ids, snapshots, index):
+        return select_rows(state, slot_ids, snapshots, torch.full_like(index, snapshots.shape[2] - 1))
+
+    monkeypatch.setattr(ops, "_select_rows", last_snapshot)
+    p_value, _ = sampling_pit_p_value(*peaky)
+    assert p_value < 1e-6
 
 
 def test_compiled_chunked_prefill_state_equals_reference_prefill(runtimes):
