@@ -258,12 +258,10 @@ def sampling_pit_p_value(runtime, hf, prompts: int = 128, new_tokens: int = 8) -
         with torch.no_grad():
             logits = hf(torch.tensor([prompt + result.token_ids])).logits[0].double()
         probs = torch.softmax(logits[len(prompt) - 1 : -1], -1)  # the distribution of each emitted token
-        emitted = torch.tensor(result.token_ids)
-        below = torch.cumsum(probs, -1).gather(1, emitted[:, None]).squeeze(1) - probs.gather(
-            1, emitted[:, None]
-        ).squeeze(1)
-        jitter = torch.rand(len(emitted), generator=generator, dtype=torch.float64)
-        transforms.append(below + jitter * probs.gather(1, emitted[:, None]).squeeze(1))
+        emitted = torch.tensor(result.token_ids)[:, None]
+        mass = probs.gather(1, emitted).squeeze(1)
+        below = torch.cumsum(probs, -1).gather(1, emitted).squeeze(1) - mass
+        transforms.append(below + torch.rand(len(mass), generator=generator, dtype=torch.float64) * mass)
     transforms = torch.cat(transforms)
     counts = torch.bincount((transforms * 16).long().clamp(0, 15), minlength=16)
     accepted = sum(sum(result.stats.accepted_per_step) for result in results)
