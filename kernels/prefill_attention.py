@@ -28,7 +28,7 @@ from graphspec.ops import prefill_attention_reference
 __all__ = ["CONFIGS", "prefill_attention", "prefill_attention_reference", "prefill_attention_triton"]
 
 # block_m: queries per program; block_n: keys per loop step; num_warps/num_stages: Triton launch knobs.
-# 90: the fastest or within 1% of it for every shape of `benchmarks/bench_prefill_attention.py --sweep`
+# 90: the fastest or within 1% of it for every shape of `benchmarks/bench_prefill_kernels.py --sweep`
 # on an H200 (8B heads x 128 at 4096 and 2048 tokens and 512 after a 3584 prefix, 1B heads x 64 at 4096:
 # docs/BENCHMARKS.md); 80 is the usual flash-attention-2 tile, untuned; "default" is small so the
 # interpreter stays quick.
