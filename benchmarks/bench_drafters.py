@@ -208,12 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=512, help="committed length of the timed rows")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--profile", type=int, default=None, metavar="B", help="print the kernels of each step at batch B"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_drafters: CUDA is not available; pass --device cpu for a smoke run", file=sys.stderr)
         return 2
     buckets = tuple(int(b) for b in args.batch_sizes.split(","))
+    if args.profile is not None and args.profile not in buckets:
+        parser.error(f"--profile {args.profile} is not one of --batch-sizes {args.batch_sizes}")
     drafters = tuple(name for name in args.drafters.split(",") if name)
     unknown = sorted(set(drafters) - set(DRAFTERS))
     if unknown:
@@ -255,10 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         if "mtp" in drafters:
             add_mtp_head(target_dir, args.device, seed=3)
         steps: dict[str, dict[int, float]] = {}
+        profiles: dict[str, Any] = {}
         target = None
         for column, (_kind, draft, k) in columns.items():
             extra = {**options, "k": k, **column_options.get(column, {})}
-            steps[column], target = time_drafter_steps(target_dir, draft, buckets, args, column, **extra)
+            steps[column], target = time_drafter_steps(target_dir, draft, buckets, args, column, profiles, **extra)
         decode = {b: time_target_forward(target, b, 1, args) for b in buckets}
         widths = sorted({k + 1 for _, _, k in columns.values()})
         verify = {(b, w): time_target_forward(target, b, w, args) for b in buckets for w in widths}
@@ -280,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(text)
         report["rows"].append(row)
     print("\n".join(lines))
+    for column, profile in profiles.items():
+        common.print_kernel_profile(f"kernels of one captured {column} step at batch {args.profile}", profile)
+    report["profiles"] = profiles
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0

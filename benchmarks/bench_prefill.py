@@ -267,20 +267,8 @@ def print_table(report: dict[str, Any], shapes) -> None:
     for system in ("graphspec", "transformers"):
         profile = next((row["profile"] for row in report[system].values() if "profile" in row), None)
         if profile:
-            print_profile(system, profile)
+            common.print_kernel_profile(f"kernels of one {system} prefill", profile)
     print(f"compile + warm-up {report['compile_and_warm_up_s']:.0f} s; whole run {report['seconds']:.0f} s")
-
-
-def print_profile(system: str, profile: dict[str, Any]) -> None:
-    print(
-        f"\nkernels of one {system} prefill: {profile['kernels_per_step']:.0f} launches, "
-        f"{profile['kernel_us_per_step'] / 1e3:.2f} ms of kernel time"
-    )
-    for category, entry in sorted(profile["categories"].items(), key=lambda item: -item[1]["us_per_step"]):
-        print(f"  {category:>10} {entry['us_per_step'] / 1e3:8.2f} ms {entry['calls_per_step']:6.0f} launches")
-    for kernel in profile["top"]:
-        ms, calls = kernel["us_per_step"] / 1e3, kernel["calls_per_step"]
-        print(f"  {ms:8.2f} ms {calls:5.0f}x {kernel['share']:6.1%} {kernel['name']}")
 
 
 if __name__ == "__main__":

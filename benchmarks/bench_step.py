@@ -202,16 +202,26 @@ def time_step(
 
 
 def time_drafter_steps(
-    target: Path, draft: str, buckets: tuple[int, ...], args: argparse.Namespace, label: str, **options: Any
+    target: Path,
+    draft: str,
+    buckets: tuple[int, ...],
+    args: argparse.Namespace,
+    label: str,
+    profiles: dict[str, Any] | None = None,
+    **options: Any,
 ) -> tuple[dict[int, float], torch.nn.Module]:
     """Compile (target, draft) with `options`, then the median ms of its captured greedy step per bucket
     (time_step, rows at committed length about args.context). Returns those and the compiled target
-    model (for target-only timings); the runtime is released."""
+    model (for target-only timings); the runtime is released. With `profiles` and args.profile (a bucket),
+    profiles[label] gets the kernels of that bucket's step (common.kernel_profile)."""
     begin = time.perf_counter()
     runtime = graphspec.Runtime.from_pretrained(target, draft, batch_sizes=buckets, **options)
     print(f"[bench] {label}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
     fill_caches(runtime, 0)
     steps = {b: time_step(runtime, b, args, args.replays)["median_ms"] for b in buckets}
+    bucket = getattr(args, "profile", None)
+    if profiles is not None and bucket in buckets and common.is_cuda(args.device):
+        profiles[label] = common.kernel_profile(runtime.graphs[("greedy", bucket)], 3, top=10)
     target_model = runtime.target
     del runtime
     common.free_device_memory()

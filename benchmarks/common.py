@@ -468,3 +468,14 @@ def kernel_profile(run: Callable[[], object], replays: int, top: int = 12) -> di
             for n, c, us in kernels[:top]
         ],
     }
+
+
+def print_kernel_profile(title: str, profile: dict[str, Any]) -> None:
+    """kernel_profile's result as a few lines: launches and kernel time, then per category, then the top kernels."""
+    launches, ms = profile["kernels_per_step"], profile["kernel_us_per_step"] / 1e3
+    print(f"\n{title}: {launches:.0f} launches, {ms:.2f} ms of kernel time")
+    for category, entry in sorted(profile["categories"].items(), key=lambda item: -item[1]["us_per_step"]):
+        print(f"  {category:>10} {entry['us_per_step'] / 1e3:8.3f} ms {entry['calls_per_step']:6.0f} launches")
+    for kernel in profile["top"]:
+        ms, calls = kernel["us_per_step"] / 1e3, kernel["calls_per_step"]
+        print(f"  {ms:8.3f} ms {calls:5.0f}x {kernel['share']:6.1%} {kernel['name']}")
