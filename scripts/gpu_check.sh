@@ -15,7 +15,7 @@
 #   prefill   benchmarks/bench_prefill.py (time to first token vs transformers, cold start by phase)
 #   serve     benchmarks/bench_serve.py (continuous vs static batching under Poisson load)
 #   parity    scripts/gpu_parity.py (when it exists)
-#   kernels   benchmarks/bench_kernels.py
+#   kernels   benchmarks/bench_kernels.py (KERNELS_ARGS adds arguments, e.g. "--only bench_sample,bench_verify")
 # The package is installed from this checkout without network first (graphspec.kernels maps to kernels/).
 # Logs and JSON go to $OUT (the device tool brings that folder back); a stage that fails or times out does
 # not stop the later ones, and the script exits non-zero if any stage failed. Each stage's time limit can be
@@ -64,7 +64,7 @@ fi
 
 STAGES="${STAGES:-tests,kernels}"
 wants() { [[ ",$STAGES," == *",$1,"* ]]; }
-# shellcheck disable=SC2086  # PYTEST_TARGETS, PYTEST_FLAGS, BENCH_ARGS and DRAFTERS_ARGS are word lists on purpose
+# shellcheck disable=SC2086  # PYTEST_TARGETS, PYTEST_FLAGS, BENCH_ARGS, DRAFTERS_ARGS, KERNELS_ARGS: word lists on purpose
 if wants tests; then
     stage "gpu tests" "${TESTS_S:-450}" "$OUT/pytest_gpu.log" \
         "$PYTHON" -m pytest -m gpu $PYTEST_TARGETS $PYTEST_FLAGS -p no:cacheprovider -rs --durations=10
@@ -97,7 +97,7 @@ if wants parity && [ -f scripts/gpu_parity.py ]; then
     stage "gpu_parity" "${PARITY_S:-300}" "$OUT/gpu_parity.log" "$PYTHON" scripts/gpu_parity.py
 fi
 if wants kernels; then
-    stage "bench_kernels" "${KERNELS_S:-90}" "$OUT/bench_kernels.log" "$PYTHON" benchmarks/bench_kernels.py
+    stage "bench_kernels" "${KERNELS_S:-90}" "$OUT/bench_kernels.log" "$PYTHON" benchmarks/bench_kernels.py ${KERNELS_ARGS:-}
 fi
 
 echo "=== gpu_check: $([ "$failed" -eq 0 ] && echo PASSED || echo FAILED)" | tee -a "$SUMMARY"
