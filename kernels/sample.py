@@ -11,9 +11,11 @@ the scaled logits, and MASS, whose per-split partials are the exact sums of the 
 those sums are integers, the thresholds and Z are the ones verify_rejection's kernel computes for the
 same draft logits, bit for bit, whatever the batch or vocab split: the draft samples from exactly the
 q that verify uses. sample_kernel then draws: a prefix over the split sums finds the split that
-crosses u * Z, and one scan of that split (a running int64 sum per block) finds the token.
-Launches: the 19 stats passes (at nprobe 16) and sample_kernel; passes of a search that is off for a
-row do no work for it.
+crosses u * Z, and one scan of that split (a running int64 sum per block) finds the token; a row the
+candidates decided (kernels/candidates.py: all its kept tokens are among its top logits) draws among
+those candidates in vocab index order instead, which is the same inverse CDF (every other weight is 0).
+Launches: topk, 2 decide launches, the 19 stats passes (at nprobe 16) and sample_kernel; passes of a
+search that is off for a row, or of a row already decided, do no work for it.
 """
 
 from __future__ import annotations

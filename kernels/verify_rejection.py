@@ -29,10 +29,15 @@ vocab and writing a partial (max/argmax, mass, or per-probe weights). A pass's p
 the previous pass's partials into the row's search state (every program of a row computes the same
 state; split 0 stores it), so no launch waits on the host and the launch sequence is static:
     MAX, SEARCH_K x NPASS, MASS_K, SEARCH_P x NPASS, MASS
-(passes of a search that is off for a row, or already converged, do nothing for it). State and
-partials are double-buffered by launch parity. verify_rejection_residual_kernel then decides the
-accept count and writes per-split sums of the residual, and verify_rejection_kernel draws the token
-(finds the split whose prefix crosses u * total, then scans inside it) and writes the outputs.
+(passes of a search that is off for a row, or already converged, do nothing for it). Before them,
+kernels/candidates.py decides from each row's top `candidates` logits (torch.topk) every row whose
+result they provably settle (most top-k and top-p rows of a trained model), and once more after MASS_K
+(top-p alone needs the full-vocab Z); the passes give decided rows empty chunks, so their launches
+scan nothing for them, and the final state and MASS partials describe a decided row exactly as the
+searches would have (its Z in split 0). State and partials are double-buffered by launch parity.
+verify_rejection_residual_kernel then decides the accept count and writes per-split sums of the
+residual, and verify_rejection_kernel draws the token (finds the split whose prefix crosses u * total,
+then scans inside it) and writes the outputs.
 
 Differences from the reference: tl.exp and torch.exp may differ in the last fp32 bit, which moves a
 weight by a few fp32 ulps of itself (a decision exactly at a bound can then go the other way); the
