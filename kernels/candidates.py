@@ -20,8 +20,9 @@ what each exactness check below rests on (strict float compares: NaN fails them,
   with CAP >= V every token is a candidate and every check holds.
 A decided row ("DONE") keeps exactly the tokens with order key >= its threshold key, all of them
 candidates, with normalizer Z = their exact int64 weight sum; the stats passes skip it (no vocab scan)
-and sample's draw picks among its candidates. Rows with T > 0 and finite candidate max also get their
-max from the candidates ("MAX_KNOWN"), so the MAX pass does not scan them.
+and sample's draw picks among its candidates. Rows with T > 0 and a finite candidate max, and greedy
+rows whose argmax is exact, get their max (and argmax) from the candidates ("MAX_KNOWN"), so the MAX
+pass does not scan them.
 Weights are trunc(exp(s - max) * 2**WEIGHT_BITS) computed as in the stats kernel (tl.exp), so a
 decided row's q is bit for bit the one the full-vocab passes would compute on the same device.
 """
