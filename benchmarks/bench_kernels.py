@@ -4,6 +4,7 @@ achieved bandwidth against a device-to-device copy measured in the same run.
     python benchmarks/bench_kernels.py                 # the table (about a minute on an H200)
     python benchmarks/bench_kernels.py --sweep         # also sweep attention configs at two shapes
     python benchmarks/bench_kernels.py --json out.json
+    python benchmarks/bench_kernels.py --only bench_sample,bench_verify   # the sampling rows alone
 
 Shapes are 8B-class (32 q heads, 8 kv heads, head dim 128, hidden 4096, MLP 14336, Qwen vocab 151936),
 bf16.
@@ -219,10 +220,34 @@ def bench_silu_mul(rows: int, sm: int, copy_gb_s: float) -> dict:
     )  # fmt: skip
 
 
+# Sampling settings (top_k, top_p, logits) each benchmarked: "flat" logits are randn * 3 (top-p keeps
+# thousands of tokens: its cut is past any candidate list), "peaked" ones add 16 tokens near 22 the way a
+# trained model's few likely tokens stand out (top-p's cut lies among them).
+SAMPLING_SETTINGS = ((0, 1.0, "flat"), (50, 0.9, "flat"), (0, 0.95, "peaked"), (0, 0.95, "flat"))
+
+
+def sampling_logits(batch: int, positions: int, kind: str) -> torch.Tensor:
+    """[batch, positions, VOCAB] bf16 logits, a slice of a wider tensor as lm_head output padded to a
+    multiple of 64 would be."""
+    wide = torch.randn(batch, positions, VOCAB + 64, device="cuda") * 3
+    if kind == "peaked":
+        top = torch.randint(0, VOCAB, (batch, positions, 16), device="cuda")
+        wide.scatter_(-1, top, 22 + torch.randn(top.shape, device="cuda"))
+    return wide.to(DTYPE)[..., :VOCAB]
+
+
+def candidates_note(target: torch.Tensor, draft: torch.Tensor, params: tuple, values: dict[str, int]) -> str:
+    """The config's candidate count and the share of stat rows the candidates decide for these inputs."""
+    from graphspec.kernels import verify_rejection
+    from graphspec.kernels.candidates import DONE
+
+    stats = verify_rejection.distribution_stats(target, draft, *params, *values.values())
+    decided = ((stats.cand[:, 0] & DONE.value) != 0).float().mean().item()
+    return f"cand {values['candidates']}: {decided:.0%} decided"
+
+
 def bench_verify(batch: int, k: int, sm: int, copy_gb_s: float) -> list[dict]:
-    wide = torch.randn(batch, k + 1, VOCAB + 64, dtype=DTYPE, device="cuda")
-    target = wide[:, :, :VOCAB]  # a slice, as lm_head output padded to a multiple of 64 would be
-    draft = torch.randn(batch, k, VOCAB, dtype=DTYPE, device="cuda")
+    target = sampling_logits(batch, k + 1, "flat")
     drafts = torch.randint(0, VOCAB, (batch, k), device="cuda")
     greedy_values = tuple(config("verify_greedy", sm).values())
     rows = [
@@ -232,30 +257,37 @@ def bench_verify(batch: int, k: int, sm: int, copy_gb_s: float) -> list[dict]:
             target.numel() * target.element_size(), copy_gb_s, timed(lambda: ops.verify_greedy(target, drafts)),
         )
     ]  # fmt: skip
-    rejection_values = tuple(config("verify_rejection", sm).values())
-    nbytes = (target.numel() + draft.numel()) * target.element_size()
-    for top_k, top_p in ((0, 1.0), (50, 0.9)):
-        args = (
-            target, draft, drafts,
+    rejection = config("verify_rejection", sm)
+    for top_k, top_p, kind in SAMPLING_SETTINGS:
+        target, draft = sampling_logits(batch, k + 1, kind), sampling_logits(batch, k, kind)
+        nbytes = (target.numel() + draft.numel()) * target.element_size()
+        params = (
             torch.full((batch,), 0.8, device="cuda"), torch.full((batch,), top_k, device="cuda"),
             torch.full((batch,), top_p, device="cuda"),
+        )  # fmt: skip
+        args = (
+            target, draft, drafts, *params,
             torch.arange(batch, device="cuda"), torch.zeros(batch, dtype=torch.int64, device="cuda"),
         )  # fmt: skip
-        rows.append(
-            row(
-                "verify_rejection", f"B={batch} K={k} top_k={top_k} top_p={top_p}",
-                timed(lambda args=args: torch.ops.graphspec.verify_rejection_triton(*args, *rejection_values), reps=10),
-                nbytes, copy_gb_s, timed(lambda args=args: ops.verify_rejection_reference(*args), reps=10),
-            )
-        )  # fmt: skip
+        reference_ms = timed(lambda args=args: ops.verify_rejection_reference(*args), reps=10)
+        # The config's row, then the same without candidates (every row through the full-vocab passes).
+        for values in (rejection, {**rejection, "candidates": 0}):
+            op_args = (*args, *values.values())
+            entry = row(
+                "verify_rejection", f"B={batch} K={k} top_k={top_k} top_p={top_p} {kind}",
+                timed(lambda op_args=op_args: torch.ops.graphspec.verify_rejection_triton(*op_args), reps=10),
+                nbytes, copy_gb_s, reference_ms,
+            )  # fmt: skip
+            entry["config"] = candidates_note(target, draft, params, values)
+            rows.append(entry)
     return rows
 
 
 def bench_sample(batch: int, sm: int, copy_gb_s: float) -> list[dict]:
     """One draft position's token: graphspec::sample (sort-free) next to graphspec::argmax (greedy's),
-    with top-k/top-p off and on; the torch column is the reference (a full-vocabulary sort per row)."""
-    wide = torch.randn(batch, VOCAB + 64, dtype=DTYPE, device="cuda") * 3
-    logits = wide[:, :VOCAB]  # a slice, as the draft's last-position logits are
+    for each of SAMPLING_SETTINGS with the config's candidates and without; the torch column is the
+    reference (a full-vocabulary sort per row)."""
+    logits = sampling_logits(batch, 1, "flat")[:, 0]  # the draft's last-position logits, a slice
     nbytes = logits.numel() * logits.element_size()
     argmax_values = tuple(config("argmax", sm).values())
     rows = [
@@ -265,20 +297,29 @@ def bench_sample(batch: int, sm: int, copy_gb_s: float) -> list[dict]:
             nbytes, copy_gb_s, timed(lambda: ops.argmax(logits)),
         )
     ]  # fmt: skip
-    sample_values = tuple(config("sample", sm).values())
-    for top_k, top_p in ((0, 1.0), (50, 0.9), (0, 0.9)):
+    sample = config("sample", sm)
+    for top_k, top_p, kind in SAMPLING_SETTINGS:
+        logits = sampling_logits(batch, 1, kind)[:, 0]
+        params = (
+            torch.full((batch,), 0.8, device="cuda"), torch.full((batch,), top_k, device="cuda"),
+            torch.full((batch,), top_p, device="cuda"),
+        )  # fmt: skip
         args = (
-            logits, torch.full((batch,), 0.8, device="cuda"), torch.full((batch,), top_k, device="cuda"),
-            torch.full((batch,), top_p, device="cuda"), torch.arange(batch, device="cuda"),
+            logits,
+            *params,
+            torch.arange(batch, device="cuda"),
             torch.zeros(batch, dtype=torch.int64, device="cuda"),
-        )  # fmt: skip
-        rows.append(
-            row(
-                "sample", f"B={batch} top_k={top_k} top_p={top_p}",
-                timed(lambda args=args: torch.ops.graphspec.sample_triton(*args, 0, *sample_values), reps=10),
-                nbytes, copy_gb_s, timed(lambda args=args: ops.sample(*args, 0), reps=10),
-            )
-        )  # fmt: skip
+        )
+        reference_ms = timed(lambda args=args: ops.sample(*args, 0), reps=10)
+        for values in (sample, {**sample, "candidates": 0}):
+            op_args = (*args, 0, *values.values())
+            entry = row(
+                "sample", f"B={batch} top_k={top_k} top_p={top_p} {kind}",
+                timed(lambda op_args=op_args: torch.ops.graphspec.sample_triton(*op_args), reps=10),
+                nbytes, copy_gb_s, reference_ms,
+            )  # fmt: skip
+            entry["config"] = candidates_note(logits[:, None], logits[:, None], params, values)
+            rows.append(entry)
     return rows
 
 
@@ -334,6 +375,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also sweep attention configs")
     parser.add_argument("--json", type=Path, help="write every row as JSON here")
+    parser.add_argument(
+        "--only", help="comma-separated section functions to run, e.g. bench_sample,bench_verify (default: all)"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels needs a CUDA GPU")
@@ -347,10 +391,13 @@ def main() -> int:
     failed = 0
     sections = [(bench_attention, shape) for shape in ATTENTION_SHAPES]
     sections += [(bench_rms_norm, (5,)), (bench_rms_norm, (576,))]  # B * (K+1) rows: B 1 K 4, B 64 K 8
-    sections += [(bench_rotary, (1, 5)), (bench_rotary, (64, 9)), (bench_verify, (1, 4)), (bench_verify, (64, 4))]
+    sections += [(bench_rotary, (1, 5)), (bench_rotary, (64, 9))]
+    sections += [(bench_verify, (1, 4)), (bench_verify, (8, 4)), (bench_verify, (64, 4))]
     sections += [(bench_kv_write, (1, 5)), (bench_kv_write, (64, 9)), (bench_silu_mul, (5,)), (bench_silu_mul, (576,))]
     sections += [(bench_rotary_kv_write, (1, 5)), (bench_rotary_kv_write, (64, 9))]
     sections += [(bench_sample, (1,)), (bench_sample, (8,)), (bench_sample, (64,))]
+    if args.only:
+        sections = [(bench, shape) for bench, shape in sections if bench.__name__ in args.only.split(",")]
     for bench, shape in sections:
         try:  # one failing kernel must not hide the others' numbers
             result = bench(*shape, sm, copy_gb_s)

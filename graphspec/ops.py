@@ -872,19 +872,27 @@ def verify_rejection_reference(
     seed: Tensor,
     counter: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    batch, k = draft_tokens.shape
     p = process_logits(target_logits, temperature, top_k, top_p)  # [B, K+1, V]
     q = process_logits(draft_logits, temperature, top_k, top_p)  # [B, K, V]
+    return rejection_from_probabilities(p, q, draft_tokens, seed, counter)
+
+
+def rejection_from_probabilities(
+    p: Tensor, q: Tensor, draft_tokens: Tensor, seed: Tensor, counter: Tensor
+) -> tuple[Tensor, Tensor]:
+    """verify_rejection_reference after process_logits: p [B, K+1, V] and q [B, K, V] float64 (the
+    processed target and draft distributions) -> (tokens [B, K+1], num_accepted [B])."""
+    batch, k = draft_tokens.shape
     index = draft_tokens.unsqueeze(-1)
     p_draft = p[:, :k].gather(-1, index).squeeze(-1)  # [B, K]
     q_draft = q.gather(-1, index).squeeze(-1)
-    lanes = torch.arange(k, device=target_logits.device) + ACCEPT_LANE
+    lanes = torch.arange(k, device=p.device) + ACCEPT_LANE
     u = uniform(seed, counter, lanes)  # [B, K]
     # Accept d_j with probability min(1, p/q): u * q < p avoids dividing by q (q > 0 for a drawn token).
     accepted = _leading_accepts(u * q_draft.to(torch.float64) < p_draft.to(torch.float64))
     # At the first rejection draw from max(0, p - q); after K accepts draw the bonus from p itself.
     q_padded = torch.cat((q, torch.zeros_like(q[:, :1])), dim=1)  # [B, K+1, V]
-    rows = torch.arange(batch, device=target_logits.device)
+    rows = torch.arange(batch, device=p.device)
     p_n, q_n = p[rows, accepted], q_padded[rows, accepted]  # [B, V]
     residual = (p_n - q_n).clamp(min=0)
     # An all-zero residual means p == q there, where rejection cannot happen; fall back to p for safety.

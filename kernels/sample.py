@@ -11,9 +11,11 @@ the scaled logits, and MASS, whose per-split partials are the exact sums of the 
 those sums are integers, the thresholds and Z are the ones verify_rejection's kernel computes for the
 same draft logits, bit for bit, whatever the batch or vocab split: the draft samples from exactly the
 q that verify uses. sample_kernel then draws: a prefix over the split sums finds the split that
-crosses u * Z, and one scan of that split (a running int64 sum per block) finds the token.
-Launches: the 19 stats passes (at nprobe 16) and sample_kernel; passes of a search that is off for a
-row do no work for it.
+crosses u * Z, and one scan of that split (a running int64 sum per block) finds the token; a row the
+candidates decided (kernels/candidates.py: all its kept tokens are among its top logits) draws among
+those candidates in vocab index order instead, which is the same inverse CDF (every other weight is 0).
+Launches: topk, 2 decide launches, the 19 stats passes (at nprobe 16) and sample_kernel; passes of a
+search that is off for a row, or of a row already decided, do no work for it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from graphspec.kernels.candidates import BLOCK_J, CAND_WIDTH, DONE, candidate_draw
 from graphspec.kernels.common import check_config_table, check_device, next_power_of_2
 from graphspec.kernels.verify_rejection import WEIGHT_SCALE, distribution_stats, uniform
 from torch import Tensor
@@ -32,11 +35,12 @@ __all__ = ["CONFIGS", "sample", "sample_reference", "sample_triton"]
 
 # The stats passes' fields (see kernels/verify_rejection.py): block_v vocab entries per loop step (also
 # the draw's scan block), nprobe thresholds per search pass, num_warps, chunk_v most vocab entries per
-# program and pass. The same values as verify_rejection's rows: its tuning measured these passes.
+# program and pass, candidates top logits per row that decide it when they can (0: off). The same
+# values as verify_rejection's rows: its tuning measured these passes.
 CONFIGS: dict[int | str, dict[str, int]] = {
-    80: {"block_v": 1024, "nprobe": 16, "num_warps": 4, "chunk_v": 8192},
-    90: {"block_v": 1024, "nprobe": 16, "num_warps": 4, "chunk_v": 8192},
-    "default": {"block_v": 512, "nprobe": 16, "num_warps": 4, "chunk_v": 8192},
+    80: {"block_v": 1024, "nprobe": 16, "num_warps": 4, "chunk_v": 8192, "candidates": 128},
+    90: {"block_v": 1024, "nprobe": 16, "num_warps": 4, "chunk_v": 8192, "candidates": 128},
+    "default": {"block_v": 512, "nprobe": 16, "num_warps": 4, "chunk_v": 8192, "candidates": 128},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
@@ -50,15 +54,21 @@ def sample_kernel(
     part_ptr,  # int64 [B, splits, NPROBE]: the MASS pass's per-split sums of kept weights at probe 0
     state_ptr,  # int64 [B, 4]: search lo, hi, threshold key, argmax
     fstate_ptr,  # float64 [B, 4]: max scaled logit, Z_k, bound, unused
+    values_ptr,  # [B, cap]: each row's candidate logits (kernels/candidates.py)
+    index_ptr,  # int64 [B, cap]: their vocab indices
+    cand_ptr,  # int64 [B, CAND_WIDTH]: the candidates' decision
     out_ptr,  # int64 [B]
     lane,
     vocab,
     num_splits,
+    cap,
     stride_b,
     stride_v,
     NPROBE: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_J: tl.constexpr,
 ):
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
@@ -82,6 +92,13 @@ def sample_kernel(
     running = tl.sum(tl.where(splits < first_split, sums, 0), 0)  # kept mass before that split, int64
     chunk = tl.cdiv(tl.cdiv(vocab, num_splits), BLOCK_V) * BLOCK_V  # the stats passes' chunks
     start = tl.where(first_split < num_splits, first_split * chunk, vocab)  # goal >= Z: no crossing
+    # A decided row keeps only candidates: draw among them, in vocab index order, and scan nothing.
+    decided = (tl.load(cand_ptr + b * CAND_WIDTH) & DONE) != 0
+    from_candidates = tl.full([], 2147483647, tl.int32)
+    if BLOCK_C > 0:
+        from_candidates = candidate_draw(values_ptr, index_ptr, b, cap, temperature, row_max, threshold, goal,
+                                         BLOCK_C, BLOCK_J)  # fmt: skip
+    start = tl.where(decided, vocab, start)
 
     row_ptr = logits_ptr + b64 * stride_b
     found = tl.full([], 2147483647, tl.int32)
@@ -98,6 +115,7 @@ def sample_kernel(
         found = tl.min(tl.where(ok & (cdf.to(tl.float64) > goal), index, 2147483647), 0)
         running += tl.sum(weight, 0)
         start += BLOCK_V
+    found = tl.where(decided, from_candidates, found)
     token = tl.minimum(found, vocab - 1).to(tl.int64)  # u * Z can round up to Z: clamp like the reference
     tl.store(out_ptr + b, tl.where(greedy, argmax, token))
 
@@ -114,6 +132,7 @@ def sample(
     nprobe: int = CONFIGS["default"]["nprobe"],
     num_warps: int = CONFIGS["default"]["num_warps"],
     chunk_v: int = CONFIGS["default"]["chunk_v"],
+    candidates: int = CONFIGS["default"]["candidates"],
 ) -> Tensor:
     """One token per row of logits [B, V] (any strides); per-row parameters [B] as graphspec.ops.sample.
     Returns a new int64 [B]."""
@@ -127,12 +146,14 @@ def sample(
     if batch == 0:
         return out
     rows = logits.unsqueeze(1)  # [B, 1, V]: each batch row is one stat row (K = 0)
-    part, state, fstate, splits = distribution_stats(
-        rows, rows, temperature, top_k, top_p, block_v, nprobe, num_warps, chunk_v
-    )
+    stats = distribution_stats(rows, rows, temperature, top_k, top_p, block_v, nprobe, num_warps, chunk_v, candidates)
+    cap = min(candidates, vocab)
+    block_c = next_power_of_2(cap) if cap > 0 else 0
     sample_kernel[(batch,)](
-        logits, temperature, seed, counter, part, state, fstate, out, lane, vocab, splits, *logits.stride(),
-        NPROBE=nprobe, BLOCK_V=block_v, BLOCK_S=next_power_of_2(splits), num_warps=num_warps,
+        logits, temperature, seed, counter, stats.part, stats.state, stats.fstate, stats.values, stats.index,
+        stats.cand, out, lane, vocab, stats.splits, max(cap, 1), *logits.stride(),
+        NPROBE=nprobe, BLOCK_V=block_v, BLOCK_S=next_power_of_2(stats.splits), BLOCK_C=block_c,
+        BLOCK_J=min(BLOCK_J, max(block_c, 1)), num_warps=num_warps,
     )  # fmt: skip
     return out
 
@@ -150,9 +171,12 @@ def sample_triton(
     nprobe: int,
     num_warps: int,
     chunk_v: int,
+    candidates: int,
 ) -> Tensor:
     """graphspec::sample lowered to the stats passes + sample_kernel; the trailing ints are CONFIG_FIELDS."""
-    return sample(logits, temperature, top_k, top_p, seed, counter, lane, block_v, nprobe, num_warps, chunk_v)
+    return sample(
+        logits, temperature, top_k, top_p, seed, counter, lane, block_v, nprobe, num_warps, chunk_v, candidates
+    )
 
 
 @sample_triton.register_fake

@@ -29,10 +29,15 @@ vocab and writing a partial (max/argmax, mass, or per-probe weights). A pass's p
 the previous pass's partials into the row's search state (every program of a row computes the same
 state; split 0 stores it), so no launch waits on the host and the launch sequence is static:
     MAX, SEARCH_K x NPASS, MASS_K, SEARCH_P x NPASS, MASS
-(passes of a search that is off for a row, or already converged, do nothing for it). State and
-partials are double-buffered by launch parity. verify_rejection_residual_kernel then decides the
-accept count and writes per-split sums of the residual, and verify_rejection_kernel draws the token
-(finds the split whose prefix crosses u * total, then scans inside it) and writes the outputs.
+(passes of a search that is off for a row, or already converged, do nothing for it). Before them,
+kernels/candidates.py decides from each row's top `candidates` logits (torch.topk) every row whose
+result they provably settle (most top-k and top-p rows of a trained model), and once more after MASS_K
+(top-p alone needs the full-vocab Z); the passes give decided rows empty chunks, so their launches
+scan nothing for them, and the final state and MASS partials describe a decided row exactly as the
+searches would have (its Z in split 0). State and partials are double-buffered by launch parity.
+verify_rejection_residual_kernel then decides the accept count and writes per-split sums of the
+residual, and verify_rejection_kernel draws the token (finds the split whose prefix crosses u * total,
+then scans inside it) and writes the outputs.
 
 Differences from the reference: tl.exp and torch.exp may differ in the last fp32 bit, which moves a
 weight by a few fp32 ulps of itself (a decision exactly at a bound can then go the other way); the
@@ -42,10 +47,13 @@ residual draw sums float64 (p - q) per split where the reference's cumulative su
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from graphspec.kernels import candidates
+from graphspec.kernels.candidates import CAND_WIDTH, DONE, MAX_KNOWN
 from graphspec.kernels.common import (
     PROGRAMS_PER_SM,
     cdiv,
@@ -61,11 +69,12 @@ from graphspec.ops import ACCEPT_LANE, RESAMPLE_LANE, WEIGHT_BITS, verify_reject
 __all__ = ["CONFIGS", "verify_rejection", "verify_rejection_reference", "verify_rejection_triton"]
 
 # block_v: vocab entries per loop step; nprobe: thresholds tested per search pass (a power of 2);
-# num_warps: per program; chunk_v: most vocab entries one program scans per pass (more splits below it).
+# num_warps: per program; chunk_v: most vocab entries one program scans per pass (more splits below it);
+# candidates: top logits per stat row that decide it without the passes when they can (0: off).
 CONFIGS: dict[int | str, dict[str, int]] = {
-    80: {"block_v": 1024, "nprobe": 16, "num_warps": 4, "chunk_v": 8192},
-    90: {"block_v": 1024, "nprobe": 16, "num_warps": 4, "chunk_v": 8192},
-    "default": {"block_v": 512, "nprobe": 16, "num_warps": 4, "chunk_v": 8192},
+    80: {"block_v": 1024, "nprobe": 16, "num_warps": 4, "chunk_v": 8192, "candidates": 128},
+    90: {"block_v": 1024, "nprobe": 16, "num_warps": 4, "chunk_v": 8192, "candidates": 128},
+    "default": {"block_v": 512, "nprobe": 16, "num_warps": 4, "chunk_v": 8192, "candidates": 128},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
@@ -116,6 +125,7 @@ def verify_rejection_stats_kernel(
     state_out_ptr,
     fstate_in_ptr,  # float64 [R, 4]: max scaled logit, Z_k, search bound, unused
     fstate_out_ptr,
+    cand_ptr,  # int64 [R, CAND_WIDTH]: what kernels/candidates.py decided from the row's top candidates
     vocab,
     num_splits,
     stride_tb,
@@ -148,8 +158,16 @@ def verify_rejection_stats_kernel(
     temperature = tl.where(sampled, temperature, 1.0)  # greedy rows: plain logits, only the argmax is used
     top_k = tl.load(top_k_ptr + b).to(tl.int64)
     top_p = tl.load(top_p_ptr + b).to(tl.float32)
-    active_k = sampled & (top_k > 0) & (top_k < vocab)  # the top-k search runs for this row
-    active_p = sampled & (top_p < 1.0)  # the top-p search runs for this row
+    active_k = sampled & (top_k > 0) & (top_k < vocab)  # top-k is on for this row
+    active_p = sampled & (top_p < 1.0)  # top-p is on for this row
+    # Rows the candidates decided (DONE: final threshold and Z known) skip every vocab scan; rows whose
+    # max they know (MAX_KNOWN) skip the MAX scan. Flags only ever get set between passes, never cleared.
+    flags = tl.load(cand_ptr + row * CAND_WIDTH)
+    done = (flags & DONE) != 0
+    undecided = (flags & DONE) == 0  # (`~` on a scalar int1 trips the interpreter)
+    max_known = (flags & MAX_KNOWN) != 0
+    search_k = active_k & undecided  # the top-k search runs for this row
+    search_p = active_p & undecided  # the top-p search runs for this row
 
     # ---- Combine: the row's state after the previous pass (identical in every program of the row).
     lo = tl.full([], 0, tl.int64)  # the searched threshold key lies in (lo, hi]
@@ -182,7 +200,7 @@ def verify_rejection_stats_kernel(
         hi = tl.full([], 2147483647, tl.int64)
         bound = top_k.to(tl.float64)
     if (PREVIOUS == 1) | (PREVIOUS == 3):  # a search pass: move (lo, hi] onto the probes that bracket it
-        active = active_k if PREVIOUS == 1 else active_p
+        active = search_k if PREVIOUS == 1 else search_p
         if active & (hi - lo > 1):
             probe = tl.arange(0, NPROBE)
             weights = tl.load(part_in_ptr + parts[:, None] + probe[None, :], mask=split_ok[:, None], other=0)
@@ -204,11 +222,23 @@ def verify_rejection_stats_kernel(
         bound = top_p.to(tl.float64) * mass_k  # float64, as ops.sampling_weights
     if PHASE == 4:  # after the last top-p pass
         threshold = tl.where(active_p, hi, threshold)
+    # A decided row's threshold is the candidates' (once set, the same in every later pass).
+    threshold = tl.where(done, tl.load(cand_ptr + row * CAND_WIDTH + 2), threshold)
 
     # ---- Work: this program's vocab chunk [start_v, end_v), equal chunks of whole blocks.
     chunk = tl.cdiv(tl.cdiv(vocab, num_splits), BLOCK_V) * BLOCK_V
     start_v = split * chunk
     end_v = tl.minimum(start_v + chunk, vocab)
+    # Rows that need no scan in this pass get an empty chunk (their loops below run zero times):
+    # MAX: the max is known; MASS_K: its Z_k only feeds top-p's bound (greedy rows never use a mass);
+    # MASS: a decided row's Z is the candidates' (greedy rows need none).
+    if PHASE == 0:
+        end_v = tl.where(max_known, start_v, end_v)
+    if PHASE == 2:
+        end_v = tl.where(search_p, end_v, start_v)
+    if PHASE == 4:
+        end_v = tl.where(undecided & sampled, end_v, start_v)
+    first = split == 0
     out = (row * num_splits + split).to(tl.int64) * NPROBE
     if PHASE == 0:  # MAX: partial max of s and its first index (a later block wins only if larger)
         best = tl.full([], float("-inf"), tl.float32)
@@ -221,10 +251,16 @@ def verify_rejection_stats_kernel(
             better = block_max > best
             best_index = tl.where(better, start + block_arg, best_index)
             best = tl.where(better, block_max, best)
-        tl.store(part_out_ptr + out, best.to(tl.int32, bitcast=True).to(tl.int64))  # the fp32 bits
+        best_bits = best.to(tl.int32, bitcast=True).to(tl.int64)  # the fp32 bits
+        # A known max and argmax go to split 0; the other splits report -inf, which never ties with a
+        # known greedy max (it is above the smallest candidate) and leaves a sampled row's max alone.
+        best_bits = tl.where(max_known & first, tl.load(cand_ptr + row * CAND_WIDTH + 4), best_bits)
+        known_index = tl.load(cand_ptr + row * CAND_WIDTH + 1).to(tl.int32)
+        best_index = tl.where(max_known & first, known_index, best_index)
+        tl.store(part_out_ptr + out, best_bits)
         tl.store(index_out_ptr + row * num_splits + split, best_index)
     if (PHASE == 1) | (PHASE == 3):  # a search pass: W(key > probe) over the chunk for NPROBE probes
-        active = active_k if PHASE == 1 else active_p
+        active = search_k if PHASE == 1 else search_p
         if active & (hi - lo > 1):
             width = hi - lo
             step = (tl.arange(0, NPROBE) + 1).to(tl.int64)
@@ -257,10 +293,11 @@ def verify_rejection_stats_kernel(
             key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # order key
             weight = (tl.exp(s - row_max) * WEIGHT_SCALE).to(tl.int64)
             total += tl.sum(tl.where(ok & (key >= threshold), weight, 0), 0)
+        if PHASE == 4:  # a decided row's Z, all in split 0 (the splits' sum is what consumers read)
+            total = tl.where(done & sampled & first, tl.load(cand_ptr + row * CAND_WIDTH + 3), total)
         tl.store(part_out_ptr + out, total)
 
     # Split 0 carries the row's state to the next pass.
-    first = split == 0
     tl.store(state_out_ptr + row * 4, lo, mask=first)
     tl.store(state_out_ptr + row * 4 + 1, hi, mask=first)
     tl.store(state_out_ptr + row * 4 + 2, threshold, mask=first)
@@ -281,6 +318,7 @@ def _probability(logit_ptrs, index, ok, temperature, greedy, row_max, threshold,
     bits = s.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # order key
     weight = (tl.exp(s - row_max) * WEIGHT_SCALE).to(tl.int64)
+    normalizer = tl.where(greedy, 1, normalizer)  # greedy rows have no mass (the passes skip it)
     sampled = tl.where(key >= threshold, weight.to(tl.float64) / normalizer.to(tl.float64), 0.0)
     return tl.where(ok, tl.where(greedy, (index == argmax).to(tl.float64), sampled), 0.0)
 
@@ -519,6 +557,18 @@ def num_splits(rows: int, vocab: int, block_v: int, chunk_v: int, sms: int) -> i
     return max(1, min(wanted, MAX_SPLITS, cdiv(vocab, block_v)))
 
 
+class Stats(NamedTuple):
+    """The stats passes' result for R stat rows (see distribution_stats)."""
+
+    part: Tensor  # int64 [R, splits, NPROBE]: the MASS pass's per-split sums of kept weights at probe 0
+    state: Tensor  # int64 [R, 4]: search lo, hi, threshold key, argmax
+    fstate: Tensor  # float64 [R, 4]: max, Z_k, search bound, unused
+    splits: int
+    values: Tensor  # [R, cap] each row's candidate logits ([R, 1] unread when candidates are off)
+    index: Tensor  # int64 [R, cap] their vocab indices
+    cand: Tensor  # int64 [R, CAND_WIDTH]: what the candidates decided (flags 0 when they are off)
+
+
 def distribution_stats(
     target_logits: Tensor,
     draft_logits: Tensor,
@@ -529,11 +579,12 @@ def distribution_stats(
     nprobe: int,
     num_warps: int,
     chunk_v: int,
-) -> tuple[Tensor, Tensor, Tensor, int]:
+    candidates_per_row: int,
+) -> Stats:
     """Run the stats passes over the B * (2K+1) stat rows of target_logits [B, K+1, V] and draft_logits
-    [B, K, V] (K = 0: one stat row per batch row, draft_logits unread). Returns (part [R, splits,
-    NPROBE] int64 holding the MASS pass's per-split sums of kept weights at probe 0, state [R, 4] int64
-    (search lo, hi, threshold key, argmax), fstate [R, 4] float64 (max, Z_k, bound), splits)."""
+    [B, K, V] (K = 0: one stat row per batch row, draft_logits unread). With candidates_per_row > 0 the
+    rows' top candidates decide what they can first (kernels/candidates.py; a static sequence still:
+    topk, decide, MAX, SEARCH_K..., MASS_K, decide, SEARCH_P..., MASS) and the passes skip those rows."""
     batch, positions, vocab = target_logits.shape
     k = positions - 1
     device = target_logits.device
@@ -544,18 +595,29 @@ def distribution_stats(
     index = torch.empty((2, rows, splits), dtype=torch.int32, device=device)
     state = torch.empty((2, rows, 4), dtype=torch.int64, device=device)
     fstate = torch.empty((2, rows, 4), dtype=torch.float64, device=device)
+    cap = min(candidates_per_row, vocab)
+    if cap > 0:
+        values, cand_index = candidates.candidates(target_logits, draft_logits, cap)
+        cand = torch.empty((rows, CAND_WIDTH.value), dtype=torch.int64, device=device)
+        candidates.decide(0, values, cand_index, cand, part[0], temperature, top_k, top_p, vocab, k, num_warps)
+    else:  # no flags: every row takes the full-vocab passes
+        values = torch.zeros((rows, 1), dtype=target_logits.dtype, device=device)
+        cand_index = torch.zeros((rows, 1), dtype=torch.int64, device=device)
+        cand = torch.zeros((rows, CAND_WIDTH.value), dtype=torch.int64, device=device)
     previous = NONE
     for launch, phase in enumerate(pass_sequence(nprobe)):
         src, dst = (launch + 1) % 2, launch % 2
+        if previous == MASS_K and cap > 0:  # Z of the whole vocab is known now: decide top-p-alone rows
+            candidates.decide(1, values, cand_index, cand, part[src], temperature, top_k, top_p, vocab, k, num_warps)
         verify_rejection_stats_kernel[(rows, splits)](
             target_logits, draft_logits, temperature, top_k, top_p, part[src], part[dst], index[src], index[dst],
-            state[src], state[dst], fstate[src], fstate[dst], vocab, splits,
+            state[src], state[dst], fstate[src], fstate[dst], cand, vocab, splits,
             *target_logits.stride(), *draft_logits.stride(),
             K=k, PHASE=phase, PREVIOUS=previous, BLOCK_V=block_v, NPROBE=nprobe, BLOCK_S=next_power_of_2(splits),
             num_warps=num_warps,
         )  # fmt: skip
         previous = phase
-    return part[dst], state[dst], fstate[dst], splits
+    return Stats(part[dst], state[dst], fstate[dst], splits, values, cand_index, cand)
 
 
 def verify_rejection(
@@ -571,6 +633,7 @@ def verify_rejection(
     nprobe: int = CONFIGS["default"]["nprobe"],
     num_warps: int = CONFIGS["default"]["num_warps"],
     chunk_v: int = CONFIGS["default"]["chunk_v"],
+    candidates: int = CONFIGS["default"]["candidates"],
 ) -> tuple[Tensor, Tensor]:
     """Rejection-sampling verify; shapes as graphspec.ops.verify_rejection. Returns (tokens [B, K+1],
     num_accepted [B]), both int64. Logits may have any strides; target and draft share a dtype."""
@@ -584,8 +647,8 @@ def verify_rejection(
     accepted = torch.empty((batch,), dtype=torch.int64, device=device)
     if batch == 0:
         return tokens, accepted
-    part, state, fstate, splits = distribution_stats(
-        target_logits, draft_logits, temperature, top_k, top_p, block_v, nprobe, num_warps, chunk_v
+    part, state, fstate, splits, *_ = distribution_stats(
+        target_logits, draft_logits, temperature, top_k, top_p, block_v, nprobe, num_warps, chunk_v, candidates
     )
     residual_part = torch.empty((batch, splits, 2), dtype=torch.float64, device=device)
     common = dict(K=k, ACCEPT=ACCEPT_LANE, RESAMPLE=RESAMPLE_LANE, NPROBE=nprobe, BLOCK_V=block_v,
@@ -616,11 +679,12 @@ def verify_rejection_triton(
     nprobe: int,
     num_warps: int,
     chunk_v: int,
+    candidates: int,
 ) -> tuple[Tensor, Tensor]:
     """graphspec::verify_rejection lowered to the kernels above; the trailing ints are CONFIG_FIELDS."""
     return verify_rejection(
         target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, seed, counter,
-        block_v, nprobe, num_warps, chunk_v,
+        block_v, nprobe, num_warps, chunk_v, candidates,
     )  # fmt: skip
 
 

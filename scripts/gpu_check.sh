@@ -16,7 +16,7 @@
 #             PREFILL_ARGS adds arguments, e.g. "--profile 4096x1")
 #   serve     benchmarks/bench_serve.py (continuous vs static batching under Poisson load)
 #   parity    scripts/gpu_parity.py (when it exists)
-#   kernels   benchmarks/bench_kernels.py
+#   kernels   benchmarks/bench_kernels.py (KERNELS_ARGS adds arguments, e.g. "--only bench_sample,bench_verify")
 # The package is installed from this checkout without network first (graphspec.kernels maps to kernels/).
 # Logs and JSON go to $OUT (the device tool brings that folder back); a stage that fails or times out does
 # not stop the later ones, and the script exits non-zero if any stage failed. Each stage's time limit can be
@@ -98,7 +98,7 @@ if wants parity && [ -f scripts/gpu_parity.py ]; then
     stage "gpu_parity" "${PARITY_S:-300}" "$OUT/gpu_parity.log" "$PYTHON" scripts/gpu_parity.py
 fi
 if wants kernels; then
-    stage "bench_kernels" "${KERNELS_S:-90}" "$OUT/bench_kernels.log" "$PYTHON" benchmarks/bench_kernels.py
+    stage "bench_kernels" "${KERNELS_S:-90}" "$OUT/bench_kernels.log" "$PYTHON" benchmarks/bench_kernels.py ${KERNELS_ARGS:-}
 fi
 
 echo "=== gpu_check: $([ "$failed" -eq 0 ] && echo PASSED || echo FAILED)" | tee -a "$SUMMARY"

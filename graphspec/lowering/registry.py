@@ -388,8 +388,9 @@ def fits_on_cpu(node: fx.Node) -> bool:
 # its op torch.ops.graphspec.<op>_cpu. The runtime applies it to the step it runs on the CPU
 # (lower_kernels.lower_for_cpu); compiled graphs keep the references there. Attention reads only what
 # each row can see (the reference reads the whole cache); the others are the reference's arithmetic
-# without custom_op's per-call cost, more than their work at decode sizes (kernels/cpu_library.py).
-# Ops called once per step stay references.
+# without custom_op's per-call cost, more than their work at decode sizes (kernels/cpu_library.py);
+# sample and verify_rejection skip the reference's full-vocabulary sort where each row's top candidates
+# settle its cuts (kernels/sampling_cpu.py). Other ops called once per step stay references.
 CPU = "cpu"
 CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "attention": fits_attention_cpu,
@@ -398,6 +399,8 @@ CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "add_rms_norm": fits_on_cpu,
     "silu_mul": fits_on_cpu,
     "argmax": fits_on_cpu,
+    "sample": fits_on_cpu,  # the sort-free path where the candidates settle the batch, else the reference
+    "verify_rejection": fits_on_cpu,
 }
 
 

@@ -14,10 +14,11 @@ from graphspec.kernels import sample as kernel
 from torch.library import opcheck
 
 from graphspec import ops
+from tests.kernels.candidate_rows import CAP, KINDS, decided_rows, kind_logits, kind_parameters
 from tests.kernels.helpers import DEVICE, generator, poison_allocator
 from tests.kernels.test_verify_rejection import g_test_p_value
 
-SMALL = {"block_v": 32, "nprobe": 16, "num_warps": 4, "chunk_v": 64}
+SMALL = {"block_v": 32, "nprobe": 16, "num_warps": 4, "chunk_v": 64, "candidates": CAP}
 FEW_PASSES = {**SMALL, "nprobe": 256}  # 4 search passes instead of 8: half the interpreted launches
 
 
@@ -102,9 +103,43 @@ def test_sample_vocab_split_over_programs() -> None:
     """Each row's vocab split over 5 programs per pass (as batch 1 runs on a GPU): the searches, the
     exact split sums and the draw's scan of one split give the reference's tokens."""
     args = make_case(2, 300, torch.float32, seed=4, filters=True)
-    assert kernel.distribution_stats(args[0].unsqueeze(1), args[0].unsqueeze(1), *args[1:4], 32, 16, 4, 64)[3] == 5
+    assert (
+        kernel.distribution_stats(args[0].unsqueeze(1), args[0].unsqueeze(1), *args[1:4], 32, 16, 4, 64, 0).splits == 5
+    )
     for lane in range(4):
         assert_matches_reference(args, lane, block_v=32, nprobe=16, chunk_v=64)
+
+
+def candidate_case(vocab: int, seed: int, device=DEVICE):
+    """One row of every kind in candidate_rows.KINDS: (sample's arguments, decided [B] expected)."""
+    g = generator(seed)
+    kinds = list(KINDS)
+    logits = torch.stack([kind_logits(kind, vocab, g) for kind in kinds])
+    temperature, top_k, top_p, decided = kind_parameters(kinds)
+    seeds = torch.randint(-(2**62), 2**62, (len(kinds),), generator=g)
+    counter = torch.randint(0, 1000, (len(kinds),), generator=g)
+    return tuple(a.to(device) for a in (logits, temperature, top_k, top_p, seeds, counter)), decided
+
+
+@pytest.mark.parametrize("config", [SMALL, {**SMALL, "block_v": 128, "chunk_v": 512}], ids=["split", "whole"])
+def test_sample_candidates_decide_exactly_the_rows_they_can(config: dict[str, int]) -> None:
+    """A batch mixing rows the top-16 candidates decide (greedy with a tie, top-k < 16, top-p narrow,
+    top-k + top-p, a cut between +0.0 and -0.0) with rows that must take the full-vocab passes (ties
+    past the 16th candidate, top-k > 16, top-p wide, no filters, all-equal rows): each row's flag is the
+    one intended, and every token is the reference's."""
+    args, decided = candidate_case(300, seed=11)
+    rows = args[0].unsqueeze(1)  # [B, 1, V]: sample's stat rows
+    assert torch.equal(decided_rows(rows, rows, *args[1:4], **config), decided)
+    for lane in range(2):
+        assert_matches_reference(args, lane, **config)
+
+
+def test_sample_without_candidates_matches_with_them() -> None:
+    """candidates=0 turns the fast path off: the full-vocab passes alone give the same (reference) tokens."""
+    args, _ = candidate_case(300, seed=12)
+    rows = args[0].unsqueeze(1)
+    assert not decided_rows(rows, rows, *args[1:4], **{**SMALL, "candidates": 0}).any()
+    assert_matches_reference(args, 0, **{**SMALL, "block_v": 128, "chunk_v": 512, "candidates": 0})
 
 
 def test_sample_refuses_bad_shapes() -> None:
@@ -139,9 +174,28 @@ def test_sample_triton_opcheck() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("candidates", [128, 0], ids=["candidates", "full_vocab"])
 @pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (8, 1.0), (0, 0.8), (6, 0.9)])
-def test_sample_draws_follow_process_logits_gpu(top_k: int, top_p: float) -> None:
-    assert sample_g_test(200_000, 16, top_k, top_p, torch.device("cuda"), **kernel.CONFIGS[90]) > 1e-4
+def test_sample_draws_follow_process_logits_gpu(top_k: int, top_p: float, candidates: int) -> None:
+    """Both the candidates' draw (16 tokens <= 128: every row decided but keep-all) and the full-vocab one."""
+    config = {**kernel.CONFIGS[90], "candidates": candidates}
+    assert sample_g_test(200_000, 16, top_k, top_p, torch.device("cuda"), **config) > 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("candidates", [CAP, 128])
+def test_sample_candidates_real_vocab_gpu(candidates: int) -> None:
+    """candidate_rows' kinds at the Llama-3 vocab (fp32, so no bf16 tie moves a cut): with 16 candidates
+    each row is decided or not as intended (with 128 at least those); tokens equal the reference's but
+    where tl.exp and torch.exp differ in a last bit right at a bound (allowed in 1 draw of 50)."""
+    cuda = torch.device("cuda")
+    args, decided = candidate_case(128256, seed=13, device=cuda)
+    config = {**kernel.CONFIGS[90], "candidates": candidates}
+    rows = args[0].unsqueeze(1)
+    flags = decided_rows(rows, rows, *args[1:4], **config)
+    assert torch.equal(flags, decided) if candidates == CAP else bool(flags[decided].all())
+    same = torch.stack([kernel.sample(*args, lane, **config) == ops.sample(*args, lane) for lane in range(8)])
+    assert same.float().mean().item() >= 0.98, same
 
 
 @pytest.mark.gpu

@@ -15,6 +15,7 @@ import triton.language as tl
 from graphspec.kernels import verify_rejection as kernel
 
 from graphspec import ops
+from tests.kernels.candidate_rows import KINDS, decided_rows, kind_logits, kind_parameters
 from tests.kernels.helpers import DEVICE, generator, poison_allocator
 
 
@@ -98,9 +99,39 @@ def test_verify_rejection_vocab_split_over_programs() -> None:
 
 def test_verify_rejection_op_takes_config() -> None:
     args = make_case(2, 1, 50, torch.float32, seed=3, filters=True)
-    tokens, accepted = torch.ops.graphspec.verify_rejection_triton(*args, 32, 256, 4, 8192)
+    tokens, accepted = torch.ops.graphspec.verify_rejection_triton(*args, 32, 256, 4, 8192, 16)
     ref_tokens, ref_accepted = kernel.verify_rejection_reference(*args)
     assert torch.equal(tokens, ref_tokens) and torch.equal(accepted, ref_accepted)
+
+
+def candidate_case(k: int, vocab: int, seed: int, device=DEVICE):
+    """One batch row of every kind in candidate_rows.KINDS, each of its K+1 target and K draft positions
+    a fresh row of that kind, draft tokens drawn from the processed draft distribution: (verify's
+    arguments, decided [B * (2K+1)] expected per stat row)."""
+    g = generator(seed)
+    kinds = list(KINDS)
+    target = torch.stack([torch.stack([kind_logits(kind, vocab, g) for _ in range(k + 1)]) for kind in kinds])
+    draft = torch.stack([torch.stack([kind_logits(kind, vocab, g) for _ in range(k)]) for kind in kinds])
+    temperature, top_k, top_p, decided = kind_parameters(kinds)
+    seeds = torch.randint(-(2**62), 2**62, (len(kinds),), generator=g)
+    counter = torch.randint(0, 1000, (len(kinds),), generator=g)
+    q = ops.process_logits(draft, temperature, top_k, top_p)
+    drafts = torch.stack([ops.sample_from(q[:, j], ops.uniform(seeds, counter, j)) for j in range(k)], dim=1)
+    args = (target, draft, drafts, temperature, top_k, top_p, seeds, counter)
+    return tuple(a.to(device) for a in args), decided.repeat_interleave(2 * k + 1)
+
+
+@pytest.mark.parametrize(("block_v", "k"), [(128, 2), (32, 1)], ids=["whole", "split"])
+def test_verify_rejection_candidates_decide_exactly_the_rows_they_can(block_v: int, k: int) -> None:
+    """Target and draft rows the top-16 candidates decide, and rows that must take the full-vocab
+    passes (see candidate_rows.KINDS), in one batch: each stat row's flag is the one intended, and the
+    accepted counts and tokens are the reference's (so p and q are, where the drafts land)."""
+    args, decided = candidate_case(k, 300, seed=21)
+    config = {"block_v": block_v, "nprobe": 256, "num_warps": 4, "chunk_v": 2 * block_v, "candidates": 16}
+    assert torch.equal(decided_rows(args[0], args[1], *args[3:6], **config), decided)
+    tokens, accepted, ref_tokens, ref_accepted = run_both(args, **config)
+    torch.testing.assert_close(accepted, ref_accepted, rtol=0, atol=0)
+    torch.testing.assert_close(tokens, ref_tokens, rtol=0, atol=0)
 
 
 def g_test_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -140,10 +171,26 @@ def test_verify_rejection_emits_target_distribution() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("candidates", [128, 0], ids=["candidates", "full_vocab"])
 @pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (8, 1.0), (0, 0.8), (6, 0.9)])
-def test_verify_rejection_emits_target_distribution_gpu(top_k: int, top_p: float) -> None:
-    p_value = emitted_first_token_test(200_000, 16, 3, top_k, top_p, torch.device("cuda"), **kernel.CONFIGS[90])
+def test_verify_rejection_emits_target_distribution_gpu(top_k: int, top_p: float, candidates: int) -> None:
+    config = {**kernel.CONFIGS[90], "candidates": candidates}
+    p_value = emitted_first_token_test(200_000, 16, 3, top_k, top_p, torch.device("cuda"), **config)
     assert p_value > 1e-4, p_value
+
+
+@pytest.mark.gpu
+def test_verify_rejection_candidates_real_vocab_gpu() -> None:
+    """candidate_rows' kinds at the Llama-3 vocab (fp32), K=4, 16 candidates: each stat row decided or
+    not as intended; accepted counts and tokens the reference's but where tl.exp and torch.exp differ in
+    a last bit right at a bound."""
+    cuda = torch.device("cuda")
+    args, decided = candidate_case(4, 128256, seed=22, device=cuda)
+    config = {**kernel.CONFIGS[90], "candidates": 16}
+    assert torch.equal(decided_rows(args[0], args[1], *args[3:6], **config), decided)
+    tokens, accepted, ref_tokens, ref_accepted = run_both(args, **config)
+    same = (tokens == ref_tokens).all(1) & (accepted == ref_accepted)
+    assert same.float().mean().item() >= 0.93, (tokens, ref_tokens)  # at most 1 row of 15
 
 
 @pytest.mark.gpu

@@ -257,7 +257,8 @@ def test_lowered_real_step_matches_unlowered(real_step: StepCase) -> None:
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-CPU_OPS = ("rms_norm", "add_rms_norm", "silu_mul", "attention", "argmax")  # the hot ops the CPU table has
+# the hot ops the CPU table has
+CPU_OPS = ("rms_norm", "add_rms_norm", "silu_mul", "attention", "argmax", "sample", "verify_rejection")
 
 
 def test_lower_for_cpu_retargets_the_cpu_table_only() -> None:
