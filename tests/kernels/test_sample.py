@@ -121,13 +121,14 @@ def candidate_case(vocab: int, seed: int, device=DEVICE):
     return tuple(a.to(device) for a in (logits, temperature, top_k, top_p, seeds, counter)), decided
 
 
-@pytest.mark.parametrize("config", [SMALL, {**SMALL, "block_v": 128, "chunk_v": 512}], ids=["split", "whole"])
-def test_sample_candidates_decide_exactly_the_rows_they_can(config: dict[str, int]) -> None:
+def test_sample_candidates_decide_exactly_the_rows_they_can() -> None:
     """A batch mixing rows the top-16 candidates decide (greedy with a tie, top-k < 16, top-p narrow,
     top-k + top-p, a cut between +0.0 and -0.0) with rows that must take the full-vocab passes (ties
     past the 16th candidate, top-k > 16, top-p wide, no filters, all-equal rows): each row's flag is the
-    one intended, and every token is the reference's."""
-    args, decided = candidate_case(300, seed=11)
+    one intended, and every token is the reference's. One vocab split per row here: the verify test's
+    "split" case runs the same stats passes over several (the interpreter's time is the limit)."""
+    config = {**SMALL, "block_v": 128, "chunk_v": 512}
+    args, decided = candidate_case(160, seed=11)
     rows = args[0].unsqueeze(1)  # [B, 1, V]: sample's stat rows
     assert torch.equal(decided_rows(rows, rows, *args[1:4], **config), decided)
     for lane in range(2):
@@ -136,7 +137,7 @@ def test_sample_candidates_decide_exactly_the_rows_they_can(config: dict[str, in
 
 def test_sample_without_candidates_matches_with_them() -> None:
     """candidates=0 turns the fast path off: the full-vocab passes alone give the same (reference) tokens."""
-    args, _ = candidate_case(300, seed=12)
+    args, _ = candidate_case(160, seed=12)
     rows = args[0].unsqueeze(1)
     assert not decided_rows(rows, rows, *args[1:4], **{**SMALL, "candidates": 0}).any()
     assert_matches_reference(args, 0, **{**SMALL, "block_v": 128, "chunk_v": 512, "candidates": 0})

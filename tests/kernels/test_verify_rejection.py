@@ -126,7 +126,7 @@ def test_verify_rejection_candidates_decide_exactly_the_rows_they_can(block_v: i
     """Target and draft rows the top-16 candidates decide, and rows that must take the full-vocab
     passes (see candidate_rows.KINDS), in one batch: each stat row's flag is the one intended, and the
     accepted counts and tokens are the reference's (so p and q are, where the drafts land)."""
-    args, decided = candidate_case(k, 300, seed=21)
+    args, decided = candidate_case(k, 160, seed=21)
     config = {"block_v": block_v, "nprobe": 256, "num_warps": 4, "chunk_v": 2 * block_v, "candidates": 16}
     assert torch.equal(decided_rows(args[0], args[1], *args[3:6], **config), decided)
     tokens, accepted, ref_tokens, ref_accepted = run_both(args, **config)
