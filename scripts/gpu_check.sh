@@ -3,7 +3,7 @@
 # minutes, so a full check takes several calls, e.g. (H200, 8B/1B shapes; times are rough):
 #   STAGES=tests PYTEST_TARGETS="tests/drafters tests/e2e tests/kernels" bash scripts/gpu_check.sh   # GPU tests,
 #   STAGES=tests,kernels PYTEST_TARGETS="tests/lowering tests/models tests/runtime tests/serve tests/test_*.py \
-#       tests/tools" bash scripts/gpu_check.sh             # in two calls (all of them take about 11 minutes)
+#       tests/tools" bash scripts/gpu_check.sh             # in two calls (all of them take over 10 minutes)
 #   STAGES=step,drafters bash scripts/gpu_check.sh         # the step vs its floor, every drafter's step
 #   STAGES=dflash,hybrid,prefill bash scripts/gpu_check.sh # DFlash, hybrid targets, prefill + cold start
 #   STAGES=serve bash scripts/gpu_check.sh                 # serving under load
