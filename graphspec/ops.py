@@ -753,22 +753,14 @@ def sampling_weights(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: 
         weights and W_> the sum of the kept weights with s strictly above s_i (the token crossing
         top_p included, tokens tied with it all kept);
     "s above" is order_key order. Every sum is exact in int64, so the rule has no summation order."""
-    logits = logits.to(torch.float32)
     vocab = logits.shape[-1]
     if vocab >= MAX_SAMPLING_VOCAB:
         raise InputError(f"sampling needs a vocab below {MAX_SAMPLING_VOCAB} (int64 fixed-point sums), got {vocab}")
-    extra = logits.dim() - 2
-
-    def per_row(x: Tensor) -> Tensor:
-        return x.reshape(x.shape + (1,) * (extra + 1))
-
-    greedy = per_row(temperature <= 0)
-    scaled = logits / per_row(torch.where(temperature > 0, temperature, 1.0).to(torch.float32))
-    weight = (torch.exp(scaled - scaled.amax(-1, keepdim=True)) * 2.0**WEIGHT_BITS).to(torch.int64)
-    key = order_key(scaled)
+    scaled, row_max = scaled_logits(logits, temperature)
+    weight, key = fixed_point_weights(scaled, row_max), order_key(scaled)
     ascending, order = key.sort(-1)
     # top-k threshold: the top_k-th largest key (rows with top-k off keep everything).
-    top_k = per_row(top_k.to(torch.int64))
+    top_k = per_row(top_k.to(torch.int64), logits)
     kth = ascending.gather(-1, (vocab - top_k.clamp(1, vocab)).expand((*key.shape[:-1], 1)))
     threshold = torch.where((top_k > 0) & (top_k < vocab), kth, torch.iinfo(torch.int64).min)
     weight = torch.where(key >= threshold, weight, 0)
@@ -777,11 +769,33 @@ def sampling_weights(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: 
     prefix = torch.cat((torch.zeros_like(prefix[..., :1]), prefix), dim=-1)  # prefix[j]: mass of the j lowest
     total = prefix[..., -1:]
     above = total - prefix.gather(-1, torch.searchsorted(ascending, key, right=True))
-    top_p = per_row(top_p.to(torch.float32))
+    top_p = per_row(top_p.to(torch.float32), logits)
     keep_p = (top_p >= 1.0) | (above.to(torch.float64) < top_p.to(torch.float64) * total.to(torch.float64))
-    weight = torch.where(keep_p, weight, 0)
+    return greedy_rows_one_hot(torch.where(keep_p, weight, 0), logits, temperature)
+
+
+def per_row(x: Tensor, logits: Tensor) -> Tensor:
+    """Per-row values x [B] shaped to broadcast against logits [B, ..., V]."""
+    return x.reshape(x.shape + (1,) * (logits.dim() - 1))
+
+
+def scaled_logits(logits: Tensor, temperature: Tensor) -> tuple[Tensor, Tensor]:
+    """(s, max s) of sampling_weights: s = fp32(logits) / temperature per row (IEEE division; greedy rows,
+    temperature <= 0, divide by 1), its max over the vocab kept as [..., 1]."""
+    temperature = torch.where(temperature > 0, temperature, 1.0).to(torch.float32)
+    scaled = logits.to(torch.float32) / per_row(temperature, logits)
+    return scaled, scaled.amax(-1, keepdim=True)
+
+
+def fixed_point_weights(scaled: Tensor, row_max: Tensor) -> Tensor:
+    """sampling_weights' int64 weights before any cut: trunc(exp(s - max) * 2**WEIGHT_BITS)."""
+    return (torch.exp(scaled - row_max) * 2.0**WEIGHT_BITS).to(torch.int64)
+
+
+def greedy_rows_one_hot(weight: Tensor, logits: Tensor, temperature: Tensor) -> Tensor:
+    """weight, except on greedy rows (temperature <= 0): weight 1 at the (first) argmax, 0 elsewhere."""
     one_hot = torch.zeros_like(weight).scatter(-1, logits.argmax(-1, keepdim=True), 1)
-    return torch.where(greedy, one_hot, weight)
+    return torch.where(per_row(temperature <= 0, logits), one_hot, weight)
 
 
 def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:

@@ -2,7 +2,7 @@
 its cuts (no op lives here: kernels/sample_cpu.py and kernels/verify_rejection_cpu.py use it).
 
 The reference sorts every row's order keys to find the top-k threshold and each token's W_> for top-p.
-Here the weights and order keys are computed by the reference's own expressions on the same tensors
+Here the weights and order keys come from the reference's own functions on the same tensors
 (so the same bits), and only the thresholds come from the CAP largest order keys (torch.topk on int64
 keys: exact, ties included, since keys order every float, -0.0 below +0.0):
   top-k: the top_k-th largest key is top key number top_k - 1, when top_k <= CAP;
@@ -30,27 +30,18 @@ def decided_weights(
 ) -> tuple[Tensor, Tensor] | None:
     """(ops.sampling_weights(...) [..., V], decided [...] bool) when every sampled row's cuts are settled
     by its top `candidates` keys, else None. Shapes as ops.sampling_weights."""
-    logits = logits.to(torch.float32)
     vocab = logits.shape[-1]
     if vocab >= ops.MAX_SAMPLING_VOCAB or vocab == 0:
         return None  # the reference raises (or has nothing to do) for these
-    extra = logits.dim() - 2
-
-    def per_row(x: Tensor) -> Tensor:
-        return x.reshape(x.shape + (1,) * (extra + 1))
-
-    # The reference's expressions, on the same shapes: the same weights and keys, bit for bit.
-    greedy = per_row(temperature <= 0)
-    scaled = logits / per_row(torch.where(temperature > 0, temperature, 1.0).to(torch.float32))
-    row_max = scaled.amax(-1, keepdim=True)
+    # The reference's own functions, on the same shapes: the same weights and keys, bit for bit.
+    scaled, row_max = ops.scaled_logits(logits, temperature)
     if not bool(torch.isfinite(row_max).all()):
         return None  # NaN weights (a NaN, +inf or all -inf row): leave them to the reference's arithmetic
-    weight = (torch.exp(scaled - row_max) * 2.0**ops.WEIGHT_BITS).to(torch.int64)
-    key = ops.order_key(scaled)
+    weight, key = ops.fixed_point_weights(scaled, row_max), ops.order_key(scaled)
     cap = min(candidates, vocab)
     top_keys, top_index = key.topk(cap, dim=-1)  # [..., cap], descending
     # Top-k: the top_k-th largest key (rows with top-k off keep everything).
-    top_k = per_row(top_k.to(torch.int64))
+    top_k = ops.per_row(top_k.to(torch.int64), logits)
     active_k = (top_k > 0) & (top_k < vocab)
     kth = top_keys.gather(-1, (top_k.clamp(1, cap) - 1).expand((*key.shape[:-1], 1)))
     threshold = torch.where(active_k, kth, torch.iinfo(torch.int64).min)
@@ -59,7 +50,7 @@ def decided_weights(
     # Top-p: W_> of each candidate from the candidates, valid above the smallest candidate key.
     top_weight = weight.gather(-1, top_index)  # [..., cap], 0 outside the top-k set
     above = (top_weight.unsqueeze(-2) * (top_keys.unsqueeze(-2) > top_keys.unsqueeze(-1))).sum(-1)
-    top_p = per_row(top_p.to(torch.float32)).to(torch.float64)
+    top_p = ops.per_row(top_p.to(torch.float32), logits).to(torch.float64)
     bound = top_p * total
     keep = (top_p >= 1.0) | (above.to(torch.float64) < bound)
     threshold_p = torch.where(keep, top_keys, torch.iinfo(torch.int64).max).amin(-1, keepdim=True)
@@ -67,12 +58,11 @@ def decided_weights(
     last = top_keys[..., -1:]
     covered = (top_weight * (top_keys > last)).sum(-1, keepdim=True).to(torch.float64) >= bound
     settled = ((~active_k) | (top_k <= cap)) & ((top_p >= 1.0) | covered | (cap == vocab))
-    decided = (greedy | settled).reshape(key.shape[:-1])
+    decided = (ops.per_row(temperature <= 0, logits) | settled).reshape(key.shape[:-1])
     if not bool(decided.all()):
         return None
     weight = torch.where(key >= threshold, weight, 0)
-    one_hot = torch.zeros_like(weight).scatter(-1, logits.argmax(-1, keepdim=True), 1)
-    return torch.where(greedy, one_hot, weight), decided
+    return ops.greedy_rows_one_hot(weight, logits, temperature), decided
 
 
 def sampling_weights(
