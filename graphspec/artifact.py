@@ -833,7 +833,7 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     shards = {name for name in shards if name.endswith(".safetensors")}
     # The shards' tensors also start moving to the device now, beside the config parse whose first
     # transformers import takes seconds (loading.prefetched); the models take them from there.
-    shard_files = sorted(Path(name) if Path(name).is_absolute() else path / _inside(name) for name in shards)
+    shard_files = sorted(_manifest_file(path, name) for name in shards)
     with prefetched(shard_files, manifest["config"]["dtype"], manifest["config"]["device"]):
         _verify_files(path, manifest, command, lambda name: name not in shards)
         small_files = time.perf_counter() - began
@@ -1164,6 +1164,11 @@ def _weights_dir(path: Path, model: dict[str, Any]) -> Path:
     return weights if model["copied"] is False else path / _inside(model["weights"])
 
 
+def _manifest_file(path: Path, name: str) -> Path:
+    """A file the manifest lists: a referenced file by its absolute path, else inside the artifact."""
+    return Path(name) if Path(name).is_absolute() else path / _inside(name)
+
+
 def _inside(relative: str) -> str:
     """A manifest path relative to the artifact must stay inside it."""
     if Path(relative).is_absolute() or ".." in Path(relative).parts:
@@ -1190,7 +1195,7 @@ def _verify_files(path: Path, manifest: dict[str, Any], command: str, which: Cal
     for name, record in manifest["files"].items():
         if not which(name):
             continue
-        file = Path(name) if Path(name).is_absolute() else path / _inside(name)
+        file = _manifest_file(path, name)
         where = name if not Path(name).is_absolute() else f"referenced file {name}"
         if not file.is_file():
             problems.append(f"{where} is missing")
