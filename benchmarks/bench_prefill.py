@@ -90,6 +90,14 @@ def matmul_params(directory: Path) -> int:
     return common.ModelCost.of(model).matmul_params
 
 
+def measure(first_token, reps: int, device: str, profile: bool) -> dict[str, Any]:
+    """wall_ms of first_token, with the kernels of one call (common.kernel_profile) when `profile`."""
+    result: dict[str, Any] = wall_ms(first_token, reps, device)
+    if profile:
+        result["profile"] = common.kernel_profile(first_token, 1, top=15)
+    return result
+
+
 def time_graphspec(
     runtime: graphspec.Runtime, shapes, reps: int, seed: int, profile: str | None
 ) -> dict[str, dict[str, Any]]:
@@ -102,9 +110,7 @@ def time_graphspec(
             return runtime.prefill(prompts, list(range(len(prompts))), params).tolist()
 
         key = f"{tokens}x{batch}"
-        results[key] = wall_ms(first_token, reps, runtime.device)
-        if key == profile:
-            results[key]["profile"] = common.kernel_profile(first_token, 1, top=15)
+        results[key] = measure(first_token, reps, runtime.device, profile=key == profile)
     return results
 
 
@@ -124,9 +130,7 @@ def time_transformers(
             return hf(ids, logits_to_keep=1).logits[:, -1].argmax(-1).tolist()
 
         key = f"{tokens}x{batch}"
-        results[key] = wall_ms(first_token, reps, device)
-        if key == profile:
-            results[key]["profile"] = common.kernel_profile(first_token, 1, top=15)
+        results[key] = measure(first_token, reps, device, profile=key == profile)
     del hf
     common.free_device_memory()
     return results
