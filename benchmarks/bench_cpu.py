@@ -35,11 +35,11 @@ import graphspec
 from graphspec.errors import GraphspecError
 from graphspec.examples import DEMO_DFLASH, DEMO_DRAFT, DEMO_EAGLE3, DEMO_MTP, DEMO_TARGET
 
-PROMPTS = (
-    "def fibonacci(n):",
+PROMPTS = (  # tools/train_demo_pair.py's SAMPLE_PROMPTS: the first is the quickstart's
+    "def read_lines(path):\n    with open(path) as f:",
     "class Stack:\n    def __init__(self):",
     "import os\n\n\ndef list_files(path):",
-    "def parse_args(argv):",
+    "def fibonacci(n):",
 )
 SAMPLING = {"temperature": 0.7, "seed": 0}
 # --drafters names -> (label, what Runtime.from_pretrained takes as `draft`)

@@ -13,7 +13,8 @@ DEMO=graphspec/examples/demo_pair
 graphspec compile "$DEMO/target" --draft "$DEMO/draft" -k 4 --batch-sizes 1,2 \
     --dtype float32 --device cpu --max-seq-len 512 --out artifacts/demo --dump-dir artifacts/demo_dumps
 graphspec inspect artifacts/demo
-graphspec generate artifacts/demo --prompt "def fibonacci(n):" --max-new-tokens 96
+graphspec generate artifacts/demo --prompt "def read_lines(path):
+    with open(path) as f:" --max-new-tokens 96
 graphspec generate artifacts/demo --prompt "class Stack:
     def __init__(self):" --max-new-tokens 96 --temperature 0.7 --seed 0
 # The same target with a head as its drafter: a head directory (config.json + model.safetensors, trained
@@ -21,7 +22,10 @@ graphspec generate artifacts/demo --prompt "class Stack:
 # --draft like a draft model. EAGLE-3 here; the MTP head (SGLang's NextN layout) is $DEMO/mtp.
 graphspec compile "$DEMO/target" --draft "$DEMO/eagle3" -k 4 --batch-sizes 1 \
     --dtype float32 --device cpu --max-seq-len 512 --out artifacts/demo_eagle3
-graphspec generate artifacts/demo_eagle3 --prompt "def fibonacci(n):" --max-new-tokens 96
+graphspec generate artifacts/demo_eagle3 --prompt "import os
+
+
+def list_files(path):" --max-new-tokens 96
 # The same prompt, greedy, side by side in one process: transformers' greedy (the target alone) and
 # assisted generation (same draft) against graphspec's compiled step (Inductor on the CPU: the first
 # call compiles it, about a minute, cached on disk afterwards); tokens/s, tokens per step, same output.

@@ -168,7 +168,7 @@ class DFlashDrafter(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
-        state = {name: t.detach().to(dtype).contiguous() for name, t in self.state_dict().items()}
+        state = {name: t.detach().to("cpu", dtype).contiguous() for name, t in self.state_dict().items()}
         save_file(state, directory / WEIGHTS, metadata={"format": "pt"})
 
     @classmethod

@@ -22,8 +22,22 @@ DRAFTER_LABELS = {
     "dflash": "DFlash drafter",
     "ngram": "n-gram (1..3)",
 }
-# The pair shipped before this script existed, measured the same way (K=4, 20 held-out prompts, fp32).
-PREVIOUS = {"heldout_loss": 2.706, "accepted_128": 3.583, "accepted_32": 2.965, "distinct_128": 0.177}
+# Pairs shipped before, measured the same way (K=4, 20 held-out prompts of 64 tokens, fp32): the commit that
+# shipped each, its target's size and held-out loss, the distinct 4-gram ratio of its target's 128-token
+# continuations, and mean accepted drafts per step at 128 and 32 new tokens per drafter.
+EARLIER_PAIRS = (
+    {
+        "commit": "0b43f31", "target_parameters": "5.5M", "heldout_loss": 2.706, "distinct_128": 0.177,
+        "accepted": {"draft": (3.583, 2.965)},
+    },
+    {
+        "commit": "e0b1ff6", "target_parameters": "14.2M", "heldout_loss": 2.326, "distinct_128": 0.324,
+        "accepted": {
+            "draft": (2.965, 2.150), "mtp": (1.916, 1.219), "eagle3": (1.663, 1.105), "dflash": (0.286, 0.259),
+            "ngram": (1.614, 0.721),
+        },
+    },
+)  # fmt: skip
 
 
 def shape_of(config: dict) -> str:
@@ -79,8 +93,8 @@ def render(pair: Path) -> str:
     )
     add(
         f"These are toy models (held-out loss {target['final']['heldout_loss']:.3f} nats/token; the previous demo "
-        f"target's was {PREVIOUS['heldout_loss']}). Use them to show and test the speculation machinery; they say "
-        "nothing about how fast real models run. This README is written by `tools/demo_pair_readme.py` from "
+        f"target's was {EARLIER_PAIRS[-1]['heldout_loss']}). Use them to show and test the speculation machinery; "
+        "they say nothing about how fast real models run. This README is written by `tools/demo_pair_readme.py` from "
         "`metadata.json`.\n"
     )
     add("| | target | draft |\n| --- | --- | --- |")
@@ -124,11 +138,16 @@ def render(pair: Path) -> str:
     )
     extra = corpus.get("extra_train_packages") or {}
     if extra:
-        listed = ", ".join(f"{name} ({info['files']:,} files, {info['bytes']:,} bytes)" for name, info in extra.items())
+        listed = ", ".join(
+            f"{name} {info.get('version') or ''} ({info['files']:,} files, {info['bytes']:,} bytes)".replace("  ", " ")
+            for name, info in extra.items()
+        )
+        where = {str(Path(info["directory"]).parent) for info in extra.values() if "directory" in info}
         add(
-            f"- **More training code** (`--extra-corpus`, training split only; versions in the training script's "
-            f"docstring): the `.py` files of {listed}. The standard library alone is about 8M tokens, which the "
-            "14M-parameter target memorized (held-out loss 2.75 against 2.33 with these)."
+            "- **More training code** (`--extra-corpus`, training split only, all under permissive licenses"
+            + (f"; read from `{where.pop()}`" if len(where) == 1 else "")
+            + f"): the `.py` files of {listed}. The standard library alone is about 8M tokens, which a "
+            "14M-parameter target memorizes."
         )
     add(
         f"- **Held-out split** (`graphspec/examples/__init__.py`, `split_of`): top-level packages or modules "
@@ -140,13 +159,22 @@ def render(pair: Path) -> str:
     add(f"- **Fingerprints:** train `{corpus['train_fingerprint']}`, held-out `{corpus['heldout_fingerprint']}`.\n")
     add("## Training")
     versions = metadata["versions"]
-    add(
-        f"One run on {metadata['device']} (torch {versions['torch']}, transformers {versions['transformers']}, "
-        f"Python {versions['python']}) took {timing['total_before_metadata']:.0f} s: "
-        + ", ".join(f"{name.replace('_', ' ')} {sec:.1f} s" for name, sec in timing.items() if name.startswith(PHASES))
-        + ". The exact command:\n"
-    )  # fmt: skip
-    add(f"```\n{metadata['command']}\n```\n")
+    phases = ", ".join(
+        f"{name.replace('_', ' ')} {sec:.1f} s" for name, sec in timing.items() if name.startswith(PHASES)
+    )
+    machine = (f"{metadata['device']} (torch {versions['torch']}, transformers {versions['transformers']}, "
+               f"Python {versions['python']})")  # fmt: skip
+    target_command = target.get("command", metadata["command"])
+    if target_command == metadata["command"]:
+        add(f"One run on {machine} took {timing['total_before_metadata']:.0f} s: {phases}. The exact command:\n")
+        add(f"```\n{metadata['command']}\n```\n")
+    else:  # the target phase ran on its own (--stop-after-target), the rest from its saved files (--target-from)
+        add(
+            f"Two runs on {machine}: the first trained the tokenizer and the target and saved them; the second "
+            f"took {timing['total_before_metadata']:.0f} s for the rest, from the saved (float16) target ({phases}). "
+            "The exact commands:\n"
+        )
+        add(f"```\n{target_command}\n{metadata['command']}\n```\n")
     add(
         "Each phase has a time budget; its step count is capped to what fits (measured after 25 steps) and its LR "
         "schedule (linear warmup, cosine decay to 10%) runs to that count. bf16 autocast, AdamW (betas 0.9/0.95, "
@@ -188,11 +216,18 @@ def render(pair: Path) -> str:
         out.extend(acceptance_table(results))
         add("")
     add(
-        f"The previous demo pair (a 5.5M-parameter target) accepted {PREVIOUS['accepted_128']} drafts per step at "
-        f"128 new tokens and {PREVIOUS['accepted_32']} at 32, inflated by loops: only {PREVIOUS['distinct_128']:.1%} "
-        "of its 4-grams over 128 tokens were distinct. Inside a loop every drafter predicts nearly every token, so "
-        "compare drafters on the 32-token rows and read the distinct 4-gram ratio next to any number.\n"
+        "Loops inflate these numbers: inside a loop every drafter predicts nearly every token, so compare drafters "
+        "on the 32-token rows and read the distinct 4-gram ratio next to any number. The pairs shipped before, "
+        "measured the same way (mean accepted drafts at 128 / 32 new tokens):\n"
     )
+    add("| commit | target | held-out loss | distinct 4-grams (128) | " + " | ".join(DRAFTER_LABELS.values()) + " |")
+    add("| --- | --- | --- | --- | " + " | ".join("---" for _ in DRAFTER_LABELS) + " |")
+    for pair in EARLIER_PAIRS:
+        cells = [" / ".join(f"{x:.3f}" for x in pair["accepted"][name]) if name in pair["accepted"] else "-"
+                 for name in DRAFTER_LABELS]  # fmt: skip
+        add(f"| {pair['commit']} | {pair['target_parameters']} | {pair['heldout_loss']} | {pair['distinct_128']:.3f} | "
+            + " | ".join(cells) + " |")  # fmt: skip
+    add("")
     add("## Greedy completions of the quickstart's prompts (target alone, fp32)\n")
     for sample in metadata.get("samples", []):
         add(f"```python\n{sample['prompt']}{sample['greedy']}\n```\n")
@@ -225,7 +260,9 @@ def dflash_section(metadata: dict) -> list[str]:
         f"{run['block_size'] - 1}] (the mask token is the tokenizer's only special token, which otherwise only "
         "starts a file), attending to the target's layer outputs of the committed positions before the block.",
         "",
-        f"It was trained by `tools/train_demo_dflash.py` on a {run['threads']}-thread CPU against the frozen "
+        "It was trained by `tools/train_demo_dflash.py` on "
+        + ("the GPU" if run.get("device", "cpu").startswith("cuda") else f"a {run['threads']}-thread CPU")
+        + " against the frozen "
         f"target, after the rest of the pair, in {run['total_seconds']:.0f} s ({training['steps_done']} steps of "
         f"{training['batch']['corpus_rows']} windows x {training['batch']['seq_len']} tokens with "
         f"{run['anchors_per_window']} random anchors each; peak lr {run['peak_lr']}, cosine over the time budget): "

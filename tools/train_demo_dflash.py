@@ -64,6 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-windows", type=int, default=8)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cuda trains in fp32 with TF32 matmuls")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--metadata", type=Path, default=None,
@@ -130,8 +131,8 @@ def generate(target, stream: torch.Tensor, args, generator: torch.Generator) -> 
     out = []
     for first in range(0, args.gen_sequences, 32):
         rows = min(32, args.gen_sequences - first)
-        starts = torch.randint(0, len(stream) - args.gen_prompt, (rows,), generator=generator)
-        prompts = stream[starts[:, None] + torch.arange(args.gen_prompt)]
+        starts = torch.randint(0, len(stream) - args.gen_prompt, (rows,), generator=generator).to(stream.device)
+        prompts = stream[starts[:, None] + torch.arange(args.gen_prompt, device=stream.device)]
         new = args.seq_len + 1 - args.gen_prompt
         tokens = target.generate(
             prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new, min_new_tokens=new,
@@ -171,13 +172,15 @@ def random_anchors(batch: int, args, generator: torch.Generator) -> torch.Tensor
 def evaluate(drafter, target, stream: torch.Tensor, args) -> list[float]:
     """Per-slot top-1 agreement with the target on held-out windows, every anchor of each window."""
     drafter.eval()
-    starts = torch.arange(args.eval_windows) * ((len(stream) - args.seq_len - 1) // args.eval_windows)
+    starts = torch.arange(args.eval_windows, device=stream.device) * (
+        (len(stream) - args.seq_len - 1) // args.eval_windows
+    )
     tokens, _ = windows(stream, starts, args.seq_len)
-    anchors = torch.arange(1, args.seq_len - args.block_size + 2, 4).expand(len(starts), -1)
+    anchors = torch.arange(1, args.seq_len - args.block_size + 2, 4, device=stream.device).expand(len(starts), -1)
     total = torch.zeros(args.block_size - 1)
     for batch in range(0, len(starts), 4):
         _, agree = dflash_loss(drafter, target, tokens[batch : batch + 4], anchors[batch : batch + 4])
-        total += agree * len(tokens[batch : batch + 4])
+        total += agree.cpu() * len(tokens[batch : batch + 4])
     drafter.train()
     return [round(x, 4) for x in (total / len(starts)).tolist()]
 
@@ -197,7 +200,7 @@ def lr_at(step: int, progress: float, peak: float) -> float:
 
 def train(drafter, target, stream, heldout, generated, args, began: float) -> dict:
     generator = torch.Generator().manual_seed(args.seed + 1)
-    optimizer = make_optimizer(drafter, args.lr, "cpu")
+    optimizer = make_optimizer(drafter, args.lr, args.device)
     corpus_rows = args.batch_size if generated is None else max(1, args.batch_size // 2)
     generated_rows = args.batch_size - corpus_rows
     started = time.time()
@@ -209,11 +212,12 @@ def train(drafter, target, stream, heldout, generated, args, began: float) -> di
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, progress, args.lr)
         starts = torch.randint(0, len(stream) - args.seq_len - 1, (corpus_rows,), generator=generator)
-        tokens, _ = windows(stream, starts, args.seq_len)
+        tokens, _ = windows(stream, starts.to(stream.device), args.seq_len)
         if generated_rows:
             pick = torch.randint(0, generated.shape[0], (generated_rows,), generator=generator)
-            tokens = torch.cat((tokens, generated[pick, : args.seq_len]))
-        loss, agree = dflash_loss(drafter, target, tokens, random_anchors(len(tokens), args, generator))
+            tokens = torch.cat((tokens, generated[pick.to(generated.device), : args.seq_len]))
+        anchors = random_anchors(len(tokens), args, generator).to(tokens.device)
+        loss, agree = dflash_loss(drafter, target, tokens, anchors)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -246,13 +250,16 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     examples = load_examples_module()
+    torch.backends.cuda.matmul.allow_tf32 = True
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval().requires_grad_(False)
+    target.to(args.device)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     mask = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
     layers = target.config.num_hidden_layers
     ids = [int(x) for x in args.target_layer_ids.split(",")] if args.target_layer_ids else None
     ids = ids or zlab_target_layer_ids(layers, 3)  # checked against the target in parse_args
     stream, heldout, corpus_info = corpus(examples, tokenizer, args)
+    stream, heldout = stream.to(args.device), heldout.to(args.device)
     print(f"corpus {corpus_info} ({time.time() - began:.1f}s)", flush=True)
     generator = torch.Generator().manual_seed(args.seed + 2)
     generated = generate(target, stream, args, generator)
@@ -262,6 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
     for module in drafter.modules():  # Llama's init for matrices (transformers' _init_weights); norms stay 1
         if isinstance(module, torch.nn.Linear):
             torch.nn.init.normal_(module.weight, std=target.config.initializer_range)
+    drafter.to(args.device)
     result = train(drafter, target, stream, heldout, generated, args, began)
     drafter.save(args.out)
     summary = {
@@ -275,6 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         "generated_sequences": 0 if generated is None else len(generated),
         "corpus": corpus_info,
         "threads": args.threads,
+        "device": args.device,
         "peak_lr": args.lr,
         "anchors_per_window": args.anchors,
         "generation_seconds": round(generated_seconds, 1),

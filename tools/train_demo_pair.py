@@ -64,13 +64,16 @@ from train_demo_heads import train_heads  # noqa: E402
 
 SPECIAL = "<|endoftext|>"  # id 0: BOS, EOS and pad
 # Greedy completions of these (the quickstart's and bench_cpu.py's prompts) are recorded in the metadata.
+# The first is the quickstart's: a toy target writes recognizable code after it, while "def fibonacci(n):"
+# (last) draws a math docstring from sympy's sources.
 SAMPLE_PROMPTS = (
-    "def fibonacci(n):",
+    "def read_lines(path):\n    with open(path) as f:",
     "class Stack:\n    def __init__(self):",
     "import os\n\n\ndef list_files(path):",
-    "def parse_args(argv):",
+    "def fibonacci(n):",
 )
 SAMPLE_NEW_TOKENS = 96
+TARGET_PHASE = "target_phase.json"  # --stop-after-target's record, read back by --target-from
 
 
 def load_examples_module():
@@ -138,9 +141,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stdlib-version", default=None, help="Python version of --stdlib (recorded only)")
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--time-budget", type=float, default=470.0, help="seconds; training stops outright past it")
+    parser.add_argument(
+        "--stop-after-target",
+        action="store_true",
+        help="save the tokenizer and target to OUT/target and the target phase to OUT/target_phase.json, then exit "
+        "(a longer target phase than one device call leaves room for; finish with --target-from OUT)",
+    )
+    parser.add_argument(
+        "--target-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="take the tokenizer, target and target phase a --stop-after-target run saved in DIR instead of "
+        "training them",
+    )
     args = parser.parse_args(argv)
     if args.out is None and args.pack_corpus is None:
         parser.error("--out is required")
+    names = [directory.name for directory in args.extra_corpus]
+    if len(set(names)) != len(names):
+        parser.error(f"--extra-corpus: two directories share a name ({', '.join(names)}); packages are keyed by name")
+    if args.target_from is not None:
+        missing = [n for n in ("target/config.json", TARGET_PHASE) if not (args.target_from / n).is_file()]
+        if missing:
+            parser.error(f"--target-from {args.target_from}: no {', '.join(missing)} (written by --stop-after-target)")
+        if args.stop_after_target:
+            parser.error("--target-from and --stop-after-target exclude each other")
     # Refused here, before the minutes of training they would otherwise end.
     unknown = set(filter(None, args.heads.split(","))) - {"mtp", "eagle3"}
     if unknown:
@@ -359,6 +385,13 @@ def measure_saved(out: Path, drafters: list[str], stdlib: Path, args) -> tuple[d
             results[name] = asdict(result)
             print(f"acceptance {name} @ {new_tokens} new tokens: {result.mean_accepted:.3f} accepted/step", flush=True)
         acceptance["by_new_tokens"][str(new_tokens)] = results
+    return acceptance, greedy_samples(target, tokenizer, eos)
+
+
+def greedy_samples(target, tokenizer, eos: set[int]) -> list[dict]:
+    """The target's greedy completions of SAMPLE_PROMPTS (cut at EOS) and their distinct 4-gram ratios."""
+    import measure_acceptance
+
     samples = []
     for prompt in SAMPLE_PROMPTS:
         ids = tokenizer(prompt)["input_ids"]
@@ -367,7 +400,11 @@ def measure_saved(out: Path, drafters: list[str], stdlib: Path, args) -> tuple[d
         grams = [tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3)]
         samples.append({"prompt": prompt, "greedy": text, "distinct_4gram_ratio": len(set(grams)) / len(grams)})
         print(f"--- greedy completion of {prompt!r}:\n{prompt}{text}\n---", flush=True)
-    return acceptance, samples
+    return samples
+
+
+def command_line(argv: list[str] | None) -> str:
+    return "PYTHONPATH=. python3 tools/train_demo_pair.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
 def cut_at(tokens: list[int], eos: set[int]) -> list[int]:
@@ -405,6 +442,14 @@ def package_files(directory: Path) -> list[tuple[str, str]]:
     return found
 
 
+def installed_version(package: str) -> str | None:
+    """The installed distribution version of a top-level package name (`_pytest` -> pytest's), if any."""
+    import importlib.metadata
+
+    distributions = importlib.metadata.packages_distributions().get(package, [])
+    return importlib.metadata.version(distributions[0]) if distributions else None
+
+
 def pack_corpus(examples, root: Path, destination: Path) -> None:
     """Tar the corpus files (both splits) of a stdlib, to train on another machine's Python with --stdlib."""
     import tarfile
@@ -439,7 +484,10 @@ def main(argv: list[str] | None = None) -> None:
         train_files, heldout_files = train_files[::50], heldout_files[::10]
     print(f"corpus {root}: {len(train_files)} train files, {len(heldout_files)} held-out files")
 
-    tokenizer = train_tokenizer([text for _, text in train_files], args.vocab_size, args.seq_len)
+    if args.target_from is None:
+        tokenizer = train_tokenizer([text for _, text in train_files], args.vocab_size, args.seq_len)
+    else:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.target_from / "target")
     train_stream = token_stream(tokenizer, [text for _, text in train_files]).to(args.device)
     heldout_stream = token_stream(tokenizer, [text for _, text in heldout_files]).to(args.device)
     tokenizer_seconds = time.time() - began
@@ -447,14 +495,28 @@ def main(argv: list[str] | None = None) -> None:
         f"tokenizer+encode {tokenizer_seconds:.1f}s: {len(train_stream)} train, {len(heldout_stream)} held-out tokens"
     )
 
-    torch.manual_seed(args.seed)
-    target_config = model_config(args.target_shape, len(tokenizer), args.seq_len)
-    target = LlamaForCausalLM(target_config).to(args.device)
-    target_result = train(
-        "target", target, train_stream, heldout_stream, args, args.target_steps, args.target_lr,
-        args.target_seconds, deadline,
-    )  # fmt: skip
+    if args.target_from is None:
+        torch.manual_seed(args.seed)
+        target_config = model_config(args.target_shape, len(tokenizer), args.seq_len)
+        target = LlamaForCausalLM(target_config).to(args.device)
+        target_result = train(
+            "target", target, train_stream, heldout_stream, args, args.target_steps, args.target_lr,
+            args.target_seconds, deadline,
+        )  # fmt: skip
+        target_result["command"] = command_line(argv)
+    else:  # the saved (float16) target, read back in fp32: the draft and heads learn the shipped weights
+        target = LlamaForCausalLM.from_pretrained(args.target_from / "target", dtype=torch.float32).to(args.device)
+        phase = json.loads((args.target_from / TARGET_PHASE).read_text())
+        target_result, args.target_shape = phase["target"], phase["shape"]
+        print(f"target from {args.target_from}: {target_result['steps_done']} steps, {target_result['final']}")
     target.eval().requires_grad_(False)
+    if args.stop_after_target:
+        args.out.mkdir(parents=True, exist_ok=True)
+        save(target, tokenizer, args.out / "target")
+        phase = {"shape": args.target_shape, "tokenizer_seconds": tokenizer_seconds, "target": target_result}
+        (args.out / TARGET_PHASE).write_text(json.dumps(phase, indent=2, default=str) + "\n")
+        print(f"target saved to {args.out / 'target'} in {time.time() - began:.1f}s; finish with --target-from")
+        return
 
     torch.manual_seed(args.seed + 1)
     draft_config = model_config(args.draft_shape, len(tokenizer), args.seq_len)
@@ -493,7 +555,7 @@ def main(argv: list[str] | None = None) -> None:
     acceptance_seconds = time.time() - acceptance_began
     files = sorted(p for sub in ("target", "draft", *heads) for p in (out / sub).iterdir() if p.is_file())
     metadata = {
-        "command": "PYTHONPATH=. python3 tools/train_demo_pair.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command_line(argv),
         "smoke": args.smoke,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "corpus": {
@@ -521,8 +583,10 @@ def main(argv: list[str] | None = None) -> None:
                     "files": len(files),
                     "bytes": sum(len(t.encode()) for _, t in files),
                     "fingerprint": examples.corpus_fingerprint(files),
+                    "version": installed_version(name),
+                    "directory": str(directory),
                 }
-                for name, files in extra_files.items()
+                for directory, (name, files) in zip(args.extra_corpus, extra_files.items(), strict=True)
             },
             "train_fingerprint": examples.corpus_fingerprint(train_files),
             "heldout_fingerprint": examples.corpus_fingerprint(heldout_files),

@@ -99,3 +99,11 @@ def test_bad_flags_are_refused(stdlib, tmp_path, flags, named, capsys):
         run(stdlib, tmp_path / "out", *flags)
     assert named in capsys.readouterr().err + str(refused.value.code)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.gpu
+def test_smoke_run_on_the_gpu(stdlib, tmp_path):
+    """--device cuda: streams, anchors, generation and the drafter on the GPU; the saved files load as on a CPU."""
+    summary = run(stdlib, tmp_path / "dflash", "--device", "cuda", "--gen-sequences", "2", "--gen-prompt", "8")
+    assert summary["device"] == "cuda" and summary["training"]["steps_done"] == 2
+    assert demo_dflash.DFlashDrafter.load(tmp_path / "dflash").block_size == 5

@@ -54,6 +54,26 @@ def test_smoke_run_writes_pair_heads_and_metadata(tmp_path):
     assert all(f"**{result['mean_accepted']:.3f}**" in readme for result in acceptance.values())
 
 
+def test_target_phase_saved_then_resumed_gives_a_whole_pair(tmp_path):
+    """--stop-after-target then --target-from (the target phase in a device call of its own): the second run
+    trains on the saved target and tokenizer, ships that target unchanged, and records its phase."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_demo_pair.main(["--smoke", "--out", str(tmp_path / "a"), "--device", "cpu", "--stop-after-target"])
+        assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["target", train_demo_pair.TARGET_PHASE]
+        first = file_sha256(tmp_path / "a" / "target" / "model.safetensors")
+        flags = ["--smoke", "--out", str(tmp_path / "b"), "--device", "cpu", "--heads", "mtp"]
+        train_demo_pair.main([*flags, "--target-from", str(tmp_path / "a")])
+    finally:
+        torch.set_num_threads(threads)
+    metadata = json.loads((tmp_path / "b" / "metadata.json").read_text())
+    assert metadata["sha256"]["target/model.safetensors"] == first
+    phase = json.loads((tmp_path / "a" / train_demo_pair.TARGET_PHASE).read_text())
+    assert metadata["target"]["log"] == phase["target"]["log"] and "--stop-after-target" in phase["target"]["command"]
+    assert metadata["draft"]["steps_done"] == 3 and set(metadata["heads"]) == {"mtp"}
+
+
 def test_step_cap_fits_the_budget_and_keeps_the_requested_count_when_it_fits():
     cap = demo_training.StepCap(steps=10_000, budget=1.0)
     for step in range(1, demo_training.StepCap.PROBE + 1):
@@ -91,3 +111,10 @@ def test_bad_flags_are_refused_before_any_work(flags, named, capsys):
     with pytest.raises(SystemExit):
         train_demo_pair.parse_args(["--out", "/nonexistent/never-written", *flags])
     assert named in capsys.readouterr().err
+
+
+def test_target_from_a_directory_without_a_saved_target_phase_is_refused(tmp_path, capsys):
+    (tmp_path / "target").mkdir()
+    with pytest.raises(SystemExit):
+        train_demo_pair.parse_args(["--out", str(tmp_path / "out"), "--target-from", str(tmp_path)])
+    assert "target/config.json" in capsys.readouterr().err
