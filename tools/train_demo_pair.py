@@ -25,17 +25,18 @@ embedding gradients) are not bitwise deterministic, so a rerun on a GPU matches 
 
 GPU (bf16 autocast):  PYTHONPATH=. python3 tools/train_demo_pair.py --out graphspec/examples/demo_pair
 CPU smoke test:       PYTHONPATH=. python3 tools/train_demo_pair.py --smoke --out /tmp/demo_pair_smoke
-More training code (--extra-corpus; the shipped pair's: these packages' .py files from CPython 3.11.7's
-site-packages, sympy 1.14.0, numpy 2.4.6, networkx 3.6.1, pip 23.2.1, setuptools 84.2.1, jinja2 3.1.6,
-huggingface_hub 2.4.0, pydantic 2.13.4, all under permissive licenses):
-  here:  (cd SITE_PACKAGES && find sympy numpy networkx pip setuptools jinja2 huggingface_hub pydantic -name '*.py' \
-             -not -path '*__pycache__*' -print0 | tar --null -czf $REPO/build/demo_pair_corpus/extra.tar.gz -T -)
-  there: mkdir -p /tmp/extra && tar xzf build/demo_pair_corpus/extra.tar.gz -C /tmp/extra, then
-         --extra-corpus /tmp/extra/sympy --extra-corpus /tmp/extra/numpy ... (one per package)
+More training code (--extra-corpus DIR, one per package; its name and installed version are recorded): the
+shipped pair read 22 packages from the GPU machine's own site-packages (no upload needed; list and versions
+in the pair's README), selected there with
+  python3 -c "import importlib, os; [print('--extra-corpus', os.path.dirname(importlib.import_module(n).__file__))
+              for n in ('torch', 'sympy', 'numpy', 'networkx', 'pip', 'setuptools', 'jinja2')]"   # ... and so on
 Another Python's stdlib as the corpus (how the shipped pair was trained on CPython 3.11.7's library):
-  here:  python3 tools/train_demo_pair.py --pack-corpus build/demo_pair_corpus/stdlib.tar.gz
-  there: mkdir -p /tmp/stdlib && tar xzf build/demo_pair_corpus/stdlib.tar.gz -C /tmp/stdlib &&
+  here:  python3 tools/train_demo_pair.py --pack-corpus build/corpus_stdlib/stdlib.tar.gz
+  there: mkdir -p /tmp/stdlib && tar xzf build/corpus_stdlib/stdlib.tar.gz -C /tmp/stdlib &&
          PYTHONPATH=. python3 tools/train_demo_pair.py --stdlib /tmp/stdlib --stdlib-version 3.11.7 --out ...
+A target phase longer than one device call (10 minutes) allows: --stop-after-target --out A in one call,
+then --target-from A --out B in the next (B gets A's target and tokenizer unchanged and its phase record).
+Files come back from the device in pieces of at most 16 MiB: tar the output and split it.
 """
 
 from __future__ import annotations
