@@ -378,6 +378,11 @@ def fits_rotary_kv_attention_cpu(node: fx.Node) -> bool:
     return values is not None and len(node.args) >= 10 and _attention_cpu_fits(*values)
 
 
+def fits_prefill_attention_cpu(node: fx.Node) -> bool:
+    values = _vals_at(node, (0, 3))  # q, cache
+    return values is not None and _attention_cpu_fits(*values)
+
+
 def fits_on_cpu(node: fx.Node) -> bool:
     """CPU kernels that run the reference's own arithmetic take whatever it takes, on the CPU."""
     values = _vals(node, 1)
@@ -385,16 +390,18 @@ def fits_on_cpu(node: fx.Node) -> bool:
 
 
 # The CPU table: reference op name -> fits predicate; the kernel module is graphspec.kernels.<op>_cpu and
-# its op torch.ops.graphspec.<op>_cpu. The runtime applies it to the step it runs on the CPU
-# (lower_kernels.lower_for_cpu); compiled graphs keep the references there. Attention reads only what
-# each row can see (the reference reads the whole cache); the others are the reference's arithmetic
-# without custom_op's per-call cost, more than their work at decode sizes (kernels/cpu_library.py);
-# sample and verify_rejection skip the reference's full-vocabulary sort where each row's top candidates
-# settle its cuts (kernels/sampling_cpu.py). Other ops called once per step stay references.
+# its op torch.ops.graphspec.<op>_cpu. The runtime applies it to the steps and prefill programs it runs on
+# the CPU (lower_kernels.lower_for_cpu); compiled graphs keep the references there. Attention (the step's
+# and prefill's) reads only what each row can see (the reference reads the whole cache); the others are the
+# reference's arithmetic without custom_op's per-call cost, more than their work at decode sizes
+# (kernels/cpu_library.py); sample and verify_rejection skip the reference's full-vocabulary sort where
+# each row's top candidates settle its cuts (kernels/sampling_cpu.py). Other ops called once per step stay
+# references.
 CPU = "cpu"
 CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "attention": fits_attention_cpu,
     "rotary_kv_attention": fits_rotary_kv_attention_cpu,
+    "prefill_attention": fits_prefill_attention_cpu,
     "rms_norm": fits_on_cpu,
     "add_rms_norm": fits_on_cpu,
     "silu_mul": fits_on_cpu,

@@ -3,7 +3,8 @@
 One PrefillProgram per (batch bucket, chunk size): the chunk program bound to static inputs (tokens, next
 tokens, start positions, slots, last indices; allocated once), the weights and the step's state (KV
 caches, drafter state; shared with the step graphs). On CUDA it is warmed up and captured as a CUDA
-graph once (Runtime start-up), then every chunk of every prompt replays it; elsewhere it runs eagerly.
+graph once (Runtime start-up), then every chunk of every prompt replays it; elsewhere it runs eagerly, on
+the CPU as a copy with the CPU table's kernels (as a CPU step does).
 A prompt of L tokens takes chunks of a bucket's few sizes (trace_prefill.chunk_plan), so a few programs
 serve every prompt length and memory stays bounded by the largest chunk.
 
@@ -14,6 +15,7 @@ of it: the logits and hidden state of the rows whose prompt ends in the chunk.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,8 +25,9 @@ import torch.fx as fx
 from graphspec import ops
 from graphspec.counters import COUNTERS
 from graphspec.drafters.base import Drafter, PrefillEnd
+from graphspec.lowering import lower_kernels
 from graphspec.runtime.buffers import pick_bucket
-from graphspec.runtime.graphs import TRITON_COMPILES, CudaGraphRecorder, Recorder
+from graphspec.runtime.graphs import TRITON_COMPILES, CudaGraphRecorder, Recorder, pieces
 from graphspec.trace_prefill import FEATURE_OUTPUT, PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
 
 # Rows of the per-chunk table uploaded once per group of prompts: [chunks, len(ROW_TABLE), bucket].
@@ -46,8 +49,16 @@ class PrefillProgram:
         pool: object | None = None,
         recorder: Callable[[object | None], Recorder] | None = None,
     ) -> None:
-        self.gm, self.chunk, self.bucket, self.spare_slot = gm, chunk, bucket, spare_slot
+        self.chunk, self.bucket, self.spare_slot = chunk, bucket, spare_slot
         device = state[next(iter(state))].device
+        # On the CPU the program runs its own copy with the CPU table's kernels, as a CPU step does
+        # (runtime/graphs.py): prefill attention over each row's visible prefix instead of the whole
+        # cache, the small ops without custom_op's per-call cost. A piecewise program keeps its references.
+        self.cpu_kernels = 0
+        if device.type == "cpu" and not pieces(gm):
+            gm = copy.deepcopy(gm)
+            self.cpu_kernels = lower_kernels.lower_for_cpu(gm)
+        self.gm = gm
         self.inputs = new_prefill_inputs(bucket, chunk, device)
         names = [node.meta["gs_input"] for node in gm.graph.find_nodes(op="placeholder")][len(params) :]
         if tuple(names[: len(PREFILL_INPUTS)]) != PREFILL_INPUTS:

@@ -256,6 +256,21 @@ def test_prefill_program_fuses_every_layers_attention(runtime):
     assert ops.OPS["attention"] not in targets and ops.OPS["kv_update"] not in targets
 
 
+def test_cpu_prefill_program_runs_the_cpu_table_copy_and_keeps_the_compiled_graph(runtime):
+    """On the CPU each program runs its own copy with the CPU table's kernels (prefill attention over
+    each row's visible prefix); the compiled graph, what an artifact stores, keeps the reference ops.
+    The equality tests above run that copy against reference_prefill."""
+    program = runtime.prefiller.programs[(4, 4)]
+    compiled = runtime.compiled.prefill_graphs[(4, 4)]
+    assert program.gm is not compiled and program.cpu_kernels > 0
+    targets = [node.target for node in program.gm.graph.nodes if node.op == "call_function"]
+    layers = runtime.target.spec.num_layers + runtime.drafter.model.spec.num_layers - 1
+    assert targets.count(torch.ops.graphspec.prefill_attention_cpu.default) == layers
+    assert ops.OPS["prefill_attention"] not in targets
+    compiled_targets = [node.target for node in compiled.graph.nodes if node.op == "call_function"]
+    assert compiled_targets.count(ops.OPS["prefill_attention"]) == layers
+
+
 def test_prefill_records_every_pass(runtime):
     names = [record.name for record in runtime.compiled.records["prefill_b1_c16"]]
     assert names == ["defunctionalize_kv", "fuse_prefill_attention", "lower_kernels"]
