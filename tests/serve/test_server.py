@@ -140,10 +140,10 @@ def test_chat_completion_uses_the_default_template_and_streams_the_same_text(cli
 
 
 def test_chat_channels_streamed_join_to_the_whole_message(runtime):
-    # The demo model writes Python (here a docstring, then `import sys` lines), so pieces of that stand in
-    # for think and tool-call tags: the real server path (detokenizer, parser, SSE) must give the same
+    # The demo model writes Python (here ` return`, then `from . import ...` lines), so pieces of that stand
+    # in for think and tool-call tags: the real server path (detokenizer, parser, SSE) must give the same
     # channels streamed as whole.
-    markers = Markers(think_start='"""', think_end="warnings", tool_start="import", tool_end="\n")
+    markers = Markers(think_start="return", think_end="from", tool_start="import", tool_end="\n")
     for url in run_server(create_app(runtime, MODEL, markers=markers)):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=WAIT_S)
         options = dict(model=MODEL, messages=[{"role": "user", "content": "def f(x, y):"}], temperature=0)
