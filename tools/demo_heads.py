@@ -145,6 +145,7 @@ class MtpHead(Unrolled):
         directory.mkdir(parents=True, exist_ok=True)
         config = self.config.to_dict()
         config.update(architectures=["LlamaForCausalLMNextN"], num_nextn_predict_layers=1, dtype=dtype_name(dtype))
+        config["_name_or_path"] = ""  # the target config's load path (a training machine's folder) says nothing here
         (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         tensors = {MTP_PREFIX + name: tensor for name, tensor in self.state_dict().items()}
         save_file(stored(tensors, dtype), directory / WEIGHTS, metadata={"format": "pt"})

@@ -36,6 +36,7 @@ Another Python's stdlib as the corpus (how the shipped pair was trained on CPyth
          PYTHONPATH=. python3 tools/train_demo_pair.py --stdlib /tmp/stdlib --stdlib-version 3.11.7 --out ...
 A target phase longer than one device call (10 minutes) allows: --stop-after-target --out A in one call,
 then --target-from A --out B in the next (B gets A's target and tokenizer unchanged and its phase record).
+--target-from graphspec/examples/demo_pair retrains the shipped pair's draft and heads against its target.
 Files come back from the device in pieces of at most 16 MiB: tar the output and split it.
 """
 
@@ -163,9 +164,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if len(set(names)) != len(names):
         parser.error(f"--extra-corpus: two directories share a name ({', '.join(names)}); packages are keyed by name")
     if args.target_from is not None:
-        missing = [n for n in ("target/config.json", TARGET_PHASE) if not (args.target_from / n).is_file()]
-        if missing:
-            parser.error(f"--target-from {args.target_from}: no {', '.join(missing)} (written by --stop-after-target)")
+        record = [n for n in (TARGET_PHASE, "metadata.json") if (args.target_from / n).is_file()]
+        missing = [n for n in ("target/config.json",) if not (args.target_from / n).is_file()]
+        if missing or not record:
+            parser.error(
+                f"--target-from {args.target_from}: no {', '.join(missing + ([] if record else [TARGET_PHASE]))} "
+                "(a --stop-after-target output, or a whole pair with its metadata.json)"
+            )
         if args.stop_after_target:
             parser.error("--target-from and --stop-after-target exclude each other")
     # Refused here, before the minutes of training they would otherwise end.
@@ -404,6 +409,17 @@ def greedy_samples(target, tokenizer, eos: set[int]) -> list[dict]:
     return samples
 
 
+def target_phase(directory: Path) -> dict:
+    """The target phase a --stop-after-target run recorded in DIR, or the one in a whole pair's metadata.json
+    (to retrain the draft and heads of a shipped pair against its target)."""
+    if (directory / TARGET_PHASE).is_file():
+        return json.loads((directory / TARGET_PHASE).read_text())
+    metadata = json.loads((directory / "metadata.json").read_text())
+    target = {k: v for k, v in metadata["target"].items() if k not in ("shape", "parameters")}
+    target.setdefault("command", metadata["command"])
+    return {"shape": metadata["target"]["shape"], "target": target}
+
+
 def command_line(argv: list[str] | None) -> str:
     return "PYTHONPATH=. python3 tools/train_demo_pair.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
@@ -507,7 +523,7 @@ def main(argv: list[str] | None = None) -> None:
         target_result["command"] = command_line(argv)
     else:  # the saved (float16) target, read back in fp32: the draft and heads learn the shipped weights
         target = LlamaForCausalLM.from_pretrained(args.target_from / "target", dtype=torch.float32).to(args.device)
-        phase = json.loads((args.target_from / TARGET_PHASE).read_text())
+        phase = target_phase(args.target_from)
         target_result, args.target_shape = phase["target"], phase["shape"]
         print(f"target from {args.target_from}: {target_result['steps_done']} steps, {target_result['final']}")
     target.eval().requires_grad_(False)

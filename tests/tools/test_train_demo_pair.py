@@ -72,6 +72,16 @@ def test_target_phase_saved_then_resumed_gives_a_whole_pair(tmp_path):
     phase = json.loads((tmp_path / "a" / train_demo_pair.TARGET_PHASE).read_text())
     assert metadata["target"]["log"] == phase["target"]["log"] and "--stop-after-target" in phase["target"]["command"]
     assert metadata["draft"]["steps_done"] == 3 and set(metadata["heads"]) == {"mtp"}
+    # A whole pair is a target source too (its metadata.json holds the phase): the draft retrained alone.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_demo_pair.main(["--smoke", "--out", str(tmp_path / "c"), "--device", "cpu", "--heads", "",
+                              "--target-from", str(tmp_path / "b")])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    again = json.loads((tmp_path / "c" / "metadata.json").read_text())
+    assert again["sha256"]["target/model.safetensors"] == first and again["target"]["log"] == phase["target"]["log"]
 
 
 def test_step_cap_fits_the_budget_and_keeps_the_requested_count_when_it_fits():
@@ -117,4 +127,4 @@ def test_target_from_a_directory_without_a_saved_target_phase_is_refused(tmp_pat
     (tmp_path / "target").mkdir()
     with pytest.raises(SystemExit):
         train_demo_pair.parse_args(["--out", str(tmp_path / "out"), "--target-from", str(tmp_path)])
-    assert "target/config.json" in capsys.readouterr().err
+    assert "target_phase.json" in capsys.readouterr().err
