@@ -169,10 +169,15 @@ def render(pair: Path) -> str:
         add(f"One run on {machine} took {timing['total_before_metadata']:.0f} s: {phases}. The exact command:\n")
         add(f"```\n{metadata['command']}\n```\n")
     else:  # the target phase ran on its own (--stop-after-target), the rest from its saved files (--target-from)
+        rest = ", ".join(
+            f"{name.replace('_', ' ')} {sec:.1f} s"
+            for name, sec in timing.items()
+            if name.startswith(PHASES) and name != "target_training"
+        )
         add(
-            f"Two runs on {machine}: the first trained the tokenizer and the target and saved them; the second "
-            f"took {timing['total_before_metadata']:.0f} s for the rest, from the saved (float16) target ({phases}). "
-            "The exact commands:\n"
+            f"Two runs on {machine}: the first trained the tokenizer and the target ({target['seconds']:.0f} s of "
+            f"target training) and saved them; the second took {timing['total_before_metadata']:.0f} s for the "
+            f"rest, from the saved (float16) target ({rest}). The exact commands:\n"
         )
         add(f"```\n{target_command}\n{metadata['command']}\n```\n")
     add(
