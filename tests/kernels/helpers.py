@@ -65,3 +65,18 @@ def projection_inputs(
     angles = torch.rand(batch, t, head_dim // 2, generator=g) * 100
     angles = torch.cat((angles, angles), dim=-1)
     return [q, k, v, angles.cos().to(DEVICE), angles.sin().to(DEVICE)]
+
+
+def assert_unread_past_the_window(kernel, reference, inputs, cache, slot_ids, start_pos, t: int) -> None:
+    """A CPU attention kernel that writes this call's t positions and reads each row's window only: NaN
+    past start_pos + t (stale or poisoned positions) reaches no output and stays where it is. Both ops
+    take (*inputs, cache, layer 0, slot_ids, start_pos, scale)."""
+    clean = cache.clone()
+    expected = reference(*inputs, clean, 0, slot_ids, start_pos, 0.125)
+    for slot, start in zip(slot_ids.tolist(), start_pos.tolist(), strict=True):
+        cache[:, :, slot, :, start + t :] = float("nan")
+    out = kernel(*inputs, cache, 0, slot_ids, start_pos, 0.125)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for slot, start in zip(slot_ids.tolist(), start_pos.tolist(), strict=True):
+        assert torch.equal(cache[0, :, slot, :, : start + t], clean[0, :, slot, :, : start + t])

@@ -8,7 +8,7 @@ import pytest
 import torch
 from graphspec.kernels import prefill_attention_cpu as kernel
 
-from tests.kernels.helpers import TOLERANCE, bits, generator, rel_error
+from tests.kernels.helpers import TOLERANCE, assert_unread_past_the_window, bits, generator, rel_error
 
 
 def make_case(batch: int, q_heads: int, kv_heads: int, t: int, seq: int, dtype: torch.dtype, seed: int):
@@ -45,12 +45,5 @@ def test_prefill_attention_cpu_ignores_positions_past_the_chunk() -> None:
     """NaN past each row's chunk (stale or poisoned slots) reaches no output and stays put."""
     inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 6, 40, torch.float32, seed=5)
     start_pos.copy_(torch.tensor([0, 12]))
-    clean = cache.clone()
-    expected = kernel.prefill_attention_reference(*inputs, clean, 0, slot_ids, start_pos, 0.125)
-    for slot, start in zip(slot_ids.tolist(), start_pos.tolist(), strict=True):
-        cache[:, :, slot, :, start + 6 :] = float("nan")
-    out = kernel.prefill_attention_cpu(*inputs, cache, 0, slot_ids, start_pos, 0.125)
-    assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    for slot, start in zip(slot_ids.tolist(), start_pos.tolist(), strict=True):
-        assert torch.equal(cache[0, :, slot, :, : start + 6], clean[0, :, slot, :, : start + 6])
+    reference, kernel_op = kernel.prefill_attention_reference, kernel.prefill_attention_cpu
+    assert_unread_past_the_window(kernel_op, reference, inputs, cache, slot_ids, start_pos, 6)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from graphspec.kernels import rotary_kv_attention_cpu as kernel
 
-from tests.kernels.helpers import TOLERANCE, bits, generator, rel_error
+from tests.kernels.helpers import TOLERANCE, assert_unread_past_the_window, bits, generator, rel_error
 
 
 def make_case(batch: int, q_heads: int, kv_heads: int, t: int, seq: int, dtype: torch.dtype, seed: int):
@@ -62,15 +62,8 @@ def test_rotary_kv_attention_cpu_ignores_dead_positions() -> None:
     """NaN past each row's window (as the poisoning tests leave it) reaches no output and stays put."""
     inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 5, 48, torch.float32, seed=5)
     start_pos.copy_(torch.tensor([7, 30]))
-    clean = cache.clone()
-    expected = kernel.rotary_kv_attention_reference(*inputs, clean, 0, slot_ids, start_pos, 0.125)
-    for slot, start in zip(slot_ids.tolist(), start_pos.tolist(), strict=True):
-        cache[:, :, slot, :, start + 5 :] = float("nan")
-    out = kernel.rotary_kv_attention_cpu(*inputs, cache, 0, slot_ids, start_pos, 0.125)
-    assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    for slot, start in zip(slot_ids.tolist(), start_pos.tolist(), strict=True):
-        assert torch.equal(cache[0, :, slot, :, : start + 5], clean[0, :, slot, :, : start + 5])
+    reference, kernel_op = kernel.rotary_kv_attention_reference, kernel.rotary_kv_attention_cpu
+    assert_unread_past_the_window(kernel_op, reference, inputs, cache, slot_ids, start_pos, 5)
 
 
 def test_rotary_kv_attention_cpu_decomposes_for_tracing() -> None:
