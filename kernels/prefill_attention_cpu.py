@@ -15,8 +15,7 @@ programs it runs eagerly on the CPU (runtime/prefill.py). Imports torch only.
 from __future__ import annotations
 
 from graphspec.kernels import cpu_library
-from graphspec.kernels.rotary_kv_attention_cpu import kv_attention
-from torch import Tensor
+from graphspec.kernels.rotary_kv_attention_cpu import kv_attention, kv_attention_fake
 
 from graphspec.ops import prefill_attention_reference
 
@@ -24,14 +23,5 @@ __all__ = ["CONFIGS", "prefill_attention", "prefill_attention_cpu", "prefill_att
 
 CONFIGS: dict[str, dict[str, int]] = {"cpu": {}}
 
-prefill_attention = kv_attention  # the reference's arguments, in its order
-
-
-def _fake(
-    q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float
-) -> Tensor:
-    batch, heads, t, head_dim = q.shape
-    return q.new_empty((batch, t, heads, head_dim))
-
-
-prefill_attention_cpu = cpu_library.define("prefill_attention", prefill_attention, _fake)
+prefill_attention = kv_attention  # the reference's arguments, in its order; its fake too
+prefill_attention_cpu = cpu_library.define("prefill_attention", prefill_attention, kv_attention_fake)

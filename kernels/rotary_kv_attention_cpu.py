@@ -21,7 +21,14 @@ from torch import Tensor
 
 from graphspec.ops import qk_norm_reference, rotary_kv_attention_reference, rotary_reference
 
-__all__ = ["CONFIGS", "kv_attention", "kv_attention_cpu", "rotary_kv_attention", "rotary_kv_attention_cpu"]
+__all__ = [
+    "CONFIGS",
+    "kv_attention",
+    "kv_attention_cpu",
+    "kv_attention_fake",
+    "rotary_kv_attention",
+    "rotary_kv_attention_cpu",
+]
 __all__ += ["rotary_kv_attention_reference"]
 
 CONFIGS: dict[str, dict[str, int]] = {"cpu": {}}
@@ -41,7 +48,7 @@ def kv_attention(
     return attend_rows(q, cache, layer, slots, starts, scale)
 
 
-def _kv_attention_fake(q, k, v, cache, layer, slot_ids, start_pos, scale):
+def kv_attention_fake(q, k, v, cache, layer, slot_ids, start_pos, scale):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))
 
@@ -50,7 +57,7 @@ kv_attention_cpu = cpu_library.define_schema(
     "kv_attention_cpu(Tensor q, Tensor k, Tensor v, Tensor(a!) cache, SymInt layer, Tensor slot_ids, "
     "Tensor start_pos, float scale) -> Tensor",
     kv_attention,
-    _kv_attention_fake,
+    kv_attention_fake,
 )
 
 
