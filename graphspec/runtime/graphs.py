@@ -176,6 +176,13 @@ def is_attention_piece(module: torch.nn.Module) -> bool:
     return isinstance(module, fx.GraphModule) and any(is_attention(node) for node in module.graph.nodes)
 
 
+def cpu_table_copy(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
+    """A copy of a flat graph that runs on the CPU with the CPU table's kernels in place of the reference
+    ops (module docstring), and how many it took; `gm`, what an artifact stores, keeps its references."""
+    table_copy = copy.deepcopy(gm)
+    return table_copy, lower_kernels.lower_for_cpu(table_copy)
+
+
 def pieces(gm: fx.GraphModule) -> list[tuple[str, bool]]:
     """(submodule name, runs eagerly) for each piece the top-level graph calls; [] for a flat graph."""
     return [
@@ -396,8 +403,7 @@ class StepGraph:
     def cpu_step(self) -> fx.GraphModule | None:
         """The CPU-table copy of a flat step on the CPU (made on first use), None elsewhere."""
         if self.cpu_gm is None and self._on_cpu_table:
-            self.cpu_gm = copy.deepcopy(self.gm)
-            self.cpu_kernels = lower_kernels.lower_for_cpu(self.cpu_gm)
+            self.cpu_gm, self.cpu_kernels = cpu_table_copy(self.gm)
         return self.cpu_gm
 
     def _eager(self) -> Callable[..., Any]:

@@ -15,7 +15,6 @@ of it: the logits and hidden state of the rows whose prompt ends in the chunk.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,9 +24,8 @@ import torch.fx as fx
 from graphspec import ops
 from graphspec.counters import COUNTERS
 from graphspec.drafters.base import Drafter, PrefillEnd
-from graphspec.lowering import lower_kernels
 from graphspec.runtime.buffers import pick_bucket
-from graphspec.runtime.graphs import TRITON_COMPILES, CudaGraphRecorder, Recorder, pieces
+from graphspec.runtime.graphs import TRITON_COMPILES, CudaGraphRecorder, Recorder, cpu_table_copy, pieces
 from graphspec.trace_prefill import FEATURE_OUTPUT, PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
 
 # Rows of the per-chunk table uploaded once per group of prompts: [chunks, len(ROW_TABLE), bucket].
@@ -56,8 +54,7 @@ class PrefillProgram:
         # cache, the small ops without custom_op's per-call cost. A piecewise program keeps its references.
         self.cpu_kernels = 0
         if device.type == "cpu" and not pieces(gm):
-            gm = copy.deepcopy(gm)
-            self.cpu_kernels = lower_kernels.lower_for_cpu(gm)
+            gm, self.cpu_kernels = cpu_table_copy(gm)
         self.gm = gm
         self.inputs = new_prefill_inputs(bucket, chunk, device)
         names = [node.meta["gs_input"] for node in gm.graph.find_nodes(op="placeholder")][len(params) :]
