@@ -49,6 +49,15 @@ def shape_of(config: dict) -> str:
     )
 
 
+def phase_times(timing: dict[str, float], skip: str = "") -> str:
+    """'tokenizer and encoding 16.7 s, target training ...': the recorded phases, `skip` left out."""
+    return ", ".join(
+        f"{name.replace('_', ' ')} {sec:.1f} s"
+        for name, sec in timing.items()
+        if name.startswith(PHASES) and name != skip
+    )
+
+
 def part_bytes(metadata: dict, part: str) -> int:
     return sum(size for name, size in metadata["bytes"].items() if name.startswith(part + "/"))
 
@@ -159,9 +168,7 @@ def render(pair: Path) -> str:
     add(f"- **Fingerprints:** train `{corpus['train_fingerprint']}`, held-out `{corpus['heldout_fingerprint']}`.\n")
     add("## Training")
     versions = metadata["versions"]
-    phases = ", ".join(
-        f"{name.replace('_', ' ')} {sec:.1f} s" for name, sec in timing.items() if name.startswith(PHASES)
-    )
+    phases = phase_times(timing)
     machine = (f"{metadata['device']} (torch {versions['torch']}, transformers {versions['transformers']}, "
                f"Python {versions['python']})")  # fmt: skip
     target_command = target.get("command", metadata["command"])
@@ -169,11 +176,7 @@ def render(pair: Path) -> str:
         add(f"One run on {machine} took {timing['total_before_metadata']:.0f} s: {phases}. The exact command:\n")
         add(f"```\n{metadata['command']}\n```\n")
     else:  # the target phase ran on its own (--stop-after-target), the rest from its saved files (--target-from)
-        rest = ", ".join(
-            f"{name.replace('_', ' ')} {sec:.1f} s"
-            for name, sec in timing.items()
-            if name.startswith(PHASES) and name != "target_training"
-        )
+        rest = phase_times(timing, skip="target_training")  # the first run's, named apart
         add(
             f"Two runs on {machine}: the first trained the tokenizer and the target ({target['seconds']:.0f} s of "
             f"target training) and saved them; the second took {timing['total_before_metadata']:.0f} s for the "

@@ -43,6 +43,8 @@ Files come back from the device in pieces of at most 16 MiB: tar the output and 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.metadata
 import importlib.util
 import json
 import platform
@@ -461,10 +463,14 @@ def package_files(directory: Path) -> list[tuple[str, str]]:
 
 def installed_version(package: str) -> str | None:
     """The installed distribution version of a top-level package name (`_pytest` -> pytest's), if any."""
-    import importlib.metadata
-
-    distributions = importlib.metadata.packages_distributions().get(package, [])
+    distributions = installed_distributions().get(package, [])
     return importlib.metadata.version(distributions[0]) if distributions else None
+
+
+@functools.cache
+def installed_distributions() -> dict[str, list[str]]:
+    """Top-level package -> distributions: one scan of every installed distribution serves all packages."""
+    return importlib.metadata.packages_distributions()
 
 
 def pack_corpus(examples, root: Path, destination: Path) -> None:
