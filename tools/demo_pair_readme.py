@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ("tokenizer", "target", "draft", "heads", "acceptance")  # timing entries named per phase
 # In table order.
 DRAFTER_LABELS = {
     "draft": "draft model",
@@ -49,13 +48,25 @@ def shape_of(config: dict) -> str:
     )
 
 
-def phase_times(timing: dict[str, float], skip: str = "") -> str:
-    """'tokenizer and encoding 16.7 s, target training ...': the recorded phases, `skip` left out."""
-    return ", ".join(
-        f"{name.replace('_', ' ')} {sec:.1f} s"
-        for name, sec in timing.items()
-        if name.startswith(PHASES) and name != skip
-    )
+def training_runs(metadata: dict) -> list[tuple[str, str]]:
+    """[(what it produced, command)] per training run, in order: each part of the pair records the command that
+    trained it (a part recorded before that defaults to the pair's command), and parts trained by one command
+    share its entry."""
+    draft, heads = metadata["draft"], metadata.get("heads", {})
+    parts = [(f"the tokenizer and the target ({metadata['target']['seconds']:.0f} s)",
+              metadata["target"].get("command"))]  # fmt: skip
+    earlier = draft.get("continued_from")
+    if earlier:
+        parts.append((f"the draft's first {earlier['steps_done']} steps ({earlier['seconds']:.0f} s)",
+                      earlier.get("command")))  # fmt: skip
+    what = "the draft's next" if earlier else "the draft's"
+    parts.append((f"{what} {draft['steps_done']} steps ({draft['seconds']:.0f} s)", draft.get("command")))
+    parts += [(f"the {DRAFTER_LABELS[name]} ({head['steps_done']} steps)", head.get("command")) for name, head in
+              heads.items()]  # fmt: skip
+    runs: dict[str, list[str]] = {}
+    for produced, command in parts:
+        runs.setdefault(command or metadata["command"], []).append(produced)
+    return [("; ".join(produced), command) for command, produced in runs.items()]
 
 
 def part_bytes(metadata: dict, part: str) -> int:
@@ -86,7 +97,6 @@ def render(pair: Path) -> str:
     target, draft, corpus = metadata["target"], metadata["draft"], metadata["corpus"]
     heads = metadata.get("heads", {})
     acceptance = metadata["acceptance"]
-    timing = metadata["timing_seconds"]
     out: list[str] = []
     add = out.append
     add("# Demo pair: a small trained target and draft for Python source code, and two heads for the target\n")
@@ -168,21 +178,17 @@ def render(pair: Path) -> str:
     add(f"- **Fingerprints:** train `{corpus['train_fingerprint']}`, held-out `{corpus['heldout_fingerprint']}`.\n")
     add("## Training")
     versions = metadata["versions"]
-    phases = phase_times(timing)
-    machine = (f"{metadata['device']} (torch {versions['torch']}, transformers {versions['transformers']}, "
-               f"Python {versions['python']})")  # fmt: skip
-    target_command = target.get("command", metadata["command"])
-    if target_command == metadata["command"]:
-        add(f"One run on {machine} took {timing['total_before_metadata']:.0f} s: {phases}. The exact command:\n")
-        add(f"```\n{metadata['command']}\n```\n")
-    else:  # the target phase ran on its own (--stop-after-target), the rest from its saved files (--target-from)
-        rest = phase_times(timing, skip="target_training")  # the first run's, named apart
-        add(
-            f"Two runs on {machine}: the first trained the tokenizer and the target ({target['seconds']:.0f} s of "
-            f"target training) and saved them; the second took {timing['total_before_metadata']:.0f} s for the "
-            f"rest, from the saved (float16) target ({rest}). The exact commands:\n"
-        )
-        add(f"```\n{target_command}\n{metadata['command']}\n```\n")
+    runs = training_runs(metadata)
+    add(
+        f"{'One run' if len(runs) == 1 else f'{len(runs)} runs'} of `tools/train_demo_pair.py`; the last on "
+        f"{metadata['device']} (torch {versions['torch']}, transformers "
+        f"{versions['transformers']}, Python {versions['python']}). A run after the first starts from the files an "
+        "earlier one saved (`--target-from`, `--draft-from`). The exact commands, each with what it produced that "
+        "ships here:\n"
+    )
+    for produced, command in runs:
+        add(f"- {produced}:\n  ```\n  {command}\n  ```")
+    add("")
     add(
         "Each phase has a time budget; its step count is capped to what fits (measured after 25 steps) and its LR "
         "schedule (linear warmup, cosine decay to 10%) runs to that count. bf16 autocast, AdamW (betas 0.9/0.95, "

@@ -120,7 +120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target-lr", type=float, default=1.5e-3)
     parser.add_argument("--draft-lr", type=float, default=3e-3)
     parser.add_argument("--target-shape", default="384,8,1024,6,2", help="hidden,layers,intermediate,heads,kv_heads")
-    parser.add_argument("--draft-shape", default="256,3,704,4,4", help="hidden,layers,intermediate,heads,kv_heads")
+    parser.add_argument(
+        "--draft-shape", default=None, help="hidden,layers,intermediate,heads,kv_heads (default 256,3,704,4,4)"
+    )
     parser.add_argument("--target-seconds", type=float, default=200.0, help="target phase budget (caps its steps)")
     parser.add_argument("--draft-seconds", type=float, default=110.0, help="draft phase budget (caps its steps)")
     parser.add_argument("--gen-sequences", type=int, default=16384, help="target-greedy sequences for the draft")
@@ -159,6 +161,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="take the tokenizer, target and target phase a --stop-after-target run saved in DIR instead of "
         "training them",
     )
+    parser.add_argument(
+        "--draft-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="start the draft from DIR/draft (an earlier run's --out, or a whole pair) and train it further; its "
+        "shape is that config's, and DIR/metadata.json's draft record is kept as the run it continues",
+    )
     args = parser.parse_args(argv)
     if args.out is None and args.pack_corpus is None:
         parser.error("--out is required")
@@ -175,6 +185,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             )
         if args.stop_after_target:
             parser.error("--target-from and --stop-after-target exclude each other")
+    if args.draft_from is not None and args.draft_shape is not None:
+        parser.error("--draft-from and --draft-shape exclude each other: the draft keeps its checkpoint's shape")
+    args.draft_shape = args.draft_shape or "256,3,704,4,4"
     # Refused here, before the minutes of training they would otherwise end.
     unknown = set(filter(None, args.heads.split(","))) - {"mtp", "eagle3"}
     if unknown:
@@ -196,6 +209,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.target_shape, args.draft_shape = "64,4,128,4,2", "32,1,64,2,2"
         args.head_batch_size, args.eagle3_draft_vocab, args.accept_prompts = 2, 256, 2
         args.accept_new_tokens = "8"
+    if args.draft_from is not None:
+        missing = [n for n in ("draft/config.json", "metadata.json") if not (args.draft_from / n).is_file()]
+        if missing:
+            parser.error(f"--draft-from {args.draft_from}: no {', '.join(missing)} (an earlier run's --out)")
+        config = json.loads((args.draft_from / "draft" / "config.json").read_text())
+        keys = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+        args.draft_shape = ",".join(str(config[key]) for key in keys)
     return args
 
 
@@ -542,8 +562,16 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     torch.manual_seed(args.seed + 1)
-    draft_config = model_config(args.draft_shape, len(tokenizer), args.seq_len)
-    draft = LlamaForCausalLM(draft_config).to(args.device)
+    if args.draft_from is None:
+        draft = LlamaForCausalLM(model_config(args.draft_shape, len(tokenizer), args.seq_len)).to(args.device)
+        continued = {}
+    else:
+        draft = LlamaForCausalLM.from_pretrained(args.draft_from / "draft", dtype=torch.float32).to(args.device)
+        if draft.config.vocab_size != len(tokenizer):
+            raise SystemExit(f"--draft-from {args.draft_from}: vocabulary {draft.config.vocab_size}, the target's "
+                             f"tokenizer has {len(tokenizer)}")  # fmt: skip
+        earlier = json.loads((args.draft_from / "metadata.json").read_text())["draft"]
+        continued = {"continued_from": {k: v for k, v in earlier.items() if k not in ("log", "generated")}}
     generation_began = time.time()
     generated = generate_greedy(target, train_stream, args)
     generation_seconds = time.time() - generation_began
@@ -552,6 +580,7 @@ def main(argv: list[str] | None = None) -> None:
         "draft", draft, train_stream, heldout_stream, args, args.draft_steps, args.draft_lr, args.draft_seconds,
         deadline, teacher=target, generated=generated,
     )  # fmt: skip
+    draft_result.update(command=command_line(argv), **continued)
 
     heads_began = time.time()
     heads = {}
@@ -560,6 +589,8 @@ def main(argv: list[str] | None = None) -> None:
         # Each head gets its budget, or its share of what is left before the run's deadline if that is less.
         budget = max(10.0, min(args.head_seconds, (deadline - time.time()) / len(names)))
         heads = train_heads(names, target, train_stream, heldout_stream, generated, args, budget)
+        for _, result in heads.values():
+            result["command"] = command_line(argv)
     heads_seconds = time.time() - heads_began
 
     out = args.out

@@ -72,16 +72,29 @@ def test_target_phase_saved_then_resumed_gives_a_whole_pair(tmp_path):
     phase = json.loads((tmp_path / "a" / train_demo_pair.TARGET_PHASE).read_text())
     assert metadata["target"]["log"] == phase["target"]["log"] and "--stop-after-target" in phase["target"]["command"]
     assert metadata["draft"]["steps_done"] == 3 and set(metadata["heads"]) == {"mtp"}
-    # A whole pair is a target source too (its metadata.json holds the phase): the draft retrained alone.
+    # A whole pair is a target source too (its metadata.json holds the phase), and its draft a starting point:
+    # the draft trained further alone, its earlier run kept in the record.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         train_demo_pair.main(["--smoke", "--out", str(tmp_path / "c"), "--device", "cpu", "--heads", "",
-                              "--target-from", str(tmp_path / "b")])  # fmt: skip
+                              "--target-from", str(tmp_path / "b"), "--draft-from", str(tmp_path / "b")])  # fmt: skip
     finally:
         torch.set_num_threads(threads)
     again = json.loads((tmp_path / "c" / "metadata.json").read_text())
     assert again["sha256"]["target/model.safetensors"] == first and again["target"]["log"] == phase["target"]["log"]
+    earlier = again["draft"]["continued_from"]
+    assert earlier["command"] == metadata["draft"]["command"] and earlier["final"] == metadata["draft"]["final"]
+    assert again["draft"]["shape"] == metadata["draft"]["shape"]
+    assert again["draft"]["steps_done"] == 3 and "--draft-from" in again["draft"]["command"]
+    # The README names each run with what it made: the target's, the draft's two, the head's.
+    runs = demo_pair_readme.training_runs(again)
+    assert [command for _, command in runs] == [
+        phase["target"]["command"],
+        metadata["draft"]["command"],
+        again["draft"]["command"],
+    ]
+    assert "the draft's next 3 steps" in runs[2][0]
 
 
 def test_step_cap_fits_the_budget_and_keeps_the_requested_count_when_it_fits():
@@ -121,6 +134,20 @@ def test_bad_flags_are_refused_before_any_work(flags, named, capsys):
     with pytest.raises(SystemExit):
         train_demo_pair.parse_args(["--out", "/nonexistent/never-written", *flags])
     assert named in capsys.readouterr().err
+
+
+def test_draft_from_without_the_earlier_record_or_with_a_shape_is_refused(tmp_path, capsys):
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        train_demo_pair.parse_args(["--out", str(tmp_path / "out"), "--draft-from", str(tmp_path)])
+    assert "metadata.json" in capsys.readouterr().err
+    (tmp_path / "metadata.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        train_demo_pair.parse_args(
+            ["--out", str(tmp_path / "out"), "--draft-from", str(tmp_path), "--draft-shape", "64,2,64,2,2"]
+        )
+    assert "--draft-shape" in capsys.readouterr().err
 
 
 def test_target_from_a_directory_without_a_saved_target_phase_is_refused(tmp_path, capsys):
