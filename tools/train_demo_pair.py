@@ -215,7 +215,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--draft-from {args.draft_from}: no {', '.join(missing)} (an earlier run's --out)")
         config = json.loads((args.draft_from / "draft" / "config.json").read_text())
         keys = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+        if any(key not in config for key in (*keys, "vocab_size")):
+            parser.error(f"--draft-from {args.draft_from}: draft/config.json is not a Llama config")
         args.draft_shape = ",".join(str(config[key]) for key in keys)
+        # The vocabulary the draft will be trained on: the saved target's, or the one this run trains.
+        source = args.target_from / "target" / "config.json" if args.target_from is not None else None
+        vocab = json.loads(source.read_text())["vocab_size"] if source is not None else args.vocab_size
+        if config["vocab_size"] != vocab:
+            parser.error(f"--draft-from {args.draft_from}: the draft's vocabulary is {config['vocab_size']}, the "
+                         f"target's {vocab}")  # fmt: skip
     return args
 
 
@@ -567,9 +575,6 @@ def main(argv: list[str] | None = None) -> None:
         continued = {}
     else:
         draft = LlamaForCausalLM.from_pretrained(args.draft_from / "draft", dtype=torch.float32).to(args.device)
-        if draft.config.vocab_size != len(tokenizer):
-            raise SystemExit(f"--draft-from {args.draft_from}: vocabulary {draft.config.vocab_size}, the target's "
-                             f"tokenizer has {len(tokenizer)}")  # fmt: skip
         earlier = json.loads((args.draft_from / "metadata.json").read_text())["draft"]
         continued = {"continued_from": {k: v for k, v in earlier.items() if k not in ("log", "generated")}}
     generation_began = time.time()

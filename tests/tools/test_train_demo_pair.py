@@ -136,18 +136,21 @@ def test_bad_flags_are_refused_before_any_work(flags, named, capsys):
     assert named in capsys.readouterr().err
 
 
-def test_draft_from_without_the_earlier_record_or_with_a_shape_is_refused(tmp_path, capsys):
+def test_draft_from_a_draft_that_cannot_continue_is_refused_before_any_work(tmp_path, capsys):
+    def refusal(*flags: str) -> str:
+        with pytest.raises(SystemExit):
+            train_demo_pair.parse_args(["--out", str(tmp_path / "out"), "--draft-from", str(tmp_path), *flags])
+        return capsys.readouterr().err
+
     (tmp_path / "draft").mkdir()
-    (tmp_path / "draft" / "config.json").write_text("{}")
-    with pytest.raises(SystemExit):
-        train_demo_pair.parse_args(["--out", str(tmp_path / "out"), "--draft-from", str(tmp_path)])
-    assert "metadata.json" in capsys.readouterr().err
+    config = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64, "num_attention_heads": 2,
+              "num_key_value_heads": 2, "vocab_size": 4096}  # fmt: skip
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(config))
+    assert "metadata.json" in refusal()
     (tmp_path / "metadata.json").write_text("{}")
-    with pytest.raises(SystemExit):
-        train_demo_pair.parse_args(
-            ["--out", str(tmp_path / "out"), "--draft-from", str(tmp_path), "--draft-shape", "64,2,64,2,2"]
-        )
-    assert "--draft-shape" in capsys.readouterr().err
+    assert "--draft-shape" in refusal("--draft-shape", "64,2,64,2,2")
+    assert "vocabulary is 4096, the target's 8192" in refusal("--vocab-size", "8192")
+    train_demo_pair.parse_args(["--out", str(tmp_path / "out"), "--draft-from", str(tmp_path)])  # this one fits
 
 
 def test_target_from_a_directory_without_a_saved_target_phase_is_refused(tmp_path, capsys):
