@@ -12,6 +12,9 @@ An artifact directory holds:
     graphs/prefill_b<B>_c<C>.*           the bucket's prefill chunk programs (trace_prefill.py), stored
                                          like the step graphs and listed under "prefill"
     kernels.json                         node -> kernel chosen by lower_kernels, per graph
+    triton_cache/<key>/<file>            GPU artifacts: the Triton kernels the compiling process loaded or
+                                         built (triton_binaries.py), put into Triton's cache on load so
+                                         loading builds none; `graphspec compile` warms a Runtime up first
     drafter/<setting>.safetensors        a copy of each file a drafter setting names (a token map);
                                          the manifest's drafter record names the copy, loading reads it
     target/, draft/                      checkpoint copies (config, safetensors, tokenizer files), or,
@@ -82,6 +85,11 @@ from graphspec.models.loading import LoadedModel, load_config, load_model, parse
 from graphspec.pipeline import PIPELINE, PREFILL_PIPELINE
 from graphspec.trace import model_inputs
 from graphspec.trace_prefill import PrefillSignature, chunk_sizes
+from graphspec.triton_binaries import FOLDER as TRITON_FOLDER
+from graphspec.triton_binaries import RECORDER as TRITON_KERNELS
+from graphspec.triton_binaries import cache_dir as triton_cache_dir
+from graphspec.triton_binaries import check_listing
+from graphspec.triton_binaries import install as install_triton_kernels
 from graphspec.version import __version__
 
 FORMAT = "graphspec-artifact"
@@ -127,7 +135,9 @@ class ArtifactMismatchWarning(UserWarning):
 
 
 def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True) -> Path:
-    """Write `compiled` to the directory `out` and return its absolute path.
+    """Write `compiled` to the directory `out` and return its absolute path. On a GPU the artifact carries
+    every Triton kernel this process has loaded or built (a Runtime's warm-up loads all of the compiled
+    graphs'; `graphspec compile` runs one first), so that loading it on this GPU and software builds none.
 
     The artifact is assembled in a sibling temporary directory and moved into place at the end, so
     an interrupted save never leaves a half-written artifact. An existing artifact at `out` is
@@ -151,6 +161,7 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
             prefill.append({**_save_graph_files(compiled, name, gm, staging, files), **entry})
             kernels[prefill[-1]["name"]] = kernel_choices(gm)
         _write(staging / KERNELS, json.dumps(kernels, indent=2, default=str) + "\n", files, KERNELS)
+        triton_kernels = _save_triton_kernels(compiled, staging, files)
         models = {
             role: _save_weights(role, loaded, staging, files, copy_weights)
             for role, loaded in checkpoints(compiled).items()
@@ -184,6 +195,7 @@ def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True
             "graphs": graphs,
             "prefill": prefill,
             "kernels": KERNELS,
+            "triton_cache": triton_kernels,
             "files": files,
         }
         _write(staging / MANIFEST, json.dumps(manifest, indent=2) + "\n")
@@ -305,6 +317,20 @@ def _save_weights(
             files[key] = digest_file(file)
         entry["files"].append(key)
     return entry
+
+
+def _save_triton_kernels(compiled: Compiled, staging: Path, files: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Copy the kernel folders of Triton's cache that this process used into triton_cache/ (hashed like
+    every file): {cache-key folder: [file names]}. A CPU artifact runs no Triton kernel and has none."""
+    if not compiled.config.device.startswith("cuda"):
+        return {}
+    listing = {}
+    for folder, paths in sorted(TRITON_KERNELS.present().items()):
+        for name, path in sorted(paths.items()):
+            key = f"{TRITON_FOLDER}/{folder}/{name}"
+            files[key] = copy_and_digest(Path(path), staging / key)
+        listing[folder] = sorted(paths)
+    return listing
 
 
 def _save_drafter_files(compiled: Compiled, staging: Path, files: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -834,8 +860,15 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     # The shards' tensors also start moving to the device now, beside the config parse whose first
     # transformers import takes seconds (loading.prefetched); the models take them from there.
     shard_files = sorted(_manifest_file(path, name) for name in shards)
+    triton_kernels = manifest.get("triton_cache") or {}  # format-4 artifacts before it had none
+    check_listing(triton_kernels, str(path / MANIFEST))
+    unhashed = [f"{TRITON_FOLDER}/{folder}/{name}" for folder, names in triton_kernels.items() for name in names]
+    unhashed = [name for name in unhashed if name not in manifest["files"]]
+    if unhashed:
+        raise ArtifactError(f"{path / MANIFEST}: {unhashed[0]} has no sha256 in files: recompile with `{command}`")
     with prefetched(shard_files, manifest["config"]["dtype"], manifest["config"]["device"]):
         _verify_files(path, manifest, command, lambda name: name not in shards)
+        _install_triton_kernels(path, triton_kernels)
         small_files = time.perf_counter() - began
 
         def hash_shards() -> float:
@@ -856,6 +889,22 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     verify = small_files + time.perf_counter() - waiting
     compiled.load_seconds = {"verify": verify, **compiled.load_seconds, "hashing_beside_weights": hashed}
     return compiled
+
+
+def _install_triton_kernels(path: Path, listing: dict[str, list[str]]) -> None:
+    """Put the artifact's (verified) Triton kernels into this machine's Triton cache. Where that cannot
+    be done (no Triton cache directory, not writable) the kernels are built on first use, as without them."""
+    target = triton_cache_dir() if listing else None
+    if target is None:
+        return
+    try:
+        install_triton_kernels(path / TRITON_FOLDER, listing, target)
+    except OSError as error:
+        warnings.warn(
+            f"{path}: could not copy its Triton kernels into {target} ({error}); they are built on first use",
+            ArtifactMismatchWarning,
+            stacklevel=4,
+        )
 
 
 def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 import graphspec
+from graphspec.artifact import check_out, save_artifact
+from graphspec.compiled import Compiled
 from graphspec.config import DEFAULT_PREFILL_TOKENS, MAX_K, SAMPLING_MODES
 from graphspec.drafters import KINDS, NAMED_KINDS
 from graphspec.drafters.ngram import DEFAULT_NGRAM
@@ -451,6 +453,8 @@ def run_compile(args: argparse.Namespace) -> int:
     if args.max_seq_len is not None:
         prefill = sum(len(chunk_sizes(bucket, args.max_seq_len, args.prefill_tokens)) for bucket in buckets)
         total = len(buckets) * len(set(args.modes)) + prefill
+    if args.out is not None:
+        check_out(args.out)  # refused before any work, as compile(out=...) would
     progress = Progress(sys.stderr, total)
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -462,7 +466,6 @@ def run_compile(args: argparse.Namespace) -> int:
                 batch_sizes=args.batch_sizes,
                 dtype=args.dtype,
                 device=args.device,
-                out=args.out,
                 dump_dir=args.dump_dir,
                 max_seq_len=args.max_seq_len,
                 prefill_tokens=args.prefill_tokens,
@@ -476,6 +479,8 @@ def run_compile(args: argparse.Namespace) -> int:
                 drafter=args.drafter,
                 **drafter_options,
             )
+            if args.out is not None:
+                save_warmed_up(compiled, args, progress)
     finally:
         progress.done()
     for warning in caught:  # e.g. a partial folder of an interrupted compile it could not remove
@@ -497,6 +502,19 @@ def run_compile(args: argparse.Namespace) -> int:
         partial += [f"skipped {', '.join(skip)}"] if skip else []
         print(f"note: partial pipeline ({'; '.join(partial)}): for bisecting, not for serving", file=sys.stderr)
     return 0
+
+
+def save_warmed_up(compiled: Compiled, args: argparse.Namespace, progress: Progress) -> None:
+    """Write the artifact; on a GPU after a Runtime over it has warmed up, so that Triton has loaded or
+    built every kernel of every program and the artifact carries them (loading it then builds none).
+    A partial pipeline (--stop-after, --skip) is saved as it is: it is for bisecting, not serving."""
+    if compiled.config.device.startswith("cuda") and not (args.stop_after or any(args.skip)):
+        from graphspec.runtime.runtime import Runtime
+
+        progress("warming up a Runtime: Triton builds every kernel the artifact will carry")
+        Runtime(compiled)
+    progress(f"writing artifact {args.out}")
+    save_artifact(compiled, args.out, copy_weights=not args.reference_weights)
 
 
 # --------------------------------------------------------------------------------------------------

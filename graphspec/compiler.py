@@ -20,6 +20,7 @@ from graphspec.errors import InputError
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
 from graphspec.models.spec import ModelSpec
 from graphspec.pipeline import PREFILL_PIPELINE, run_pipeline, validate_names
+from graphspec.triton_binaries import RECORDER as TRITON_KERNELS
 
 log = logging.getLogger("graphspec")
 
@@ -87,6 +88,8 @@ def compile(
     device = resolve_device(device)
     if out is not None:
         check_out(out)
+    if device.startswith("cuda"):
+        TRITON_KERNELS.install()  # from the first kernel on: a saved artifact carries what Triton built
     progress = on_progress or (lambda message: log.info(message))
     # Configs first: every mismatch a config can show is refused before minutes of weight loading.
     kind = drafter_kind(draft, drafter)

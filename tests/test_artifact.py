@@ -269,6 +269,55 @@ def test_refuses_manifest_without_a_hash_for_a_file_it_uses(compiled, tmp_path):
         load_artifact(artifact)
 
 
+def carry_a_kernel(artifact: Path) -> Path:
+    """Give the artifact a Triton kernel folder, hashed and listed as save_artifact does on a GPU."""
+    folder = artifact / "triton_cache" / "ABCDEF234567"
+    folder.mkdir(parents=True)
+    (folder / "add_one.cubin").write_bytes(b"\x7fELF" + bytes(range(64)))
+    (folder / "add_one.json").write_text('{"name": "add_one"}')
+    compiling = "/home/someone/.triton/cache/ABCDEF234567"  # the group names files where they were built
+    children = {name: f"{compiling}/{name}" for name in ("add_one.cubin", "add_one.json")}
+    (folder / "__grp__add_one.json").write_text(json.dumps({"child_paths": children}))
+
+    def edit(manifest: dict) -> None:
+        manifest["triton_cache"] = {folder.name: ["__grp__add_one.json", "add_one.cubin", "add_one.json"]}
+        for name in manifest["triton_cache"][folder.name]:
+            manifest["files"][f"triton_cache/{folder.name}/{name}"] = digest_file(folder / name)
+
+    edit_manifest(artifact, edit)
+    return folder
+
+
+def test_a_cpu_artifact_carries_no_triton_kernels(compiled):
+    assert json.loads((compiled[1] / "manifest.json").read_text())["triton_cache"] == {}
+    assert not (compiled[1] / "triton_cache").exists()
+
+
+def test_carried_triton_kernels_are_verified_then_put_into_the_triton_cache(compiled, tmp_path, monkeypatch):
+    artifact = damaged(compiled, tmp_path)
+    folder = carry_a_kernel(artifact)
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    load_artifact(artifact)
+    group = json.loads((cache / folder.name / "__grp__add_one.json").read_text())["child_paths"]
+    assert group == {name: str(cache / folder.name / name) for name in ("add_one.cubin", "add_one.json")}
+    assert (cache / folder.name / "add_one.cubin").read_bytes() == (folder / "add_one.cubin").read_bytes()
+    # A changed kernel file refuses the load before anything reaches the cache.
+    shutil.rmtree(cache)
+    flip_byte(folder / "add_one.cubin")
+    with pytest.raises(ArtifactError, match=r"add_one\.cubin"):
+        load_artifact(artifact)
+    assert not cache.exists()
+
+
+def test_a_carried_kernel_file_without_a_hash_is_refused(compiled, tmp_path):
+    artifact = damaged(compiled, tmp_path)
+    folder = carry_a_kernel(artifact)
+    edit_manifest(artifact, lambda m: m["files"].pop(f"triton_cache/{folder.name}/add_one.cubin"))
+    with pytest.raises(ArtifactError, match=r"add_one\.cubin has no sha256"):
+        load_artifact(artifact)
+
+
 # --------------------------------------------------------------------------------------------------
 # Refusals: files
 # --------------------------------------------------------------------------------------------------
@@ -545,13 +594,53 @@ GPU_PROCESS = """
 import json, sys
 from graphspec.counters import COUNTERS
 from graphspec.runtime.runtime import Runtime
+from graphspec.triton_binaries import RECORDER
 
 prompts, new_tokens = json.loads(sys.argv[2])
 runtime = Runtime.load(sys.argv[1])
 tokens = [r.token_ids for r in runtime.generate(prompts, max_new_tokens=new_tokens)]
 print(json.dumps({"tokens": tokens, "traces": COUNTERS.traces, "pipeline_runs": COUNTERS.pipeline_runs,
-                  "captures": COUNTERS.captures}))
+                  "captures": COUNTERS.captures, "kernels_built": RECORDER.built,
+                  "kernels_loaded": len(RECORDER.folders)}))
 """
+
+
+def run_fresh_process(artifact: Path, **env: str) -> dict:
+    """GPU_PROCESS on `artifact` in a new interpreter (environment additions `env`): what it reports."""
+    env = {**os.environ, **env}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    process = subprocess.run(
+        [sys.executable, "-c", GPU_PROCESS, str(artifact), json.dumps([PROMPTS, NEW_TOKENS])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert process.returncode == 0, process.stderr
+    return json.loads(process.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+def test_gpu_artifact_from_the_cli_carries_its_kernels_so_an_empty_triton_cache_builds_none(
+    checkpoint_factory, tmp_path
+):
+    """`graphspec compile` warms a Runtime up before saving, so the artifact carries every Triton kernel; a
+    fresh process whose Triton cache is empty then loads all of them from there and builds none."""
+    dims = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+    target = checkpoint_factory("llama", 0, **dims)
+    draft = checkpoint_factory("llama", 1, num_hidden_layers=1, **dims)
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "compiling-cache")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "graphspec", "compile", str(target), "--draft", str(draft), "-k", "3",
+               "--batch-sizes", "1,2", "--dtype", "bfloat16", "--device", "cuda", "--max-seq-len", "128",
+               "--out", str(tmp_path / "art")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr
+    carried = json.loads((tmp_path / "art" / "manifest.json").read_text())["triton_cache"]
+    assert len(carried) > 5, carried
+    fresh = run_fresh_process(tmp_path / "art", TRITON_CACHE_DIR=str(tmp_path / "empty-cache"))
+    assert fresh["kernels_built"] == 0 and fresh["kernels_loaded"] > 5, fresh
+    assert fresh["captures"] > 0 and (fresh["traces"], fresh["pipeline_runs"]) == (0, 0)
 
 
 @pytest.mark.gpu
@@ -567,16 +656,7 @@ def test_gpu_artifact_with_kernels_replays_the_same_tokens_in_a_fresh_process(ch
     kernels = json.loads((tmp_path / "art" / "kernels.json").read_text())
     assert all(kernels.values()), kernels  # lower_kernels chose Triton kernels for every graph
     expected = [r.token_ids for r in Runtime(result).generate(PROMPTS, max_new_tokens=NEW_TOKENS)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    process = subprocess.run(
-        [sys.executable, "-c", GPU_PROCESS, str(tmp_path / "art"), json.dumps([PROMPTS, NEW_TOKENS])],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert process.returncode == 0, process.stderr
-    fresh = json.loads(process.stdout.strip().splitlines()[-1])
+    fresh = run_fresh_process(tmp_path / "art")
     assert (fresh["traces"], fresh["pipeline_runs"]) == (0, 0)
     assert fresh["captures"] > 0
     assert fresh["tokens"] == expected

@@ -41,6 +41,7 @@ from graphspec.counters import COUNTERS
 from graphspec.lowering import lower_kernels
 from graphspec.op_nodes import is_attention
 from graphspec.runtime.buffers import StepBuffers
+from graphspec.triton_binaries import RECORDER as TRITON_KERNELS
 
 log = logging.getLogger("graphspec")
 
@@ -136,9 +137,11 @@ class TritonCompiles:
         self.installed = False
 
     def install(self) -> bool:
-        """Hook into Triton once (chaining any hook already set); False when Triton is unavailable."""
+        """Hook into Triton once (chaining any hook already set); False when Triton is unavailable. Also
+        starts recording the kernels Triton loads or builds, which a saved artifact carries."""
         if self.installed:
             return True
+        TRITON_KERNELS.install()
         try:
             import triton
         except ImportError:
