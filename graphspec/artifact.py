@@ -12,9 +12,10 @@ An artifact directory holds:
     graphs/prefill_b<B>_c<C>.*           the bucket's prefill chunk programs (trace_prefill.py), stored
                                          like the step graphs and listed under "prefill"
     kernels.json                         node -> kernel chosen by lower_kernels, per graph
-    triton_cache/<key>/<file>            GPU artifacts: the Triton kernels the compiling process loaded or
-                                         built (triton_binaries.py), put into Triton's cache on load so
-                                         loading builds none; `graphspec compile` warms a Runtime up first
+    triton_cache/<key>/<file>            GPU artifacts: the Triton cache folders (kernels, C launchers) the
+                                         compiling process read or wrote (triton_binaries.py), put into
+                                         Triton's cache on load so that loading builds nothing;
+                                         `graphspec compile` warms a Runtime up before writing
     drafter/<setting>.safetensors        a copy of each file a drafter setting names (a token map);
                                          the manifest's drafter record names the copy, loading reads it
     target/, draft/                      checkpoint copies (config, safetensors, tokenizer files), or,
@@ -136,8 +137,9 @@ class ArtifactMismatchWarning(UserWarning):
 
 def save_artifact(compiled: Compiled, out: str | Path, copy_weights: bool = True) -> Path:
     """Write `compiled` to the directory `out` and return its absolute path. On a GPU the artifact carries
-    every Triton kernel this process has loaded or built (a Runtime's warm-up loads all of the compiled
-    graphs'; `graphspec compile` runs one first), so that loading it on this GPU and software builds none.
+    every Triton cache folder (kernels and their C launchers) this process has read or written: a Runtime's
+    warm-up uses all of the compiled graphs' (`graphspec compile` runs one first), so that loading it on
+    this GPU and software builds nothing.
 
     The artifact is assembled in a sibling temporary directory and moved into place at the end, so
     an interrupted save never leaves a half-written artifact. An existing artifact at `out` is
@@ -320,8 +322,8 @@ def _save_weights(
 
 
 def _save_triton_kernels(compiled: Compiled, staging: Path, files: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
-    """Copy the kernel folders of Triton's cache that this process used into triton_cache/ (hashed like
-    every file): {cache-key folder: [file names]}. A CPU artifact runs no Triton kernel and has none."""
+    """Copy the Triton cache folders this process used into triton_cache/ (hashed like every file):
+    {cache-key folder: [file names]}. A CPU artifact runs no Triton kernel and has none."""
     if not compiled.config.device.startswith("cuda"):
         return {}
     listing = {}
@@ -892,8 +894,9 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
 
 
 def _install_triton_kernels(path: Path, listing: dict[str, list[str]]) -> None:
-    """Put the artifact's (verified) Triton kernels into this machine's Triton cache. Where that cannot
-    be done (no Triton cache directory, not writable) the kernels are built on first use, as without them."""
+    """Put the artifact's (verified) Triton cache folders into this machine's Triton cache. Where that
+    cannot be done (no Triton cache directory, not writable) the kernels are built on first use, as
+    without them."""
     target = triton_cache_dir() if listing else None
     if target is None:
         return
