@@ -864,10 +864,6 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     shard_files = sorted(_manifest_file(path, name) for name in shards)
     triton_kernels = manifest.get("triton_cache") or {}  # format-4 artifacts before it had none
     check_listing(triton_kernels, str(path / MANIFEST))
-    unhashed = [f"{TRITON_FOLDER}/{folder}/{name}" for folder, names in triton_kernels.items() for name in names]
-    unhashed = [name for name in unhashed if name not in manifest["files"]]
-    if unhashed:
-        raise ArtifactError(f"{path / MANIFEST}: {unhashed[0]} has no sha256 in files: recompile with `{command}`")
     with prefetched(shard_files, manifest["config"]["dtype"], manifest["config"]["device"]):
         _verify_files(path, manifest, command, lambda name: name not in shards)
         _install_triton_kernels(path, triton_kernels)
@@ -1237,6 +1233,8 @@ def _verify_files(path: Path, manifest: dict[str, Any], command: str, which: Cal
     used += [name for role in manifest_roles(manifest) for name in manifest["models"][role]["files"]]
     drafter = manifest.get("drafter", {})
     used += [drafter[name] for name in FILE_SETTINGS if name in drafter]
+    triton_kernels = manifest.get("triton_cache") or {}
+    used += [f"{TRITON_FOLDER}/{folder}/{name}" for folder, names in triton_kernels.items() for name in names]
     unlisted = [name for name in used if which(name) and name not in manifest["files"]]
     if unlisted:
         raise ArtifactError(

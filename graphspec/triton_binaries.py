@@ -41,12 +41,12 @@ class KernelRecorder:
     def __init__(self) -> None:
         self.folders: set[Path] = set()
         self.built = 0  # compilations that missed the on-disk cache (0 after loading a complete artifact)
-        self.installed = False
+        self.manager: type | None = None  # the cache manager class install() gave Triton
 
     def install(self) -> bool:
         """Record from now on; False when this Triton lacks the knobs (before 3.4) or another cache
         manager is set (a remote cache: nothing on disk to carry)."""
-        if self.installed:
+        if self.manager is not None:
             return True
         try:
             from triton import knobs
@@ -56,9 +56,8 @@ class KernelRecorder:
         cache, compilation = getattr(knobs, "cache", None), getattr(knobs, "compilation", None)
         if not hasattr(cache, "manager_class") or not hasattr(compilation, "listener") or cache.manager_class:
             return False
-        cache.manager_class = recording_manager(FileCacheManager, self)
+        self.manager = cache.manager_class = recording_manager(FileCacheManager, self)
         compilation.listener = self.listener(compilation.listener)
-        self.installed = True
         return True
 
     def listener(self, previous: Callable[..., Any] | None) -> Callable[..., Any]:
@@ -115,7 +114,7 @@ def cache_dir() -> Path | None:
         return None
     cache = getattr(knobs, "cache", None)
     manager = getattr(cache, "manager_class", None)
-    if cache is None or not cache.dir or (manager is not None and manager.__name__ != "RecordingCacheManager"):
+    if cache is None or not cache.dir or manager not in (None, RECORDER.manager):
         return None
     return Path(cache.dir)
 
