@@ -5,7 +5,9 @@ and on CUDA captured as one CUDA graph that also feeds its token back, so genera
 replays with no host sync. It is the fair "no speculation" baseline for benchmarks/bench_systems.py:
 same weights, same kernels, same capture, no draft.
 
-Greedy only. Prefill runs the model eagerly (as the runtime's prefill does); only decode is timed.
+Greedy only. generate() prefills eagerly through the reference ops; decode() continues from any prefill
+(bench_invariant.py passes the runtime's own, so speculative and target-only output start from the same
+cache). Only decode is timed.
 """
 
 from __future__ import annotations
@@ -38,10 +40,17 @@ class DecodeResult:
 
 
 def trace_decode(
-    model: DecoderLM, batch: int, max_seq_len: int, sm: int | None, positions: int = 1
+    model: DecoderLM,
+    batch: int,
+    max_seq_len: int,
+    sm: int | None,
+    positions: int = 1,
+    numerics: str = "default",
+    cache: torch.Tensor | None = None,
 ) -> torch.fx.GraphModule:
     """(params..., tokens [B, T], start [B], slots [B], cache) -> greedy token [B] (T = positions = 1: a
-    decode step) or [B, T] (the target's verify forward of a step), lowered and in place."""
+    decode step) or [B, T] (the target's verify forward of a step), lowered (with `numerics`, as the
+    step) and in place. `cache`: the cache it will run on (default: a new one of `batch` slots)."""
     params = model_inputs(model)
     names = list(params)
     parameter = next(model.parameters())
@@ -58,10 +67,10 @@ def trace_decode(
         torch.zeros((batch, positions), dtype=torch.int64, device=device),
         torch.zeros(batch, dtype=torch.int64, device=device),
         torch.arange(batch, device=device),
-        model.new_cache(batch, max_seq_len, dtype, device, zeroed=False),
+        model.new_cache(batch, max_seq_len, dtype, device, zeroed=False) if cache is None else cache,
     ]
     gm = make_fx(program, tracing_mode="fake")(*params.values(), *example)
-    ctx = PassContext(k=0, batch=batch, mode="greedy", sm=sm, device=str(device), dtype=str(dtype))
+    ctx = PassContext(k=0, batch=batch, mode="greedy", sm=sm, device=str(device), dtype=str(dtype), numerics=numerics)
     for step in DECODE_PASSES:
         gm = step.run(gm, ctx).gm
     return gm
@@ -75,20 +84,40 @@ def generate(model: DecoderLM, prompts: list[list[int]], new_tokens: int, max_se
         raise ValueError("target_only.generate needs equal-length prompts and new_tokens >= 2")
     parameter = next(model.parameters())
     device, dtype = parameter.device, parameter.dtype
-    cuda = device.type == "cuda"
     batch, length = len(prompts), len(prompts[0])
-    gm = trace_decode(model, batch, max_seq_len, device_sm(str(device)))
-    weights = list(model_inputs(model).values())
     cache = model.new_cache(batch, max_seq_len, dtype, device)
     slots = torch.arange(batch, device=device)
-    history = torch.zeros((batch, new_tokens), dtype=torch.int64, device=device)
-
     began = time.perf_counter()
     prompt = torch.tensor(prompts, dtype=torch.int64, device=device)
     logits, _ = model(prompt, torch.zeros(batch, dtype=torch.int64, device=device), slots, cache, "last_logits", True)
-    history[:, 0] = logits.argmax(dim=-1)
-    tokens = history[:, :1].clone()  # static input buffers, fed back in place
     start = torch.full((batch,), length, dtype=torch.int64, device=device)
+    gm = trace_decode(model, batch, max_seq_len, device_sm(str(device)), cache=cache)
+    result = decode(model, gm, cache, slots, logits.argmax(dim=-1), start, new_tokens)
+    result.wall_s = time.perf_counter() - began
+    return result
+
+
+@torch.inference_mode()
+def decode(
+    model: DecoderLM,
+    gm: torch.fx.GraphModule,
+    cache: torch.Tensor,
+    slots: torch.Tensor,
+    first: torch.Tensor,
+    start: torch.Tensor,
+    new_tokens: int,
+) -> DecodeResult:
+    """Greedy decode from a filled cache: row b's prompt is in slot slots[b] at positions < start[b], and
+    first[b] is its first token (at position start[b]); new_tokens - 1 forwards of `gm` (trace_decode for
+    this cache and len(slots) rows), replays of one CUDA graph on a GPU. Tokens include `first`."""
+    device = cache.device
+    cuda = device.type == "cuda"
+    weights = list(model_inputs(model).values())
+    batch = slots.shape[0]
+    history = torch.zeros((batch, new_tokens), dtype=torch.int64, device=device)
+    history[:, 0] = first
+    tokens = history[:, :1].clone()  # static input buffers, fed back in place
+    start = start.clone()
     column = torch.ones((batch, 1), dtype=torch.int64, device=device)  # where the next token lands
 
     def step() -> None:
@@ -98,6 +127,7 @@ def generate(model: DecoderLM, prompts: list[list[int]], new_tokens: int, max_se
         start.add_(1)
         column.add_(1)
 
+    began = time.perf_counter()
     graph = None
     if cuda:  # warm up on a side stream (Triton compiles, cuBLAS handles), then capture one step
         saved = (tokens.clone(), start.clone(), column.clone(), history.clone())

@@ -100,6 +100,7 @@ FORMAT = "graphspec-artifact"
 # 4: files are recorded as sha256 per 64 MiB block (file_digest), verified in parallel
 FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
+INVARIANT_MATMUL = "graphspec::mm_triton.default"  # what a numerics="invariant" step calls for its matmuls
 KERNELS = "kernels.json"
 ROLES = ("target", "draft")  # checkpoints an artifact can hold; "draft" only for drafters with weights
 # Files of a checkpoint directory that loading reads besides the safetensors shards. Other weight
@@ -413,6 +414,8 @@ def compile_command(compiled: Compiled, out: Path, copy_weights: bool) -> str:
         words += ["--capture", config.capture]
     if config.lowering != "auto":
         words += ["--lowering", config.lowering]
+    if config.numerics != "default":
+        words += ["--numerics", config.numerics]
     modes = sorted({mode for mode, _ in compiled.graphs}, key=SAMPLING_MODES.index)
     if tuple(modes) != SAMPLING_MODES:
         words += ["--modes", ",".join(modes)]
@@ -1117,6 +1120,18 @@ def compiled_for(doc: dict[str, Any], where: str) -> dict[str, Any]:
         "slots": cache["shape"][2],
         "max_seq_len": cache["shape"][4],
         "split": any(node["op"] == "call_module" for node in nodes),  # split_attention's pieces
+        # lower_kernels lowers matmuls to graphspec's own kernel under numerics="invariant" only
+        "numerics": "invariant" if INVARIANT_MATMUL in _called_ops(doc) else "default",
+    }
+
+
+def _called_ops(doc: dict[str, Any]) -> set[str]:
+    """The op names a stored graph calls, its nested pieces included."""
+    return {
+        node["target"]["op"]
+        for module in doc["modules"].values()
+        for node in module["nodes"]
+        if node["op"] == "call_function" and isinstance(node.get("target"), dict) and "op" in node["target"]
     }
 
 
@@ -1154,6 +1169,11 @@ def _check_against_graphs(
         "config.max_seq_len": (config["max_seq_len"], first["max_seq_len"], f"{where} takes caches {first['cache']}"),
         "config.dtype": (config["dtype"], first["dtype"], f"{where} takes {first['dtype']} caches"),
         "config.device": (config["device"], manifest["device"]["device"], "device.device"),
+        "config.numerics": (
+            config.get("numerics", "default"),
+            first["numerics"],
+            f"{where} {'calls' if first['numerics'] == 'invariant' else 'does not call'} {INVARIANT_MATMUL}",
+        ),
         "device.device": (
             torch.device(manifest["device"]["device"]).type,
             torch.device(first["device"]).type,
@@ -1188,7 +1208,7 @@ def _check_against_graphs(
         )
     # Every graph must agree with the first on what the runtime allocates once for all of them.
     for entry, fact in facts[1:]:
-        for key in ("k", "dtype", "device", "max_seq_len", "slots", "inputs", "split"):
+        for key in ("k", "dtype", "device", "max_seq_len", "slots", "inputs", "split", "numerics"):
             if fact[key] != first[key]:
                 problems.append(
                     f"{entry['graph']} was compiled for {key} {_short(fact[key])}, {where} for {_short(first[key])}"

@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TextIO
 import graphspec
 from graphspec.artifact import check_out, save_artifact
 from graphspec.compiled import Compiled
-from graphspec.config import DEFAULT_PREFILL_TOKENS, MAX_K, SAMPLING_MODES
+from graphspec.config import DEFAULT_PREFILL_TOKENS, MAX_K, NUMERICS, SAMPLING_MODES
 from graphspec.drafters import KINDS, NAMED_KINDS
 from graphspec.drafters.ngram import DEFAULT_NGRAM
 from graphspec.errors import ArtifactError, GraphspecError
@@ -251,6 +251,13 @@ def build_parser() -> Parser:
         "--lowering", choices=("auto", "reference"), default="auto", help="reference: keep torch reference ops"
     )
     compile_parser.add_argument(
+        "--numerics",
+        choices=NUMERICS,
+        default="default",
+        help="invariant: row-invariant kernels (greedy, CUDA), so speculation changes no token of the target's "
+        "own output; default: the fastest kernels",
+    )
+    compile_parser.add_argument(
         "--modes",
         type=modes,
         default=",".join(SAMPLING_MODES),
@@ -471,6 +478,7 @@ def run_compile(args: argparse.Namespace) -> int:
                 prefill_tokens=args.prefill_tokens,
                 capture=args.capture,
                 lowering=args.lowering,
+                numerics=args.numerics,
                 stop_after=args.stop_after,
                 skip=skip,
                 copy_weights=not args.reference_weights,
@@ -668,7 +676,7 @@ def describe_manifest(path: Path, manifest: dict[str, Any]) -> str:
         f"           format {manifest['format_version']}, created {manifest.get('created', '?')}",
         f"step       k={config['k']}  buckets {','.join(map(str, config['batch_sizes']))}  "
         f"modes {','.join(manifest.get('modes', []))}  dtype {config['dtype']}  max_seq_len {config['max_seq_len']}  "
-        f"capture {config['capture']}  lowering {config['lowering']}",
+        f"capture {config['capture']}  lowering {config['lowering']}  numerics {config.get('numerics', 'default')}",
         f"device     {device['device']} ({device.get('name', '?')}, {sm})",
         "versions   " + "  ".join(f"{name} {version}" for name, version in versions.items()),
     ]

@@ -53,6 +53,7 @@ def compile(
     prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
     capture: str = "auto",
     lowering: str = "auto",
+    numerics: str = "default",
     stop_after: str | None = None,
     skip: Iterable[str] = (),
     copy_weights: bool = True,
@@ -70,7 +71,9 @@ def compile(
     "ngram" (no model; options ngram_min, ngram_max). MTP takes token_map: a token-map file
     (graphspec/drafters/token_map.py) that restricts its drafts to those target ids (a reduced lm_head).
     drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS).
-    max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py)."""
+    max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py).
+    numerics "invariant": row-invariant kernels in the steps (greedy only; lowering/registry.py), so a draft
+    equal to the target accepts every token and speculation changes no token of the target's own output."""
     config = SpecConfig(
         k=k,
         batch_sizes=tuple(batch_sizes),
@@ -80,11 +83,17 @@ def compile(
         prefill_tokens=prefill_tokens,
         capture=capture,
         lowering=lowering,
+        numerics=numerics,
     )
     validate_names(stop_after, skip)
     modes = tuple(modes)
     if not modes or any(mode not in SAMPLING_MODES for mode in modes):
         raise InputError(f"modes must be a non-empty subset of {SAMPLING_MODES}, got {modes!r}")
+    if numerics == "invariant" and modes != ("greedy",):
+        raise InputError(
+            "numerics='invariant' compiles greedy steps only: give modes=('greedy',) (--modes greedy); the "
+            "sampling kernels split their vocabulary statistics by the batch"
+        )
     device = resolve_device(device)
     if out is not None:
         check_out(out)
@@ -133,6 +142,7 @@ def compile(
                 dtype=dtype,
                 capture=capture,
                 lowering=lowering,
+                numerics=numerics,
                 scratch_slot=slots - 1,
             )
             result = run_pipeline(

@@ -14,6 +14,7 @@ MAX_K = 16
 # the chunk's GEMMs run near the matmul rate, small enough that activations stay bounded.
 DEFAULT_PREFILL_TOKENS = 2048
 SAMPLING_MODES = ("greedy", "sample")
+NUMERICS = ("default", "invariant")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class SpecConfig:
     capture: str = "auto"
     lowering: str = "auto"  # "auto": Triton kernels where the registry has one for this SM; "reference": none
     prefill_tokens: int = DEFAULT_PREFILL_TOKENS  # tokens per prefill chunk, over all rows of a bucket
+    # "invariant": row-invariant kernels in the step (lowering/registry.py), so a token's logits do not
+    # depend on the batch or the verify block it is computed in; "default": the fastest kernels.
+    numerics: str = "default"
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int):
@@ -48,6 +52,13 @@ class SpecConfig:
             raise InputError(f"lowering must be auto or reference, got {self.lowering!r}")
         if isinstance(self.prefill_tokens, bool) or not isinstance(self.prefill_tokens, int) or self.prefill_tokens < 1:
             raise InputError(f"prefill_tokens must be a positive int, got {self.prefill_tokens!r}")
+        if self.numerics not in NUMERICS:
+            raise InputError(f"numerics must be one of {', '.join(NUMERICS)}, got {self.numerics!r}")
+        if self.numerics == "invariant" and (not self.device.startswith("cuda") or self.lowering != "auto"):
+            raise InputError(
+                f"numerics='invariant' needs the Triton kernels: device cuda and lowering auto, got device "
+                f"{self.device!r}, lowering {self.lowering!r} (on the CPU the reference ops have no invariant form)"
+            )
         if self.max_seq_len < self.k + 3:
             raise InputError(f"max_seq_len={self.max_seq_len} is too small for k={self.k}")
 
@@ -64,6 +75,7 @@ class PassContext:
     dtype: str = "float32"
     capture: str = "auto"
     lowering: str = "auto"
+    numerics: str = "default"  # "invariant": row-invariant kernels in the step (lowering/registry.py)
     scratch_slot: int = -1  # cache slot padded rows are redirected to (the runtime's spare slot)
     options: dict[str, Any] = field(default_factory=dict)
 

@@ -129,6 +129,8 @@ def run_pipeline(
                 if check:
                     for invariant in phase_checks.get(name, ()):
                         invariant(result.gm)
+            except InputError:
+                raise  # a request the compiler cannot serve (it says which), not a pass failure
             except Exception as error:
                 last = writer.last_path if writer else "(no dumps: pass --dump-dir)"
                 raise PassError(

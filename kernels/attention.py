@@ -50,10 +50,23 @@ __all__ = ["CONFIGS", "attention", "attention_reference", "attention_triton"]
 # an H200 (benchmarks/bench_kernels.py --sweep, bf16, D 128, GQA 4): 43 us = 73% of copy bandwidth at
 # B 1 / 32k tokens / K 4, and read bandwidth above the copy rate at B 64 / 4k. 80 and default are
 # untuned guesses (smaller smem footprint). fp32 caches (CPU tests) use IEEE dots and spill on a GPU.
+# block_m: query rows per tile, 0 = the query tile rounded up to a power of 2; split_keys: keys per split,
+# 0 = as many splits as programs_per_sm asks (their size follows the cache length).
+# "invariant" (numerics="invariant", any SM): a fixed tile and fixed 512-key splits, so a query's keys
+# are visited in the same blocks, splits and order whatever the batch, the query block or the cache
+# length; the splits it cannot see weigh exactly 0 in the reduce.
 CONFIGS: dict[int | str, dict[str, int]] = {
-    80: {"block_n": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4},
-    90: {"block_n": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2},
-    "default": {"block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2},
+    80: {"block_n": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4, "block_m": 0, "split_keys": 0},
+    90: {"block_n": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2, "block_m": 0, "split_keys": 0},
+    "default": {"block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2, "block_m": 0, "split_keys": 0},
+    "invariant": {
+        "block_n": 64,
+        "num_warps": 4,
+        "num_stages": 3,
+        "programs_per_sm": 0,
+        "block_m": 16,
+        "split_keys": 512,
+    },
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
@@ -123,6 +136,7 @@ def attention_kernel(
     slots,
     num_kv_heads,
     num_splits,
+    split_keys,  # > 0: every split covers this many keys (fixed); 0: kv_len cut into num_splits chunks
     stride_qb,
     stride_qh,
     stride_qt,
@@ -196,9 +210,12 @@ def attention_kernel(
         q = q.to(tl.float32)
 
     # Keys this row can see at all (the last query's window), clamped to the cache capacity, cut into
-    # num_splits chunks of whole BLOCK_N blocks: split `split` covers positions [lo, hi).
+    # num_splits chunks of whole BLOCK_N blocks (or fixed split_keys chunks): split `split` covers
+    # positions [lo, hi).
     kv_len = tl.minimum(start + T, seq_capacity)
     chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    if split_keys > 0:
+        chunk = split_keys
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
 
@@ -307,9 +324,11 @@ def attention_reduce_kernel(
     lse = tl.load(part_lse_ptr + row * num_splits + splits, mask=splits < num_splits, other=float("-inf"))
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)  # guard: a row with no keys at all stays finite
-    total = tl.sum(tl.exp2(lse - top), 0)  # empty and padding splits weigh 0
     dims = tl.arange(0, HEAD_DIM)
     acc = tl.full([HEAD_DIM], 0.0, tl.float32)
+    # Summed CHUNK splits at a time like the outputs (not in one BLOCK_SPLITS-wide sum): splits past the
+    # row's window weigh exactly 0, so the result does not depend on how many splits the cache has.
+    total = 0.0
     for first in range(0, num_splits, CHUNK):  # CHUNK partial rows at a time keep registers bounded
         chunk = first + tl.arange(0, CHUNK)
         ok = chunk < num_splits
@@ -318,6 +337,7 @@ def attention_reduce_kernel(
             part_out_ptr + (row * num_splits + chunk)[:, None] * HEAD_DIM + dims[None, :], mask=ok[:, None], other=0.0
         )
         acc += tl.sum(parts * weight[:, None], 0)
+        total += tl.sum(weight, 0)
     out = round_to(acc / total, out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
 
@@ -342,6 +362,8 @@ def attention(
     num_warps: int = CONFIGS["default"]["num_warps"],
     num_stages: int = CONFIGS["default"]["num_stages"],
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
+    block_m: int = CONFIGS["default"]["block_m"],
+    split_keys: int = CONFIGS["default"]["split_keys"],
     rotary: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
     qk_norm: tuple[Tensor, Tensor, float] | None = None,
     causal: bool = True,
@@ -355,7 +377,8 @@ def attention(
     would (the same bits). k, v and the cache share q's dtype; cos/sin are [B, T, D].
     qk_norm=(q_weight, k_weight, eps) (with rotary only) first rms_norms each head of q and of the
     step's k over D, as graphspec::rms_norm would (to its fp32 rounding).
-    causal=False: graphspec::block_attention's window (every query sees the whole block)."""
+    causal=False: graphspec::block_attention's window (every query sees the whole block).
+    block_m/split_keys > 0 fix the query tile and the split size (the "invariant" config row)."""
     check_device(q, cache, *(rotary or ()))
     batch, q_heads, t, head_dim = q.shape
     kv_heads, seq_capacity = cache.shape[3], cache.shape[4]
@@ -389,14 +412,19 @@ def attention(
     if batch == 0:
         return out
     group = q_heads // kv_heads
-    block_m = min(MAX_BLOCK_M, max(16, next_power_of_2(group * t)))
+    block_m = block_m or min(MAX_BLOCK_M, max(16, next_power_of_2(group * t)))
     m_blocks = cdiv(group * t, block_m)
     # HACK(triton<=3.9 interpreter): tl.dot on bf16/fp16 operands returns garbage under
     # TRITON_INTERPRET=1; there the kernel upcasts the (exactly representable) operands to fp32.
     # Remove when the interpreter's dot handles 16-bit floats.
     upcast = q.device.type != "cuda" and q.dtype != torch.float32
     block_n, num_stages = fit_shared_memory(q, block_m, block_n, num_stages)
-    splits = num_splits(batch, kv_heads, m_blocks, seq_capacity, block_n, programs_per_sm, sm_count(q.device))
+    if split_keys:
+        if split_keys % block_n:
+            raise ValueError(f"attention kernel: split_keys ({split_keys}) must be a multiple of block_n ({block_n})")
+        splits = cdiv(seq_capacity, split_keys)
+    else:
+        splits = num_splits(batch, kv_heads, m_blocks, seq_capacity, block_n, programs_per_sm, sm_count(q.device))
     if splits > 1:
         part_out = torch.empty((batch, t, q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, t, q_heads, splits), dtype=torch.float32, device=q.device)
@@ -423,6 +451,7 @@ def attention(
         cache.shape[2],
         kv_heads,
         splits,
+        split_keys,
         *q.stride(),
         *cache.stride(),
         *k.stride()[:4],
@@ -464,12 +493,15 @@ def attention_triton(
     num_warps: int,
     num_stages: int,
     programs_per_sm: int,
+    block_m: int,
+    split_keys: int,
 ) -> Tensor:
     """graphspec::attention lowered to attention_kernel; the trailing ints are CONFIG_FIELDS."""
-    return attention(q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm)
+    config = (block_n, num_warps, num_stages, programs_per_sm, block_m, split_keys)
+    return attention(q, cache, layer, slot_ids, start_pos, scale, *config)
 
 
 @attention_triton.register_fake
-def _(q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm):
+def _(q, cache, layer, slot_ids, start_pos, scale, *config):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))

@@ -36,11 +36,14 @@ def block_attention(
     num_warps: int = CONFIGS["default"]["num_warps"],
     num_stages: int = CONFIGS["default"]["num_stages"],
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
+    block_m: int = CONFIGS["default"]["block_m"],
+    split_keys: int = CONFIGS["default"]["split_keys"],
 ) -> Tensor:
     """Launch the attention kernel without the causal mask; same result as graphspec.ops.block_attention."""
     return causal_kernel.attention(
-        q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm, causal=False
-    )
+        q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm, block_m,
+        split_keys, causal=False,
+    )  # fmt: skip
 
 
 @torch.library.custom_op("graphspec::block_attention_triton", mutates_args=())
@@ -55,13 +58,16 @@ def block_attention_triton(
     num_warps: int,
     num_stages: int,
     programs_per_sm: int,
+    block_m: int,
+    split_keys: int,
 ) -> Tensor:
     """graphspec::block_attention lowered to the attention kernel with CAUSAL=False; the trailing ints
     are CONFIG_FIELDS."""
-    return block_attention(q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm)
+    config = (block_n, num_warps, num_stages, programs_per_sm, block_m, split_keys)
+    return block_attention(q, cache, layer, slot_ids, start_pos, scale, *config)
 
 
 @block_attention_triton.register_fake
-def _(q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm):
+def _(q, cache, layer, slot_ids, start_pos, scale, *config):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))

@@ -437,6 +437,7 @@ REFUSED_EDITS = {
     "batch_sizes_fewer": ("config.batch_sizes", [1], r"config\.batch_sizes is \[1\] but .* \[1, 2\]"),
     "modes": ("modes", ["greedy"], r"modes is \['greedy'\] but .* \['greedy', 'sample'\]"),
     "capture_piecewise": ("config.capture", "piecewise", r"config\.capture is 'piecewise' but .* not split"),
+    "numerics": ("config.numerics", "invariant", r"config\.numerics is 'invariant' but .* compiled for 'default'"),
     "graph_bucket": ("graphs.0.bucket", 2, r"graphs\[0\] says .* bucket 2, but graphs/step_b1_greedy.json holds"),
     "graph_mode": ("graphs.0.mode", "sample", r"graphs\[0\] says .* mode 'sample'"),
     "graph_file": ("graphs.0.graph", "graphs/step_b2_greedy.json", r"graphs\[0\] says .* holds graph 'step_b2"),

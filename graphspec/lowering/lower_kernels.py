@@ -8,6 +8,9 @@ Output: each such node whose kernel fits (lowering/registry.py) calls graphspec:
         tagged meta["gs_pass"] and meta["gs_kernel"]. Other nodes are untouched. Nodes are retargeted
         in place, never moved or erased, and no dead-code elimination runs: an in-place kv_write has
         no users, and its kernel op (mutates_args=("cache",)) keeps its position and its effect.
+        ctx.numerics == "invariant" (step graphs; prefill programs keep the default) lowers to the
+        row-invariant kernels (registry.resolve) and aten.mm/addmm to kernels/mm.py, then refuses a graph
+        in which a reduction is left without one (NOT_INVARIANT), naming its nodes.
         On CPU (ctx.sm None) or with ctx.lowering == "reference" nothing changes;
         ctx.options["force_sm"] (an int) lowers for that SM anyway, which is how the interpreter tests
         (TRITON_INTERPRET=1) run kernels on CPU.
@@ -21,18 +24,34 @@ reference ops on the CPU, so they stay the test oracle and compare bit for bit w
 
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
-from graphspec import ops
 from graphspec.config import PassContext, PassResult
+from graphspec.errors import InputError
 from graphspec.lowering import registry
 from graphspec.op_nodes import positional_args
 
 NAME = "lower_kernels"
 
 # Reference op target -> op name, for the ops the registry has kernels for (Triton; CPU).
-REFERENCE_OPS = {target: name for name, target in ops.OPS.items() if name in registry.KERNELS}
-CPU_REFERENCE_OPS = {target: name for name, target in ops.OPS.items() if name in registry.CPU_KERNELS}
+REFERENCE_OPS = {target: name for name, target in registry.REFERENCE_OPS.items() if name in registry.KERNELS}
+CPU_REFERENCE_OPS = {target: name for name, target in registry.REFERENCE_OPS.items() if name in registry.CPU_KERNELS}
+
+# Reductions whose result for a row may depend on what else shares the call (their split or summation
+# order follows the shapes), as references: under numerics="invariant" none may stay in a step graph.
+_aten = torch.ops.aten
+_REDUCING = (
+    "rms_norm", "add_rms_norm", "offset_rms_norm", "gated_rms_norm", "attention", "block_attention",
+    "rotary_kv_attention", "prefill_attention", "sample", "verify_rejection", "causal_conv1d",
+    "causal_conv1d_snapshots", "gated_delta_rule", "gated_delta_rule_snapshots", "mm", "addmm",
+)  # fmt: skip
+_ATEN_REDUCING = (
+    _aten.bmm.default, _aten.baddbmm.default, _aten._softmax.default, _aten._log_softmax.default,
+    _aten.sum.dim_IntList, _aten.mean.dim, _aten.var_mean.correction, _aten.linalg_vector_norm.default,
+    _aten.logsumexp.default, _aten.cumsum.default,
+)  # fmt: skip
+NOT_INVARIANT = frozenset({registry.REFERENCE_OPS[name] for name in _REDUCING} | set(_ATEN_REDUCING))
 
 
 def target_sm(ctx: PassContext) -> int | None:
@@ -65,11 +84,12 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     sm = target_sm(ctx)
     if sm is None:
         return PassResult(gm, changed=False, note="no GPU (sm=None): every op keeps its torch reference")
+    numerics = ctx.numerics if ctx.mode != "prefill" else "default"  # prefill is shared by every decode path
     lowered, fallback = 0, 0
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in REFERENCE_OPS:
             continue
-        entry = registry.resolve(REFERENCE_OPS[node.target], sm, node)
+        entry = registry.resolve(REFERENCE_OPS[node.target], sm, node, numerics)
         if entry is None:  # no kernel for this SM, or the node's shapes/dtypes are outside the kernel's
             fallback += 1
             continue
@@ -80,11 +100,28 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         node.meta["gs_kernel"] = {"kernel": entry.name, "sm": entry.sm, "config": dict(entry.config)}
         lowered += 1
     stats = {"lowered": lowered, "fallback": fallback}
+    if numerics == registry.INVARIANT:
+        check_invariant(gm, sm)
     if not lowered:
         return PassResult(gm, changed=False, stats=stats, note=f"no kernel fits on sm={sm}")
     gm.graph.lint()
     gm.recompile()
     return PassResult(gm, changed=True, stats=stats, note=f"sm={sm}")
+
+
+def check_invariant(gm: fx.GraphModule, sm: int) -> None:
+    """Refuse a step graph that numerics="invariant" cannot make row-invariant: a reduction left
+    without an invariant kernel (on this SM, or at these shapes) would round differently for a row
+    computed alone and in a verify block, and a draft equal to the target would be rejected."""
+    left = [node for node in gm.graph.nodes if node.op == "call_function" and node.target in NOT_INVARIANT]
+    if left:
+        names = ", ".join(f"{node.name} ({node.target})" for node in left[:8])
+        more = f" and {len(left) - 8} more" if len(left) > 8 else ""
+        raise InputError(
+            f"numerics='invariant': {len(left)} reductions of this step have no row-invariant kernel on "
+            f"sm_{sm}: {names}{more}. Supported: greedy steps of attention decoders (Llama, Qwen2/3 families) "
+            "on sm_80+; compile with numerics='default' otherwise"
+        )
 
 
 def lower_for_cpu(gm: fx.GraphModule) -> int:

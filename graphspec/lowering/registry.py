@@ -12,6 +12,12 @@ A CPU kernel file (kernels/<op>_cpu.py) registers graphspec::<op>_cpu with exact
 arguments and holds CONFIGS = {"cpu": {}}; it imports torch only.
 Kernel modules are imported on first use, so importing the pipeline never creates Triton functions
 (tests choose TRITON_INTERPRET before that).
+
+numerics="invariant" (resolve's argument) asks for kernels whose result for one row (a token, a query)
+does not depend on what else shares the launch: a row computed alone, in a batch, or as one position
+of a verify block gives the same bits. Kernels in ROW_INVARIANT are so with every config row; attention
+has a CONFIGS["invariant"] row for it; aten.mm/addmm get kernels/mm.py's matmul (INVARIANT_ONLY: by
+default cuBLAS keeps them). An op with neither keeps its reference, which lower_kernels then refuses.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from graphspec import ops
 from graphspec.ops import MAX_SAMPLING_VOCAB
 
 MIN_SM = 80  # bf16 tensor-core dots and cp.async pipelining need Ampere or newer
@@ -218,6 +225,33 @@ def fits_prefill_attention(node: fx.Node) -> bool:
     )
 
 
+def fits_mm(node: fx.Node) -> bool:
+    values = _vals(node, 2)
+    return values is not None and _mm_fits(*values)
+
+
+def _mm_fits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dim() == 2
+        and b.dim() == 2
+        and a.shape[1] == b.shape[0]
+        and a.dtype == b.dtype
+        and a.dtype in FLOAT_DTYPES
+        # int32 K offsets and column indices; row offsets are int64
+        and max(a.shape[1] * max(1, abs(a.stride(1))), b.shape[0] * max(1, abs(b.stride(0)))) < INT32_LIMIT
+        and b.shape[1] < INT32_LIMIT
+    )
+
+
+def fits_addmm(node: fx.Node) -> bool:
+    # addmm(bias, a, b, beta=1, alpha=1): the kernel adds a [N] bias with beta = alpha = 1 only.
+    values = _vals(node, 3)
+    if values is None or any(node.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")) or len(node.args) > 3:
+        return False  # scaled forms (never traced from nn.Linear) keep cuBLAS
+    bias, a, b = values
+    return _mm_fits(a, b) and bias.dim() == 1 and bias.shape[0] == b.shape[1] and bias.dtype == a.dtype
+
+
 def fits_verify_greedy(node: fx.Node) -> bool:
     values = _vals(node, 2)
     if values is None:
@@ -331,8 +365,8 @@ def fits_causal_conv1d_snapshots(node: fx.Node) -> bool:
     )
 
 
-# Reference op name (graphspec.ops.OPS) -> fits predicate. The kernel module is graphspec.kernels.<op>
-# and its op torch.ops.graphspec.<op>_triton. A new kernel is a new entry here and a new file.
+# Reference op name (graphspec.ops.OPS, or ATEN_OPS) -> fits predicate. The kernel module is
+# graphspec.kernels.<op> and its op torch.ops.graphspec.<op>_triton. A new kernel is a new entry here and a new file.
 KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "attention": fits_attention,
     "block_attention": fits_attention,  # the same kernel without the causal mask
@@ -351,7 +385,29 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "gated_delta_rule": fits_gated_delta_rule,
     "gated_delta_rule_snapshots": fits_gated_delta_rule_snapshots,
     "causal_conv1d_snapshots": fits_causal_conv1d_snapshots,
+    "mm": fits_mm,
+    "addmm": fits_addmm,
 }
+
+# The aten ops of the traced graphs that have kernels, by the names KERNELS uses.
+ATEN_OPS: dict[str, torch._ops.OpOverload] = {"mm": torch.ops.aten.mm.default, "addmm": torch.ops.aten.addmm.default}
+# Every reference op a kernel may replace: graphspec's own and those aten ops.
+REFERENCE_OPS: dict[str, torch._ops.OpOverload] = {**ops.OPS, **ATEN_OPS}
+
+NUMERICS = ("default", "invariant")
+INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's row-invariant config
+# Lowered under numerics="invariant" only: cuBLAS is as fast or faster at the step's shapes (bench_linear).
+INVARIANT_ONLY = frozenset({"mm", "addmm"})
+# Row-invariant with every config row: the norms tile whole rows, sized by the last dim only; rotary,
+# silu_mul and the KV writes are elementwise; argmax and verify_greedy are exact (a max and a first index
+# do not round); mm and addmm fix their tiles and K split by (N, K) only. The attention kernels' default
+# rows size their splits by the batch and the cache length, so they have an "invariant" row instead.
+# The others (sampling statistics split the vocabulary by the batch; prefill; linear attention) have
+# neither yet.
+ROW_INVARIANT = frozenset(
+    {"rms_norm", "add_rms_norm", "rotary", "silu_mul", "kv_write", "rotary_kv_write", "argmax", "verify_greedy"}
+    | INVARIANT_ONLY
+)
 
 
 def fits_attention_cpu(node: fx.Node) -> bool:
@@ -461,17 +517,29 @@ def cpu_entries() -> Iterator[KernelEntry]:
         yield _cpu_entry(op)
 
 
-def resolve(op: str, sm: int | str | None, node: fx.Node | None = None) -> KernelEntry | None:
+def resolve(
+    op: str, sm: int | str | None, node: fx.Node | None = None, numerics: str = "default"
+) -> KernelEntry | None:
     """The kernel for `op` on `sm`: the exact SM's config, else the "default" config; None (keep the
     reference) when the op has no kernel, there is no GPU (sm None), the SM is older than MIN_SM, or
-    `node` is given and its shapes/dtypes do not fit the kernel. sm "cpu" looks in the CPU table."""
+    `node` is given and its shapes/dtypes do not fit the kernel. sm "cpu" looks in the CPU table.
+    numerics="invariant": the op's "invariant" config row, else its SM's row if ROW_INVARIANT, else
+    None; by default INVARIANT_ONLY ops keep their reference."""
     if sm == CPU:
         entry = _cpu_entry(op) if op in CPU_KERNELS else None
         return None if entry is None or (node is not None and not entry.fits(node)) else entry
     if op not in KERNELS or sm is None or sm < MIN_SM:
         return None
     configs = _module(op).CONFIGS
-    entry = _entry(op, sm if sm in configs else "default")
+    key = sm if sm in configs else "default"
+    if numerics == INVARIANT:
+        if INVARIANT in configs:
+            key = INVARIANT
+        elif op not in ROW_INVARIANT:
+            return None
+    elif op in INVARIANT_ONLY:
+        return None
+    entry = _entry(op, key)
     if node is not None and not entry.fits(node):
         return None
     return entry

@@ -168,6 +168,9 @@ def test_bad_generate_input_is_refused_before_any_work(runtime_for, call, messag
         ({"k": 17}, "k must be between 1 and 16"),
         ({"batch_sizes": (0, 2)}, "batch_sizes must be positive ints"),
         ({"dtype": "int8"}, "dtype"),
+        ({"numerics": "exact"}, "numerics must be one of default, invariant"),
+        ({"numerics": "invariant"}, "numerics='invariant' needs the Triton kernels: device cuda"),
+        ({"numerics": "invariant", "device": "cuda", "lowering": "reference"}, "lowering 'reference'"),
         (
             {"device": "cuda:0"} if not torch.cuda.is_available() else {"max_seq_len": 10**6},
             "CUDA is not available|max_seq_len",

@@ -28,11 +28,13 @@ from tests.step_case import StepCase
 
 SMS = (90, 80)
 K_HYBRID = 2
-# (mode, passes skipped): together they lower every kernel of the table, fused and unfused.
+# (mode, passes skipped, numerics): together they lower every kernel of the table, fused and unfused,
+# with the default and the invariant config rows.
 VARIANTS = (
-    ("greedy", ()),
-    ("sample", ("fuse_rotary_kv", "fuse_kv_attention", "fuse_qk_norm")),
-    ("sample", ("fuse_kv_attention",)),
+    ("greedy", (), "default"),
+    ("sample", ("fuse_rotary_kv", "fuse_kv_attention", "fuse_qk_norm"), "default"),
+    ("sample", ("fuse_kv_attention",), "default"),
+    ("greedy", (), "invariant"),
 )
 TRITON_TYPES = {
     torch.float64: "fp64",
@@ -126,8 +128,8 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
 
     InterpretedFunction.run = recording_run
     try:
-        for mode, skip in VARIANTS:
-            context = case.context(mode, options={"force_sm": 90})
+        for mode, skip, numerics in VARIANTS:
+            context = case.context(mode, options={"force_sm": 90}, numerics=numerics)
             gm = pipeline.run_pipeline(case.traced(mode), context, stop_after="lower_kernels", skip=skip).gm
             lowered |= {
                 node.target._opname.removesuffix("_triton")
@@ -159,6 +161,13 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
             q = torch.randn(1, 4, 4, 256, dtype=torch.bfloat16)
             cache = torch.zeros(1, 2, 2, 1, 64, 256, dtype=torch.bfloat16)
             attention.attention(q, cache, 0, torch.tensor([0]), torch.tensor([20]), 256**-0.5, **config)
+        # The invariant matmul with a bias (no test checkpoint has one), bf16 at a 1B projection's K.
+        from graphspec.kernels import addmm
+
+        for config in (addmm.CONFIGS[90], addmm.CONFIGS[80]):
+            x, weight, bias = torch.randn(5, 2048), torch.randn(64, 2048), torch.randn(64)
+            addmm.addmm_triton(*(t.to(torch.bfloat16) for t in (bias, x, weight.t())), 1, 1, *config.values())
+        lowered.add("addmm")
         lowered |= run_hybrid_step(make_hybrid_checkpoint(tmp_path_factory.mktemp("hybrid_binaries"), seed=0))
     finally:
         InterpretedFunction.run = original

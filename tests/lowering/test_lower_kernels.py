@@ -11,6 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
 from graphspec.config import PassContext
+from graphspec.errors import InputError
 from graphspec.lowering import lower_kernels, registry
 from tests import graphs
 from tests.graphs import assert_graph_equal
@@ -27,8 +28,8 @@ HOT_OPS = (
 CACHE = 7  # index of the KV cache in hot_inputs()
 
 
-def ctx(sm: int | None = None, **overrides) -> PassContext:
-    return PassContext(k=2, batch=2, mode="sample", sm=sm, **overrides)
+def ctx(sm: int | None = None, mode: str = "sample", **overrides) -> PassContext:
+    return PassContext(k=2, batch=2, mode=mode, sm=sm, **overrides)
 
 
 def test_nothing_to_do_on_cpu() -> None:
@@ -204,7 +205,8 @@ def test_fused_rotary_kv_attention_is_lowered_and_computes_the_same_bits() -> No
     assert result.stats == {"lowered": 1, "fallback": 0}
     node = next(n for n in result.gm.graph.nodes if "gs_kernel" in n.meta)
     assert node.target is torch.ops.graphspec.rotary_kv_attention_triton.default
-    assert node.args[-4:] == tuple(registry._module("rotary_kv_attention").CONFIGS[90].values())
+    config = tuple(registry._module("rotary_kv_attention").CONFIGS[90].values())
+    assert node.args[-len(config) :] == config
     pair_inputs, fused_inputs = [x.clone() for x in inputs], [x.clone() for x in inputs]
     expected, got = lowered_pair(*pair_inputs), result.gm(*fused_inputs)
     assert torch.equal(got, expected)
@@ -247,8 +249,8 @@ def test_lowered_real_step_matches_unlowered(real_step: StepCase) -> None:
     mode = "sample"
     reference = real_step.through(mode, "defunctionalize_kv")
     lowered = real_step.through(mode, "lower_kernels", options={"force_sm": 90})
-    hot = [n for n in lowered.graph.nodes if n.op == "call_function" and n.target in lower_kernels.REFERENCE_OPS]
-    assert not hot, f"left on the reference: {[n.name for n in hot]}"
+    left = [n for n in lowered.graph.nodes if n.op == "call_function" and n.target in lower_kernels.REFERENCE_OPS]
+    assert {n.target for n in left} == {torch.ops.aten.mm.default}, "by default cuBLAS keeps the matmuls only"
     got, _ = real_step.run_graph(lowered)
     want, _ = real_step.run_graph(reference)
     for name in ("tokens", "num_accepted", "next_committed_len", "next_last_tokens"):
@@ -338,3 +340,40 @@ def test_dflash_step_lowers_block_attention_and_matches_unlowered(checkpoint_fac
     for name in ("tokens", "num_accepted"):
         torch.testing.assert_close(results[1][name], results[0][name], rtol=0, atol=0, msg=name)
     torch.testing.assert_close(results[1]["dflash_cache"], results[0]["dflash_cache"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU step case: its kernels run under the interpreter")
+def test_invariant_numerics_lowers_matmuls_and_attention_and_keeps_tokens(real_step: StepCase) -> None:
+    """numerics="invariant": every matmul becomes kernels/mm.py's, attention takes its "invariant" row, no
+    reduction stays a reference; tokens equal the unlowered step's, caches to fp32 rounding."""
+    reference = real_step.through("greedy", "defunctionalize_kv")
+    lowered = real_step.through("greedy", "lower_kernels", options={"force_sm": 90}, numerics="invariant")
+    calls = [n for n in lowered.graph.nodes if n.op == "call_function"]
+    assert not [n.name for n in calls if n.target in lower_kernels.NOT_INVARIANT]
+    kernels = [n.meta["gs_kernel"] for n in calls if "gs_kernel" in n.meta]
+    assert sum(k["kernel"] == "graphspec::mm_triton" for k in kernels) == sum(
+        n.target == torch.ops.aten.mm.default for n in reference.graph.nodes
+    )
+    attention = [k for k in kernels if "attention" in k["kernel"]]
+    assert attention and all(k["sm"] == "invariant" and k["config"]["split_keys"] for k in attention)
+    got, _ = real_step.run_graph(lowered)
+    want, _ = real_step.run_graph(reference)
+    for name in ("tokens", "num_accepted", "next_committed_len", "next_last_tokens"):
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+    for name in ("target_cache", "draft_cache"):
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_invariant_numerics_refuses_a_reduction_without_an_invariant_kernel(real_step: StepCase) -> None:
+    """Sampling statistics split the vocabulary by the batch: a sampling step is refused, naming the op."""
+    with pytest.raises(InputError, match=r"numerics='invariant'.*verify_rejection"):
+        real_step.through("sample", "lower_kernels", options={"force_sm": 90}, numerics="invariant")
+
+
+def test_invariant_numerics_leaves_prefill_programs_at_the_default() -> None:
+    """A prefill program is shared by every decode path (speculative or not), so it keeps the default
+    kernels and cuBLAS, and is never refused."""
+    gm = traced(hot_inputs())
+    result = lower_kernels.run(gm, ctx(mode="prefill", numerics="invariant", options={"force_sm": 90}))
+    configs = [n.meta["gs_kernel"]["sm"] for n in result.gm.graph.nodes if "gs_kernel" in n.meta]
+    assert configs and set(configs) == {90}

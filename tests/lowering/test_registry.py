@@ -28,17 +28,20 @@ def test_every_op_has_80_90_and_default_entries() -> None:
 @pytest.mark.parametrize("entry", list(registry.entries()), ids=lambda e: f"{e.op}-{e.sm}")
 def test_entry_resolves_to_its_kernel_op(entry: registry.KernelEntry) -> None:
     """The kernel op exists, takes the reference op's arguments then the config fields in order, and
-    resolving the entry's SM gives back this entry."""
-    reference = ops.OPS[entry.op]._schema.arguments
+    resolving the entry's SM (its numerics for "invariant" rows and invariant-only ops) gives it back."""
+    reference = registry.REFERENCE_OPS[entry.op]._schema
     arguments = entry.kernel._schema.arguments
-    assert [a.name for a in arguments[: len(reference)]] == [a.name for a in reference]
-    assert [a.name for a in arguments[len(reference) :]] == list(entry.config)
+    assert [a.name for a in arguments[: len(reference.arguments)]] == [a.name for a in reference.arguments]
+    assert [a.name for a in arguments[len(reference.arguments) :]] == list(entry.config)
     returns = [str(r.type) for r in entry.kernel._schema.returns]
-    assert returns == [str(r.type) for r in ops.OPS[entry.op]._schema.returns]
-    assert entry.kernel._schema.is_mutable == ops.OPS[entry.op]._schema.is_mutable
+    assert returns == [str(r.type) for r in reference.returns]
+    assert entry.kernel._schema.is_mutable == reference.is_mutable
     assert str(entry.kernel) == f"graphspec.{entry.op}_triton.default"
+    invariant = entry.sm == registry.INVARIANT or entry.op in registry.INVARIANT_ONLY
+    numerics = registry.INVARIANT if invariant else "default"
     if entry.sm != "default":
-        assert registry.resolve(entry.op, entry.sm) == entry
+        sm = 90 if entry.sm == registry.INVARIANT else entry.sm
+        assert registry.resolve(entry.op, sm, numerics=numerics) == entry
 
 
 @pytest.mark.parametrize("sm", [86, 89, 100, 120])
@@ -51,6 +54,18 @@ def test_unknown_sm_uses_default_config(sm: int) -> None:
 @pytest.mark.parametrize("sm", [None, 70, 75])
 def test_no_gpu_or_old_sm_keeps_reference(sm: int | None) -> None:
     assert all(registry.resolve(op, sm) is None for op in registry.KERNELS)
+
+
+def test_invariant_numerics_picks_invariant_rows_and_matmuls() -> None:
+    """numerics="invariant": attention takes its "invariant" row on every SM, row-invariant ops their SM's
+    row, ops with neither keep the reference; by default the matmuls keep cuBLAS."""
+    for sm in (80, 90, 120):
+        assert registry.resolve("attention", sm, numerics="invariant").sm == registry.INVARIANT
+        assert registry.resolve("rms_norm", sm, numerics="invariant") == registry.resolve("rms_norm", sm)
+        assert registry.resolve("mm", sm, numerics="invariant").kernel is torch.ops.graphspec.mm_triton.default
+        assert registry.resolve("mm", sm) is None and registry.resolve("addmm", sm) is None
+        assert registry.resolve("verify_rejection", sm, numerics="invariant") is None
+        assert registry.resolve("attention", sm).sm != registry.INVARIANT
 
 
 def test_op_without_kernel_keeps_reference() -> None:

@@ -1,0 +1,153 @@
+"""numerics="invariant": each kernel the invariant step uses gives a row (a token, a query) the same bf16
+bits whether it is computed alone, in a batch of 7, or as position j of a (K+1)-row verify block, with the
+config rows the lowering picks for it (lowering/registry.py resolve(..., numerics="invariant") on sm 90).
+That is what makes a draft equal to the target accept every token: its one-token forwards and the
+target's verify forward then compute the same numbers. On the CPU this runs the kernels' own tiling and
+split logic under the interpreter; on a GPU, the real tensor-core code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphspec.lowering import registry
+from tests.kernels.helpers import DEVICE, bits, generator
+
+K = 4  # drafts per step: a verify block has K + 1 positions
+ROW, POSITION = 3, 2  # the row of the batch of 7, and its position j in the verify block
+DTYPE = torch.bfloat16
+
+
+def invariant_config(op: str) -> dict[str, int]:
+    entry = registry.resolve(op, 90, numerics=registry.INVARIANT)
+    assert entry is not None, f"{op} has no invariant kernel"
+    return dict(entry.config)
+
+
+def three_ways(row: torch.Tensor, others: torch.Tensor, run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """run() on `row` [1, ...] alone, as row ROW of a batch of 7, and as position POSITION of a verify
+    block [7 * (K + 1), ...] (rows of `others` elsewhere); the output row each time."""
+    batch = torch.cat([others[:ROW], row, others[ROW + 1 : 7]])
+    block = others[: 7 * (K + 1)].clone()
+    block[ROW * (K + 1) + POSITION] = row[0]
+    return run(row)[0], run(batch)[ROW], run(block)[ROW * (K + 1) + POSITION]
+
+
+def assert_same_bits(*outputs: torch.Tensor) -> None:
+    first = bits(outputs[0])
+    for other in outputs[1:]:
+        assert torch.equal(first, bits(other)), (outputs[0].float() - other.float()).abs().max()
+
+
+@pytest.mark.parametrize(("n", "k"), [(96, 1024), (300, 64)])  # split K four ways; one split, masked N tail
+@pytest.mark.parametrize("bias", [False, True])
+def test_mm_row_is_invariant(n: int, k: int, bias: bool) -> None:
+    check_mm(n, k, bias, block_k=64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (6144, 4096), (4096, 14336), (3072, 2048), (128256, 4096)])
+def test_mm_row_is_invariant_at_8b_and_1b_shapes(n: int, k: int) -> None:
+    """The projections of the Llama-3.1-8B / 3.2-1B pair, with the sm 90 config as lowered."""
+    check_mm(n, k, bias=n == 3072)
+
+
+def check_mm(n: int, k: int, bias: bool, **config: int) -> None:
+    from graphspec.kernels import mm
+
+    g = generator(n + k)
+    weight = (torch.randn(n, k, generator=g) * 0.02).to(DEVICE, DTYPE)
+    b = torch.randn(n, generator=g).to(DEVICE, DTYPE) if bias else None
+    row, others = (torch.randn(rows, k, generator=g).to(DEVICE, DTYPE) for rows in (1, 7 * (K + 1)))
+    config = {**invariant_config("addmm" if bias else "mm"), **config}
+    assert_same_bits(*three_ways(row, others, lambda x: mm.mm(x, weight.t(), b, **config)))
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm"])
+def test_norm_row_is_invariant(op: str) -> None:
+    from graphspec.kernels import add_rms_norm, rms_norm
+
+    g = generator(5)
+    dim = 320
+    weight = torch.randn(dim, generator=g).to(DEVICE, DTYPE)
+    row, others = (torch.randn(rows, dim, generator=g).to(DEVICE, DTYPE) for rows in (1, 7 * (K + 1)))
+    residual_row, residual_others = (torch.randn(rows, dim, generator=g).to(DEVICE, DTYPE) for rows in (1, 35))
+    config = invariant_config(op)
+    if op == "rms_norm":
+        assert_same_bits(*three_ways(row, others, lambda x: rms_norm.rms_norm(x, weight, 1e-5, **config)))
+        return
+    # The residual travels with its row: pair them as one [rows, 2, dim] tensor through three_ways.
+    paired_row, paired_others = torch.stack([row, residual_row], 1), torch.stack([others, residual_others], 1)
+    for output in (0, 1):  # the normalized row and the new residual
+
+        def run(pairs: torch.Tensor, output: int = output) -> torch.Tensor:
+            x, residual = pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
+            return add_rms_norm.add_rms_norm(x, residual, weight, 1e-5, **config)[output]
+
+        assert_same_bits(*three_ways(paired_row, paired_others, run))
+
+
+def test_silu_mul_row_is_invariant() -> None:
+    from graphspec.kernels import silu_mul
+
+    g = generator(6)
+    row, others = (torch.randn(rows, 2 * 272, generator=g).to(DEVICE, DTYPE) for rows in (1, 35))
+    config = invariant_config("silu_mul")
+    assert_same_bits(*three_ways(row, others, lambda x: silu_mul.silu_mul(x, **config)))
+
+
+# Attention: one query of one row at cache position p, with the same keys at positions <= p each time.
+@pytest.mark.parametrize("position", [40, 511, 512, 1100])  # first split; its last key; the next; the third
+def test_attention_query_is_invariant(position: int) -> None:
+    """The query alone (T = 1: a draft forward), in a batch of 7 rows of other lengths, and as query j of a
+    (K+1)-query verify block starting at p - j (keys past p hold other values each time: masked)."""
+    check_attention(position, q_heads=4, kv_heads=2, head_dim=64, capacity=1536)  # three 512-key splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("position", [40, 1023, 1024, 3000])
+def test_attention_query_is_invariant_at_8b_heads(position: int) -> None:
+    check_attention(position, q_heads=32, kv_heads=8, head_dim=128, capacity=4096)
+
+
+def check_attention(position: int, q_heads: int, kv_heads: int, head_dim: int, capacity: int) -> None:
+    from graphspec.kernels import attention
+
+    g = generator(position)
+    config = invariant_config("attention")
+    slots = 8
+    cache = torch.randn(1, 2, slots, kv_heads, capacity, head_dim, generator=g).to(DEVICE, DTYPE)
+    query = torch.randn(1, q_heads, 1, head_dim, generator=g).to(DEVICE, DTYPE)
+    slot = 5
+
+    def run(q: torch.Tensor, starts: list[int], slot_ids: list[int], noise_seed: int) -> torch.Tensor:
+        """Attention over a copy of the cache whose positions past `position` in our slot are re-drawn."""
+        c = cache.clone()
+        c[:, :, slot, :, position + 1 :] = torch.randn(
+            c[:, :, slot, :, position + 1 :].shape, generator=generator(noise_seed)
+        ).to(DEVICE, DTYPE)
+        start_pos = torch.tensor(starts, device=DEVICE)
+        scale = head_dim**-0.5
+        return attention.attention(q, c, 0, torch.tensor(slot_ids, device=DEVICE), start_pos, scale, **config)
+
+    alone = run(query, [position], [slot], 1)[0, 0]
+    others = torch.randn(7, q_heads, 1, head_dim, generator=g).to(DEVICE, DTYPE)
+    others[ROW] = query[0]
+    starts = [17, 600, capacity - 8, position, 3, 1000, 512]
+    batch = run(others, starts, [0, 1, 2, slot, 4, 6, 7], 2)[ROW, 0]
+    block = torch.randn(7, q_heads, K + 1, head_dim, generator=g).to(DEVICE, DTYPE)
+    block[ROW, :, POSITION] = query[0, :, 0]
+    block_starts = [s - POSITION if s >= POSITION else s for s in starts]
+    verify = run(block, block_starts, [0, 1, 2, slot, 4, 6, 7], 3)[ROW, POSITION]
+    assert_same_bits(alone, batch, verify)
+
+
+def test_attention_default_rows_are_not_what_invariant_numerics_uses() -> None:
+    """The default rows split by the batch and the cache length (fast, not invariant); the invariant row
+    fixes the tile and the split size."""
+    from graphspec.kernels import attention
+
+    config = invariant_config("attention")
+    assert config == attention.CONFIGS[registry.INVARIANT]
+    assert config["block_m"] and config["split_keys"] % config["block_n"] == 0
+    assert all(attention.CONFIGS[key]["split_keys"] == 0 for key in (80, 90, "default"))
