@@ -169,7 +169,7 @@ def compile(
             COUNTERS.traces += 1
             ctx = PassContext(
                 k=k, batch=bucket, mode="prefill", sm=sm, device=device, dtype=dtype, capture=capture,
-                lowering=lowering, scratch_slot=slots - 1,
+                lowering=lowering, numerics=numerics, scratch_slot=slots - 1,
             )  # fmt: skip
             result = run_pipeline(
                 gm,

@@ -8,9 +8,10 @@ Output: each such node whose kernel fits (lowering/registry.py) calls graphspec:
         tagged meta["gs_pass"] and meta["gs_kernel"]. Other nodes are untouched. Nodes are retargeted
         in place, never moved or erased, and no dead-code elimination runs: an in-place kv_write has
         no users, and its kernel op (mutates_args=("cache",)) keeps its position and its effect.
-        ctx.numerics == "invariant" (step graphs; prefill programs keep the default) lowers to the
-        row-invariant kernels (registry.resolve) and aten.mm/addmm to kernels/mm.py, then refuses a graph
-        in which a reduction is left without one (NOT_INVARIANT), naming its nodes.
+        ctx.numerics == "invariant" lowers to the row-invariant kernels (registry.resolve) and aten.mm/addmm
+        to kernels/mm.py, then refuses a graph in which a reduction is left without one (NOT_INVARIANT),
+        naming its nodes. Prefill programs too: a draft model's first catch-up forward recomputes the last
+        prompt position, which must come out as the target's prefill wrote it.
         On CPU (ctx.sm None) or with ctx.lowering == "reference" nothing changes;
         ctx.options["force_sm"] (an int) lowers for that SM anyway, which is how the interpreter tests
         (TRITON_INTERPRET=1) run kernels on CPU.
@@ -84,7 +85,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     sm = target_sm(ctx)
     if sm is None:
         return PassResult(gm, changed=False, note="no GPU (sm=None): every op keeps its torch reference")
-    numerics = ctx.numerics if ctx.mode != "prefill" else "default"  # prefill is shared by every decode path
+    numerics = ctx.numerics
     lowered, fallback = 0, 0
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in REFERENCE_OPS:

@@ -370,10 +370,18 @@ def test_invariant_numerics_refuses_a_reduction_without_an_invariant_kernel(real
         real_step.through("sample", "lower_kernels", options={"force_sm": 90}, numerics="invariant")
 
 
-def test_invariant_numerics_leaves_prefill_programs_at_the_default() -> None:
-    """A prefill program is shared by every decode path (speculative or not), so it keeps the default
-    kernels and cuBLAS, and is never refused."""
-    gm = traced(hot_inputs())
-    result = lower_kernels.run(gm, ctx(mode="prefill", numerics="invariant", options={"force_sm": 90}))
-    configs = [n.meta["gs_kernel"]["sm"] for n in result.gm.graph.nodes if "gs_kernel" in n.meta]
-    assert configs and set(configs) == {90}
+def test_prefill_attention_invariant_row_is_kv_write_then_the_invariant_decode_kernel() -> None:
+    """Prefill programs are lowered invariant too; their attention then gives each prompt position exactly
+    what kernels/attention.py's invariant row gives a decode or verify query there."""
+    from graphspec.kernels import attention, kv_write, prefill_attention
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, heads, 9, 64, generator=g).to(DEVICE, torch.bfloat16) for heads in (4, 2, 2))
+    cache = torch.randn(1, 2, 3, 2, 80, 64, generator=g).to(DEVICE, torch.bfloat16)
+    slots, start = torch.tensor([2, 0], device=DEVICE), torch.tensor([5, 0], device=DEVICE)
+    expected_cache = cache.clone()
+    kv_write.kv_write(expected_cache, 0, slots, start, k, v, **kv_write.CONFIGS["default"])
+    expected = attention.attention(q, expected_cache, 0, slots, start, 0.125, **attention.CONFIGS["invariant"])
+    config = registry.resolve("prefill_attention", 90, numerics="invariant").config
+    out = prefill_attention.prefill_attention(q, k, v, cache, 0, slots, start, 0.125, **config)
+    assert torch.equal(out, expected) and torch.equal(cache, expected_cache)
