@@ -119,9 +119,10 @@ def check_invariant(gm: fx.GraphModule, sm: int) -> None:
         names = ", ".join(f"{node.name} ({node.target})" for node in left[:8])
         more = f" and {len(left) - 8} more" if len(left) > 8 else ""
         raise InputError(
-            f"numerics='invariant': {len(left)} reductions of this step have no row-invariant kernel on "
-            f"sm_{sm}: {names}{more}. Supported: greedy steps of attention decoders (Llama, Qwen2/3 families) "
-            "on sm_80+; compile with numerics='default' otherwise"
+            f"numerics='invariant': {len(left)} reductions of this graph have no row-invariant kernel on "
+            f"sm_{sm} for their op, shapes or dtypes: {names}{more}. Supported: greedy steps of attention "
+            "decoders (Llama, Qwen2/3 families) with head dims 64, 128 or 256, on sm_80+; compile with "
+            "numerics='default' otherwise"
         )
 
 
