@@ -6,8 +6,9 @@ speculative vs target-only output (issue "Decode at the floor", item 3).
 
 For each numerics, with random-weight checkpoints written once (benchmarks/bench_step.py write_checkpoint):
 1. the pair compiled greedy for buckets 1 and 8: the median captured step (bench_step.time_step, rows at
-   committed length about --context), and graphspec's own target-only decode per token (target_only.py,
-   lowered with the same numerics, batch 8);
+   committed length about --context), graphspec's own target-only decode per token (target_only.py,
+   lowered with the same numerics, batch 8), and the prefill of one --prefill-len-token prompt (time to
+   first token: invariant prefill runs the decode attention kernel and the invariant matmuls);
 2. --prompts prompts x --new-tokens tokens, in groups of the largest bucket: the speculative output
    (Runtime.generate of the group) against target-only greedy decoding from the runtime's own prefill of
    the same group (so both start from the same cache): prompts whose outputs are equal, token for token;
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -50,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--self-tokens", type=int, default=256)
+    parser.add_argument("--prefill-len", type=int, default=448)
     parser.add_argument("--no-self-draft", action="store_true", help="skip item 3 (a second target in memory)")
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
@@ -118,6 +121,15 @@ def compare_outputs(runtime: Runtime, numerics: str, args: argparse.Namespace) -
     return {"prompts": len(prompts), "equal": equal, "first_difference": first_difference, "decode_ms": decode_ms}
 
 
+def prefill_ms(runtime: Runtime, args: argparse.Namespace) -> float:
+    """Median ms of prefilling one random prompt of --prefill-len tokens (first token on the host)."""
+    prompt = bench_step.random_prompts(1, args.prefill_len, runtime.vocab_size, random.Random(3))
+    params = greedy_params(1, runtime.device)
+    return statistics.median(
+        bench_step.timed(lambda: runtime.prefill(prompt, [0], params).tolist(), 5, runtime.device)[1:]
+    )
+
+
 def self_acceptance(runtime: Runtime, rows: int, args: argparse.Namespace) -> dict[str, float]:
     runtime.stats = RuntimeStats(runtime.k)
     prompts = bench_step.random_prompts(rows, args.prompt_len, runtime.vocab_size, random.Random(rows))
@@ -138,6 +150,7 @@ def measure(target: Path, draft: Path, numerics: str, args: argparse.Namespace) 
     print(f"[bench] {numerics}: pair compiled in {row['compile_s']:.1f} s", flush=True)
     bench_step.fill_caches(runtime, 0)
     row["step_ms"] = {b: bench_step.time_step(runtime, b, args, args.replays)["median_ms"] for b in BUCKETS}
+    row["prefill_ms"] = prefill_ms(runtime, args)
     row["outputs"] = compare_outputs(runtime, numerics, args)
     del runtime
     common.free_device_memory()
@@ -153,9 +166,10 @@ def measure(target: Path, draft: Path, numerics: str, args: argparse.Namespace) 
 def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     default = next((row for row in rows if row["numerics"] == "default"), None)
     lines = [
-        f"| numerics | step B=1 (ms) | step B=8 (ms) | target-only decode B=8 (ms/token) | spec == target-only "
-        f"({args.prompts} prompts x {args.new_tokens}) | self-draft B=1: accepted / all-K steps | B=8 |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| numerics | step B=1 (ms) | step B=8 (ms) | target-only decode (ms/token) | prefill {args.prefill_len} "
+        f"x 1 (ms) | spec == target-only ({args.prompts} prompts x {args.new_tokens}) | self-draft B=1: accepted "
+        "/ all-K steps | B=8 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         ratio = ""
@@ -168,6 +182,7 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
             f"{row['step_ms'][1]:.2f}",
             f"{row['step_ms'][8]:.2f}{ratio}",
             f"{decode:.2f}",
+            f"{row['prefill_ms']:.1f}",
             f"{outputs['equal']} / {outputs['prompts']}",
         ]
         for bucket in BUCKETS:

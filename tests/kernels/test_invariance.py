@@ -151,3 +151,50 @@ def test_attention_default_rows_are_not_what_invariant_numerics_uses() -> None:
     assert config == attention.CONFIGS[registry.INVARIANT]
     assert config["block_m"] and config["split_keys"] % config["block_n"] == 0
     assert all(attention.CONFIGS[key]["split_keys"] == 0 for key in (80, 90, "default"))
+
+
+@pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(4, 2, 64)])
+def test_prompt_position_is_the_same_from_prefill_and_from_a_decode_forward(
+    q_heads: int, kv_heads: int, head_dim: int
+) -> None:
+    check_prefill_against_decode(q_heads, kv_heads, head_dim)
+
+
+@pytest.mark.gpu
+def test_prompt_position_is_the_same_from_prefill_and_from_a_decode_forward_at_8b_heads() -> None:
+    check_prefill_against_decode(32, 8, 128)
+
+
+def check_prefill_against_decode(q_heads: int, kv_heads: int, head_dim: int) -> None:
+    """The invariant prefill path (rotary, then prefill_attention's invariant row: kv_write and the
+    attention kernel) and the step's fused path (rotary_kv_attention's invariant row) give the last
+    prompt position the same output and cache bits, whether the step's forward holds 1 token (a draft),
+    2 (a draft's catch-up) or K+1 (a verify). A draft model's first catch-up recomputes that position,
+    which the target has from prefill: equal bits are what let a draft equal to the target accept all."""
+    from graphspec.kernels import prefill_attention, rotary, rotary_kv_attention
+
+    g = generator(11)
+    t, prompt_len = K + 1, 40  # the prompt's last t positions are compared; rows of 1 and 3 tokens too
+    q, k, v = (
+        torch.randn(1, h, prompt_len, head_dim, generator=g).to(DEVICE, DTYPE) for h in (q_heads, kv_heads, kv_heads)
+    )
+    angles = torch.randn(1, prompt_len, head_dim // 2, generator=g).repeat(1, 1, 2)
+    cos, sin = angles.cos().to(DEVICE, DTYPE), angles.sin().to(DEVICE, DTYPE)
+    capacity = 1024
+    cache = torch.zeros(1, 2, 2, kv_heads, capacity, head_dim, dtype=DTYPE, device=DEVICE)
+    slot, start = torch.tensor([0], device=DEVICE), torch.tensor([0], device=DEVICE)
+    prefill_cache = cache.clone()
+    q_rot, k_rot = rotary.rotary(q, k, cos, sin, **invariant_config("rotary"))
+    config = invariant_config("prefill_attention")
+    prefilled = prefill_attention.prefill_attention(q_rot, k_rot, v, prefill_cache, 0, slot, start, 0.1, **config)
+    for tokens in (1, 2, t):
+        first = prompt_len - tokens
+        decode_cache = prefill_cache.clone()
+        decode_cache[..., first:, :] = 0  # the forward writes these positions itself
+        window = (slice(None), slice(None), slice(first, prompt_len))
+        out = rotary_kv_attention.rotary_kv_attention(
+            q[window], k[window], v[window], cos[:, first:], sin[:, first:], decode_cache, 0, slot,
+            torch.tensor([first], device=DEVICE), 0.1, **invariant_config("rotary_kv_attention"),
+        )  # fmt: skip
+        assert_same_bits(out[0, -1], prefilled[0, -1])
+        assert torch.equal(bits(decode_cache), bits(prefill_cache)), tokens
