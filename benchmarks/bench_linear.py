@@ -1,5 +1,7 @@
-"""Decode-sized linear layers: a candidate Triton kernel (benchmarks/skinny_gemm.py) against cuBLAS (and
-cuBLASLt) at the real projection shapes of the benchmark pairs, each captured in a CUDA graph as the step runs them.
+"""Decode-sized linear layers: the row-invariant matmul of numerics="invariant" (kernels/mm.py) against
+cuBLAS (and cuBLASLt) at the real projection shapes of the benchmark pairs, each captured in a CUDA graph as
+the step runs them; --sweep times other config rows, to tune kernels/mm.py CONFIGS. (It first timed a
+rows-adaptive candidate kernel, no faster than cuBLAS and never lowered: docs/BENCHMARKS.md, "Experiment 2".)
 
     python benchmarks/bench_linear.py                       # default config per M, both pairs (~1-2 min, H200)
     python benchmarks/bench_linear.py --sweep               # also a grid of kernel configs
@@ -27,30 +29,29 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from graphspec.kernels import mm as mm_kernel
+
 from benchmarks import common
-from benchmarks import skinny_gemm as linear_kernel
 
 DTYPE = torch.bfloat16
 ROTATE_BYTES = 512 << 20  # weight copies per point add up to at least this (H200 L2: 50 MB)
-ROWS = (1, 2, 5, 8, 16, 20, 32)
-SWEEP_ROWS = (1, 5)  # --sweep times every config at these M only (each config compiles per M bucket)
-SWEEP = [  # (max_block_n, block_k, programs_per_sm, num_warps, num_stages)
-    (64, 256, 1, 4, 4),
-    (64, 128, 1, 4, 4),
-    (64, 512, 1, 4, 3),
-    (128, 256, 1, 4, 4),
-    (128, 256, 1, 8, 4),
-    (32, 256, 1, 4, 4),
-    (32, 512, 1, 4, 3),
-    (64, 256, 2, 4, 4),
-    (64, 256, 1, 4, 6),
-    (64, 256, 1, 8, 4),
-    (128, 128, 1, 4, 5),
-    (32, 128, 2, 4, 4),
-    (16, 256, 1, 4, 4),
-    (16, 512, 1, 4, 3),
-    (32, 256, 2, 4, 3),
-    (64, 128, 2, 4, 6),
+ROWS = (1, 2, 5, 8, 16, 20, 32, 40)
+SWEEP_ROWS = (1, 5, 40)  # --sweep times every config at these M only
+# Config rows for --sweep: kernels/mm.py's CONFIG_FIELDS (block_m, block_n, block_k, split_programs,
+# num_warps, num_stages); the first is the sm_90 row.
+SWEEP = [
+    tuple(mm_kernel.CONFIGS[90].values()),
+    (64, 32, 128, 256, 4, 4),
+    (64, 32, 256, 256, 4, 3),
+    (64, 64, 256, 256, 4, 3),
+    (64, 128, 128, 256, 4, 4),
+    (64, 64, 128, 512, 4, 4),
+    (64, 64, 128, 128, 4, 4),
+    (64, 64, 128, 256, 8, 4),
+    (32, 64, 128, 256, 4, 4),
+    (16, 64, 128, 256, 4, 4),
+    (64, 64, 64, 256, 4, 6),
+    (64, 32, 128, 512, 4, 4),
 ]
 
 
@@ -99,7 +100,7 @@ def measure(n: int, k: int, m: int, configs: list[tuple[int, ...]], copy_gb_s: f
     for config in configs:
 
         def run(config=config) -> list:
-            return [linear_kernel.linear(x, w, None, *config) for w in weights]
+            return [mm_kernel.mm(x, w.t(), None, *config) for w in weights]
 
         out = run()[0]
         us = timed_us(run, copies)
@@ -148,7 +149,7 @@ def main() -> int:
     torch.manual_seed(0)
     major, minor = torch.cuda.get_device_capability()
     sm = major * 10 + minor
-    default = linear_kernel.DEFAULT_CONFIG
+    default = SWEEP[0]
     configs = [default] + [c for c in SWEEP if c != default] if args.sweep else [default]
     copy_gb_s = common.measure_copy_bandwidth("cuda")["gb_s"]
     print(f"{common.device_name('cuda')} sm_{sm}, copy {copy_gb_s:.0f} GB/s, default config {default}")
