@@ -29,10 +29,13 @@ __all__ = ["CONFIGS", "mm", "mm_triton", "splits_for"]
 # splits) grid reaches about this many programs (0 = never split), a count fixed per row, not by the
 # device (so two GPUs running the same row compute the same bits); num_warps/num_stages: launch knobs.
 # block_m 64 covers a verify block of up to 12 rows x (K+1 = 5) in one tile, so decode reads each
-# weight byte once. Untuned first guesses; benchmarks/bench_linear.py times them against cuBLAS.
+# weight byte once. 90: the best single row of `benchmarks/bench_linear.py --pairs llama --sweep` on an H200
+# (2026-11-25, 12 rows at M = 1, 5, 40): summed over a batch-1 K=4 step's matmuls 8.00 ms against cuBLAS's
+# 7.46 (the first guess, block_k 128 / 4 stages: 8.93; block_m 16 is 7.86 but 1.5x slower at M = 40).
+# 80 and default are untuned.
 CONFIGS: dict[int | str, dict[str, int]] = {
     80: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 4},
-    90: {"block_m": 64, "block_n": 64, "block_k": 128, "split_programs": 256, "num_warps": 4, "num_stages": 4},
+    90: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 6},
     "default": {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 2},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
