@@ -72,8 +72,9 @@ def compile(
     (graphspec/drafters/token_map.py) that restricts its drafts to those target ids (a reduced lm_head).
     drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS).
     max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py).
-    numerics "invariant": row-invariant kernels in the steps (greedy only; lowering/registry.py), so a draft
-    equal to the target accepts every token and speculation changes no token of the target's own output."""
+    numerics "invariant": row-invariant kernels in the steps and prefill programs (greedy only;
+    lowering/registry.py), so a draft equal to the target accepts every draft and speculation changes no
+    token of the target's own output."""
     config = SpecConfig(
         k=k,
         batch_sizes=tuple(batch_sizes),

@@ -31,8 +31,8 @@ class SpecConfig:
     capture: str = "auto"
     lowering: str = "auto"  # "auto": Triton kernels where the registry has one for this SM; "reference": none
     prefill_tokens: int = DEFAULT_PREFILL_TOKENS  # tokens per prefill chunk, over all rows of a bucket
-    # "invariant": row-invariant kernels in the step (lowering/registry.py), so a token's logits do not
-    # depend on the batch or the verify block it is computed in; "default": the fastest kernels.
+    # "invariant": row-invariant kernels in the steps and prefill programs (lowering/registry.py), so a
+    # token's logits do not depend on the batch or the verify block it is computed in; "default": the fastest.
     numerics: str = "default"
 
     def __post_init__(self) -> None:
@@ -75,7 +75,7 @@ class PassContext:
     dtype: str = "float32"
     capture: str = "auto"
     lowering: str = "auto"
-    numerics: str = "default"  # "invariant": row-invariant kernels in the step (lowering/registry.py)
+    numerics: str = "default"  # "invariant": row-invariant kernels (lowering/registry.py)
     scratch_slot: int = -1  # cache slot padded rows are redirected to (the runtime's spare slot)
     options: dict[str, Any] = field(default_factory=dict)
 

@@ -40,7 +40,7 @@ REFERENCE_OPS = {target: name for name, target in registry.REFERENCE_OPS.items()
 CPU_REFERENCE_OPS = {target: name for name, target in registry.REFERENCE_OPS.items() if name in registry.CPU_KERNELS}
 
 # Reductions whose result for a row may depend on what else shares the call (their split or summation
-# order follows the shapes), as references: under numerics="invariant" none may stay in a step graph.
+# order follows the shapes), as references: under numerics="invariant" none may stay in a graph.
 _aten = torch.ops.aten
 _REDUCING = (
     "rms_norm", "add_rms_norm", "offset_rms_norm", "gated_rms_norm", "attention", "block_attention",
@@ -85,12 +85,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     sm = target_sm(ctx)
     if sm is None:
         return PassResult(gm, changed=False, note="no GPU (sm=None): every op keeps its torch reference")
-    numerics = ctx.numerics
     lowered, fallback = 0, 0
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in REFERENCE_OPS:
             continue
-        entry = registry.resolve(REFERENCE_OPS[node.target], sm, node, numerics)
+        entry = registry.resolve(REFERENCE_OPS[node.target], sm, node, ctx.numerics)
         if entry is None:  # no kernel for this SM, or the node's shapes/dtypes are outside the kernel's
             fallback += 1
             continue
@@ -101,7 +100,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         node.meta["gs_kernel"] = {"kernel": entry.name, "sm": entry.sm, "config": dict(entry.config)}
         lowered += 1
     stats = {"lowered": lowered, "fallback": fallback}
-    if numerics == registry.INVARIANT:
+    if ctx.numerics == registry.INVARIANT:
         check_invariant(gm, sm)
     if not lowered:
         return PassResult(gm, changed=False, stats=stats, note=f"no kernel fits on sm={sm}")
@@ -111,9 +110,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
 
 
 def check_invariant(gm: fx.GraphModule, sm: int) -> None:
-    """Refuse a step graph that numerics="invariant" cannot make row-invariant: a reduction left
-    without an invariant kernel (on this SM, or at these shapes) would round differently for a row
-    computed alone and in a verify block, and a draft equal to the target would be rejected."""
+    """Refuse a graph (a step or a prefill program) that numerics="invariant" cannot make row-invariant: a
+    reduction left without an invariant kernel (on this SM, or at these shapes) would round differently for
+    a row computed alone and in a verify block, and a draft equal to the target would be rejected."""
     left = [node for node in gm.graph.nodes if node.op == "call_function" and node.target in NOT_INVARIANT]
     if left:
         names = ", ".join(f"{node.name} ({node.target})" for node in left[:8])

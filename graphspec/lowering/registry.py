@@ -394,16 +394,15 @@ ATEN_OPS: dict[str, torch._ops.OpOverload] = {"mm": torch.ops.aten.mm.default, "
 # Every reference op a kernel may replace: graphspec's own and those aten ops.
 REFERENCE_OPS: dict[str, torch._ops.OpOverload] = {**ops.OPS, **ATEN_OPS}
 
-NUMERICS = ("default", "invariant")
 INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's row-invariant config
 # Lowered under numerics="invariant" only: cuBLAS is as fast or faster at the step's shapes (bench_linear).
 INVARIANT_ONLY = frozenset({"mm", "addmm"})
 # Row-invariant with every config row: the norms tile whole rows, sized by the last dim only; rotary,
 # silu_mul and the KV writes are elementwise; argmax and verify_greedy are exact (a max and a first index
 # do not round); mm and addmm fix their tiles and K split by (N, K) only. The attention kernels' default
-# rows size their splits by the batch and the cache length, so they have an "invariant" row instead.
-# The others (sampling statistics split the vocabulary by the batch; prefill; linear attention) have
-# neither yet.
+# rows size their splits by the batch and the cache length, so they (and prefill attention, which then
+# runs the decode kernel) have an "invariant" row instead. The others (sampling statistics split the
+# vocabulary by the batch; linear attention) have neither yet.
 ROW_INVARIANT = frozenset(
     {"rms_norm", "add_rms_norm", "rotary", "silu_mul", "kv_write", "rotary_kv_write", "argmax", "verify_greedy"}
     | INVARIANT_ONLY
