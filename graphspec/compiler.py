@@ -152,7 +152,8 @@ def compile(
                 dump_dir=Path(dump_dir) / name if dump_dir else None,
                 stop_after=stop_after,
                 skip=skip,
-                title=f"{name}: drafter={drafter_model.kind}, k={k}, bucket={bucket}, mode={mode}, sm={sm}",
+                title=f"{name}: drafter={drafter_model.kind}, k={k}, bucket={bucket}, mode={mode}, sm={sm}, "
+                f"numerics={numerics}",
                 on_pass=lambda p, n=name: progress(f"{n}: {p}"),
             )
             COUNTERS.pipeline_runs += 1
@@ -177,7 +178,8 @@ def compile(
                 ctx,
                 dump_dir=Path(dump_dir) / name if dump_dir else None,
                 skip=[p for p in skip if p in {module.NAME for module in PREFILL_PIPELINE}],
-                title=f"{name}: drafter={drafter_model.kind}, chunk={chunk}, bucket={bucket}, sm={sm}",
+                title=f"{name}: drafter={drafter_model.kind}, chunk={chunk}, bucket={bucket}, sm={sm}, "
+                f"numerics={numerics}",
                 on_pass=lambda p, n=name: progress(f"{n}: {p}"),
                 passes=PREFILL_PIPELINE,
                 phase_checks=checks.PREFILL_PHASE_CHECKS,
