@@ -437,11 +437,14 @@ class DFlash(Drafter):
         mask = torch.full((length.shape[0], k), self.config.mask_token_id, dtype=torch.int64, device=length.device)
         tokens = torch.cat((inputs["last_tokens"][:, 1:], mask), dim=1)  # [B, K+1]
         out, cache = head("block", tokens, block_start, cache, slice(k + 1, 2 * (k + 1)))
+        # Contiguous [B, K, H] (a small copy): the strided slice would trace to a bmm against the lm_head
+        # expanded B times (each row reading all of it), and numerics="invariant" has no bmm kernel.
+        masks = out[:, 1:].contiguous()
         if self.draft_vocab is None:
             head_weight = params.get("lm_head.weight", params["embed_tokens.weight"])  # tied: the embedding's name
-            logits = F.linear(out[:, 1:], head_weight)  # [B, K, V]
+            logits = F.linear(masks, head_weight)  # [B, K, V]
         else:
-            logits = hot_logits(out[:, 1:], params, self.head.spec.vocab_size)  # [B, K, V], -inf off the map
+            logits = hot_logits(masks, params, self.head.spec.vocab_size)  # [B, K, V], -inf off the map
         drafts = torch.stack([step.pick(logits[:, index], index) for index in range(k)], dim=1)
         kept = {name: state[name] for name in ("dflash_features", "dflash_start")}
         return Proposal(drafts, {"dflash_cache": cache, **kept}, logits)

@@ -385,3 +385,66 @@ def test_prefill_attention_invariant_row_is_kv_write_then_the_invariant_decode_k
     config = registry.resolve("prefill_attention", 90, numerics="invariant").config
     out = prefill_attention.prefill_attention(q, k, v, cache, 0, slots, start, 0.125, **config)
     assert torch.equal(out, expected) and torch.equal(cache, expected_cache)
+
+
+HEADS_64 = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1)  # head dim 64: attention kernels'
+
+
+def drafter_case(kind: str, checkpoint_factory, tmp_path) -> tuple[object, str | object]:
+    """(target checkpoint, draft argument) of each drafter kind at head dim 64."""
+    from tests.checkpoints import make_mtp_checkpoint
+    from tests.dflash_oracle import make_dflash_drafter
+    from tests.eagle3_oracle import make_eagle3_head
+
+    if kind == "mtp":
+        return make_mtp_checkpoint(tmp_path / "mtp", layout="qwen3_next", seed=0, head_dim=64, **HEADS_64), "mtp"
+    target = checkpoint_factory("llama", seed=0, num_hidden_layers=5, **HEADS_64)
+    if kind == "ngram":
+        return target, "ngram"
+    if kind == "eagle3":
+        heads = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+        return target, make_eagle3_head(tmp_path / "eagle3", target, seed=1, draft_vocab=64, **heads)
+    return target, make_dflash_drafter(tmp_path / "dflash", target, seed=1, block_size=4, heads=(2, 1, 64))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU step case: its kernels run under the interpreter")
+@pytest.mark.parametrize("kind", ["ngram", "mtp", "eagle3", "dflash"])
+def test_every_drafter_step_lowers_invariant_and_keeps_its_tokens(kind: str, checkpoint_factory, tmp_path) -> None:
+    """numerics="invariant" is not a draft-model feature: each drafter's greedy step lowers with no reduction
+    left on a reference, and its tokens equal the unlowered step's."""
+    from graphspec import pipeline, trace
+    from graphspec.drafters import check_drafter, drafter_kind, open_drafter
+    from graphspec.models.loading import load_config, load_model
+
+    target_dir, draft = drafter_case(kind, checkpoint_factory, tmp_path)
+    kind = drafter_kind(draft, None)
+    k, slots, max_seq = 3, 3, 48
+    checked = check_drafter(draft, kind, target_dir, load_config(target_dir), max_seq, {}, k)
+    target = load_model(target_dir)
+    drafter = open_drafter(draft, kind, target, "float32", "cpu", checked, {})
+    generator = torch.Generator().manual_seed(0)
+    inputs = trace.example_step_inputs(target.model, drafter, k, 2, slots, max_seq, torch.float32, "cpu")
+    for state in trace.step_states(target.model, drafter, slots, max_seq, k, torch.float32):
+        value = inputs[state.name]  # allocated, not initialized
+        # Caches and feature rows random; token ids and positions 0 (valid everywhere).
+        inputs[state.name] = (
+            torch.randn(value.shape, generator=generator) if value.is_floating_point() else value.zero_()
+        )
+    inputs["last_tokens"] = torch.randint(0, 128, (2, 2), generator=generator)
+    inputs["committed_len"] = torch.tensor([9, 20])
+    params = [*trace.model_inputs(target.model).values(), *drafter.params().values()]
+    results = []
+    for numerics, last in (("default", "defunctionalize_kv"), ("invariant", "lower_kernels")):
+        gm, signature = trace.trace_step(target.model, drafter, k, "greedy", inputs)
+        context = PassContext(
+            k=k, batch=2, mode="greedy", sm=None, scratch_slot=2, numerics=numerics, options={"force_sm": 90}
+        )
+        graph = pipeline.run_pipeline(gm, context, stop_after=last).gm
+        state = {name: value.clone() for name, value in inputs.items()}
+        outputs = graph(*params, *(state[name] for name in signature.step_inputs))
+        results.append(dict(zip(trace.output_nodes(graph), outputs, strict=True)))
+    calls = [n for n in graph.graph.nodes if n.op == "call_function"]
+    assert not [n.name for n in calls if n.target in lower_kernels.NOT_INVARIANT]
+    assert any(n.target == torch.ops.graphspec.mm_triton.default for n in calls)
+    for name in ("tokens", "num_accepted"):
+        torch.testing.assert_close(results[1][name], results[0][name], rtol=0, atol=0, msg=f"{kind}: {name}")
