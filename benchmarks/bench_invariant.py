@@ -71,17 +71,6 @@ def compile_runtime(target: Path, draft: Path, numerics: str, args: argparse.Nam
     )  # fmt: skip
 
 
-def greedy_params(rows: int, device: str) -> dict[str, torch.Tensor]:
-    """Row parameters of greedy rows, as the engine builds them for prefill."""
-    return {
-        "temperature": torch.zeros(rows, device=device),
-        "top_k": torch.zeros(rows, dtype=torch.int64, device=device),
-        "top_p": torch.ones(rows, device=device),
-        "seed": torch.zeros(rows, dtype=torch.int64, device=device),
-        "step_counter": torch.zeros(rows, dtype=torch.int64, device=device),
-    }
-
-
 def target_only_outputs(
     runtime: Runtime, prompts: list[list[int]], new_tokens: int, numerics: str
 ) -> tuple[list[list[int]], float]:
@@ -89,7 +78,7 @@ def target_only_outputs(
     prefill of them, and ms per decode forward. The decode graph is traced for this cache and row count."""
     rows = len(prompts)
     slots = list(range(rows))
-    first = runtime.prefill(prompts, slots, greedy_params(rows, runtime.device))
+    first = runtime.prefill(prompts, slots, common.greedy_params(rows, runtime.device))
     cache = runtime.state[TARGET_CACHE]
     model = runtime.target
     gm = target_only.trace_decode(
@@ -124,7 +113,7 @@ def compare_outputs(runtime: Runtime, numerics: str, args: argparse.Namespace) -
 def prefill_ms(runtime: Runtime, args: argparse.Namespace) -> float:
     """Median ms of prefilling one random prompt of --prefill-len tokens (first token on the host)."""
     prompt = bench_step.random_prompts(1, args.prefill_len, runtime.vocab_size, random.Random(3))
-    params = greedy_params(1, runtime.device)
+    params = common.greedy_params(1, runtime.device)
     return statistics.median(
         bench_step.timed(lambda: runtime.prefill(prompt, [0], params).tolist(), 5, runtime.device)[1:]
     )

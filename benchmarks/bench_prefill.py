@@ -58,16 +58,6 @@ def prompts_for(tokens: int, batch: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, tokens), generator=generator)  # [batch, tokens]
 
 
-def greedy_params(rows: int, device: str) -> dict[str, torch.Tensor]:
-    return {
-        "temperature": torch.zeros(rows, device=device),
-        "top_k": torch.zeros(rows, dtype=torch.int64, device=device),
-        "top_p": torch.ones(rows, device=device),
-        "seed": torch.zeros(rows, dtype=torch.int64, device=device),
-        "step_counter": torch.zeros(rows, dtype=torch.int64, device=device),
-    }
-
-
 def wall_ms(fn, reps: int, device: str) -> dict[str, float]:
     """Host wall time of fn() (which ends by reading its result on the host) after one warm-up call."""
     fn()
@@ -104,7 +94,7 @@ def time_graphspec(
     results: dict[str, dict[str, Any]] = {}
     for tokens, batch in shapes:
         prompts = prompts_for(tokens, batch, runtime.vocab_size, seed).tolist()
-        params = greedy_params(batch, runtime.device)
+        params = common.greedy_params(batch, runtime.device)
 
         def first_token(prompts: list[list[int]] = prompts, params: dict = params) -> list[int]:
             return runtime.prefill(prompts, list(range(len(prompts))), params).tolist()

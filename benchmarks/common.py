@@ -412,6 +412,17 @@ def device_name(device: str | torch.device) -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
+def greedy_params(rows: int, device: str) -> dict[str, torch.Tensor]:
+    """Row parameters of `rows` greedy rows, as the engine builds them for Runtime.prefill."""
+    return {
+        "temperature": torch.zeros(rows, device=device),
+        "top_k": torch.zeros(rows, dtype=torch.int64, device=device),
+        "top_p": torch.ones(rows, device=device),
+        "seed": torch.zeros(rows, dtype=torch.int64, device=device),
+        "step_counter": torch.zeros(rows, dtype=torch.int64, device=device),
+    }
+
+
 def free_device_memory() -> None:
     import gc
 
