@@ -32,14 +32,10 @@ __all__ = ["CONFIGS", "prefill_attention", "prefill_attention_reference", "prefi
 # on an H200 (8B heads x 128 at 4096 and 2048 tokens and 512 after a 3584 prefix, 1B heads x 64 at 4096:
 # docs/BENCHMARKS.md); 80 is the usual flash-attention-2 tile, untuned; "default" is small so the
 # interpreter stays quick.
-# "invariant" (numerics="invariant"; block_m 0): write k/v into the cache, then kernels/attention.py with its
-# invariant row, so every prompt position gets the bits a decode or verify forward would give it (a draft
-# model's catch-up forward recomputes the last prompt position, which the target has from prefill).
 CONFIGS: dict[int | str, dict[str, int]] = {
     80: {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2},
     90: {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3},
     "default": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2},
-    "invariant": {"block_m": 0, "block_n": 64, "num_warps": 4, "num_stages": 3},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 HEAD_DIMS = (64, 128, 256)  # head dims the kernel is tested for (256: Qwen3.5 / Qwen3-Next attention)
@@ -228,13 +224,7 @@ def prefill_attention(
     num_stages: int = CONFIGS["default"]["num_stages"],
 ) -> Tensor:
     """Launch prefill_attention_kernel. Same result as graphspec.ops.prefill_attention_reference; writes
-    k/v into the cache and returns a new contiguous [B, T, Hq, D] tensor of q's dtype. block_m 0: the
-    decode kernel's invariant path (CONFIGS["invariant"])."""
-    if block_m == 0:
-        from graphspec.kernels import attention, kv_write
-
-        kv_write.kv_write(cache, layer, slot_ids, start_pos, k, v, **kv_write.CONFIGS["default"])
-        return attention.attention(q, cache, layer, slot_ids, start_pos, scale, **attention.CONFIGS["invariant"])
+    k/v into the cache and returns a new contiguous [B, T, Hq, D] tensor of q's dtype."""
     check_device(q, k, v, cache)
     batch, q_heads, t, head_dim = q.shape
     kv_heads, seq_capacity = cache.shape[3], cache.shape[4]

@@ -10,8 +10,9 @@ Output: each such node whose kernel fits (lowering/registry.py) calls graphspec:
         no users, and its kernel op (mutates_args=("cache",)) keeps its position and its effect.
         ctx.numerics == "invariant" lowers to the row-invariant kernels (registry.resolve) and aten.mm/addmm
         to kernels/mm.py, then refuses a graph in which a reduction is left without one (NOT_INVARIANT),
-        naming its nodes. Prefill programs too: a draft model's first catch-up forward recomputes the last
-        prompt position, which must come out as the target's prefill wrote it.
+        naming its nodes. Prefill programs too (fuse_prefill_attention leaves their attention to the
+        decode kernel then): a draft model's first catch-up forward recomputes the last prompt position,
+        which must come out as the target's prefill wrote it.
         On CPU (ctx.sm None) or with ctx.lowering == "reference" nothing changes;
         ctx.options["force_sm"] (an int) lowers for that SM anyway, which is how the interpreter tests
         (TRITON_INTERPRET=1) run kernels on CPU.

@@ -400,9 +400,9 @@ INVARIANT_ONLY = frozenset({"mm", "addmm"})
 # Row-invariant with every config row: the norms tile whole rows, sized by the last dim only; rotary,
 # silu_mul and the KV writes are elementwise; argmax and verify_greedy are exact (a max and a first index
 # do not round); mm and addmm fix their tiles and K split by (N, K) only. The attention kernels' default
-# rows size their splits by the batch and the cache length, so they (and prefill attention, which then
-# runs the decode kernel) have an "invariant" row instead. The others (sampling statistics split the
-# vocabulary by the batch; linear attention) have neither yet.
+# rows size their splits by the batch and the cache length, so they have an "invariant" row instead
+# (prefill programs are not fused under invariant numerics: their attention is the decode kernel's). The
+# others (sampling statistics split the vocabulary by the batch; linear attention) have neither yet.
 ROW_INVARIANT = frozenset(
     {"rms_norm", "add_rms_norm", "rotary", "silu_mul", "kv_write", "rotary_kv_write", "argmax", "verify_greedy"}
     | INVARIANT_ONLY

@@ -13,7 +13,10 @@ Output: each such pair with nothing in between that writes anything or reads the
     out = attention(q, cache, 0, slots, start, scale)    out = prefill_attention(q, k, v, cache, 0, slots, start, s)
 
 Only in pipeline.PREFILL_PIPELINE: the step keeps fuse_rotary_kv / fuse_kv_attention, whose kernel is
-the one for K+1 queries per row.
+the one for K+1 queries per row. With ctx.numerics == "invariant" nothing is fused: the pair then lowers to
+kv_write and the decode attention kernel's invariant row, so every prompt position gets the bits a decode
+or verify forward gives it (a draft model's first catch-up forward recomputes the last prompt position,
+which the target has from prefill); the prefill kernel's tiling would round differently.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ def attention_of(write: fx.Node) -> fx.Node | None:
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    if ctx.numerics == "invariant":
+        return PassResult(gm, changed=False, note="numerics=invariant: kv_write + attention stay apart")
     graph = gm.graph
     fused, kept = 0, 0
     for write in list(graph.find_nodes(op="call_function", target=KV_WRITE)):

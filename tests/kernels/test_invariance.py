@@ -166,12 +166,13 @@ def test_prompt_position_is_the_same_from_prefill_and_from_a_decode_forward_at_8
 
 
 def check_prefill_against_decode(q_heads: int, kv_heads: int, head_dim: int) -> None:
-    """The invariant prefill path (rotary, then prefill_attention's invariant row: kv_write and the
-    attention kernel) and the step's fused path (rotary_kv_attention's invariant row) give the last
-    prompt position the same output and cache bits, whether the step's forward holds 1 token (a draft),
-    2 (a draft's catch-up) or K+1 (a verify). A draft model's first catch-up recomputes that position,
-    which the target has from prefill: equal bits are what let a draft equal to the target accept all."""
-    from graphspec.kernels import prefill_attention, rotary, rotary_kv_attention
+    """The invariant prefill path (rotary, kv_write, then the attention kernel's invariant row: what an
+    invariant prefill program runs, fuse_prefill_attention leaving the pair apart) and the step's fused
+    path (rotary_kv_attention's invariant row) give the last prompt position the same output and cache
+    bits, whether the step's forward holds 1 token (a draft), 2 (a draft's catch-up) or K+1 (a verify).
+    A draft model's first catch-up recomputes that position, which the target has from prefill: equal
+    bits are what let a draft equal to the target accept all."""
+    from graphspec.kernels import attention, kv_write, rotary, rotary_kv_attention
 
     g = generator(11)
     t, prompt_len = K + 1, 40  # the prompt's last t positions are compared; rows of 1 and 3 tokens too
@@ -185,8 +186,8 @@ def check_prefill_against_decode(q_heads: int, kv_heads: int, head_dim: int) -> 
     slot, start = torch.tensor([0], device=DEVICE), torch.tensor([0], device=DEVICE)
     prefill_cache = cache.clone()
     q_rot, k_rot = rotary.rotary(q, k, cos, sin, **invariant_config("rotary"))
-    config = invariant_config("prefill_attention")
-    prefilled = prefill_attention.prefill_attention(q_rot, k_rot, v, prefill_cache, 0, slot, start, 0.1, **config)
+    kv_write.kv_write(prefill_cache, 0, slot, start, k_rot, v, **invariant_config("kv_write"))
+    prefilled = attention.attention(q_rot, prefill_cache, 0, slot, start, 0.1, **invariant_config("attention"))
     for tokens in (1, 2, t):
         first = prompt_len - tokens
         decode_cache = prefill_cache.clone()

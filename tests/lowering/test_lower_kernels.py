@@ -370,21 +370,24 @@ def test_invariant_numerics_refuses_a_reduction_without_an_invariant_kernel(real
         real_step.through("sample", "lower_kernels", options={"force_sm": 90}, numerics="invariant")
 
 
-def test_prefill_attention_invariant_row_is_kv_write_then_the_invariant_decode_kernel() -> None:
-    """Prefill programs are lowered invariant too; their attention then gives each prompt position exactly
-    what kernels/attention.py's invariant row gives a decode or verify query there."""
-    from graphspec.kernels import attention, kv_write, prefill_attention
+def test_invariant_prefill_program_attends_with_the_decode_kernels_invariant_row(real_step: StepCase) -> None:
+    """Prefill programs are lowered invariant too: fuse_prefill_attention leaves each kv_write + attention
+    apart, so the attention takes kernels/attention.py's invariant row (what a decode or verify query at
+    the same position runs) and the matmuls kernels/mm.py; no prefill_attention kernel remains."""
+    from graphspec import pipeline, trace_prefill
+    from tests.step_case import MAX_SEQ, SLOTS, K
 
-    g = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(2, heads, 9, 64, generator=g).to(DEVICE, torch.bfloat16) for heads in (4, 2, 2))
-    cache = torch.randn(1, 2, 3, 2, 80, 64, generator=g).to(DEVICE, torch.bfloat16)
-    slots, start = torch.tensor([2, 0], device=DEVICE), torch.tensor([5, 0], device=DEVICE)
-    expected_cache = cache.clone()
-    kv_write.kv_write(expected_cache, 0, slots, start, k, v, **kv_write.CONFIGS["default"])
-    expected = attention.attention(q, expected_cache, 0, slots, start, 0.125, **attention.CONFIGS["invariant"])
-    config = registry.resolve("prefill_attention", 90, numerics="invariant").config
-    out = prefill_attention.prefill_attention(q, k, v, cache, 0, slots, start, 0.125, **config)
-    assert torch.equal(out, expected) and torch.equal(cache, expected_cache)
+    target, drafter = real_step.target, real_step.drafter
+    inputs = trace_prefill.example_prefill_inputs(target, drafter, K, 2, 8, SLOTS, MAX_SEQ, torch.float32, "cpu")
+    gm, _ = trace_prefill.trace_prefill(target, drafter, K, inputs)
+    context = PassContext(k=K, batch=2, mode="prefill", sm=None, numerics="invariant", options={"force_sm": 90})
+    lowered = pipeline.run_pipeline(gm, context, passes=pipeline.PREFILL_PIPELINE, phase_checks={}).gm
+    kernels = [n.meta["gs_kernel"] for n in lowered.graph.nodes if "gs_kernel" in n.meta]
+    attention = [k for k in kernels if k["kernel"] == "graphspec::attention_triton"]
+    assert attention and all(k["sm"] == registry.INVARIANT for k in attention)
+    assert any(k["kernel"] == "graphspec::kv_write_triton" for k in kernels)
+    assert any(k["kernel"] == "graphspec::mm_triton" for k in kernels)
+    assert not any(k["kernel"] == "graphspec::prefill_attention_triton" for k in kernels)
 
 
 HEADS_64 = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1)  # head dim 64: attention kernels'

@@ -40,8 +40,8 @@ def write_other_layer(q, k, v, cache, slots, start):
     return ops.attention(q, cache, 1, slots, start, 0.3)
 
 
-def ctx() -> PassContext:
-    return PassContext(k=1, batch=2, mode="prefill", sm=None)
+def ctx(**overrides) -> PassContext:
+    return PassContext(k=1, batch=2, mode="prefill", sm=None, **overrides)
 
 
 def targets(gm) -> list:
@@ -60,6 +60,16 @@ def test_pair_becomes_one_prefill_attention_with_the_same_bits():
     cache = args[3].clone()
     out = result.gm(*args[:3], cache, *args[4:])
     assert torch.equal(out, expected) and torch.equal(cache, expected_cache)
+
+
+def test_invariant_numerics_keeps_the_pair_for_the_decode_kernel():
+    """Under numerics="invariant" the write and the attention stay apart: lowered, the attention takes the
+    decode kernel's invariant row, whose bits a decode forward of the same position reproduces."""
+    gm = make_fx(write_then_attend, tracing_mode="fake")(*inputs())
+    before = targets(gm)
+    result = fuse_prefill_attention.run(gm, ctx(numerics="invariant"))
+    assert not result.changed and targets(result.gm) == before
+    assert ops.OPS["kv_write"] in before and ops.OPS["attention"] in before
 
 
 def test_another_reader_between_keeps_the_pair():
