@@ -117,9 +117,12 @@ def trace_forward(model: HybridLM, batch: int, positions: int, max_seq_len: int,
     return gm, example
 
 
-def time_target_forward(model: HybridLM, batch: int, positions: int, args: argparse.Namespace) -> float:
+def time_target_forward(
+    model: HybridLM, batch: int, positions: int, args: argparse.Namespace, profiles: dict[str, Any] | None = None
+) -> float:
     """Median ms of the target's forward over `positions` tokens per row, captured on CUDA, rows at
-    committed length about args.context, states random."""
+    committed length about args.context, states random. With `profiles` and batch == args.profile,
+    profiles["decode" or "verify"] gets the kernels of one replay (common.kernel_profile)."""
     gm, example = trace_forward(model, batch, positions, args.max_seq_len, args.device)
     weights = list(model_inputs(model).values())
     tokens, start, slots, *states = example
@@ -131,6 +134,9 @@ def time_target_forward(model: HybridLM, batch: int, positions: int, args: argpa
     def step() -> None:
         gm(*weights, tokens, start, slots, *states)
 
+    if profiles is not None and batch == args.profile and common.is_cuda(args.device):
+        run = common.capture(step, args.device).replay
+        profiles["decode" if positions == 1 else "verify"] = common.kernel_profile(run, 3, top=15)
     return time_replays(step, args)
 
 
@@ -146,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", type=int, default=None, metavar="B", help="print the kernels of each at batch B")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_hybrid: CUDA is not available; pass --device cpu for a smoke run", file=sys.stderr)
@@ -155,16 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(drafters) - set(DRAFTERS))
     if unknown:
         parser.error(f"unknown drafter(s) {unknown}; choose from {DRAFTERS}")
+    if args.profile is not None and args.profile not in buckets:
+        parser.error(f"--profile {args.profile} is not one of --batch-sizes {args.batch_sizes}")
     report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args), "rows": []}
     options = dict(k=args.k, dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len, modes=("greedy",))
     with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
         target_dir = write_checkpoint(Path(workdir) / "target", args.preset, args.device, seed=1)
         steps: dict[str, dict[int, float]] = {}
+        profiles: dict[str, Any] = {}
         target = None
         for name in drafters:
-            steps[name], target = time_drafter_steps(target_dir, name, buckets, args, name, **options)
-        decode = {b: time_target_forward(target, b, 1, args) for b in buckets}
-        verify = {b: time_target_forward(target, b, args.k + 1, args) for b in buckets}
+            steps[name], target = time_drafter_steps(target_dir, name, buckets, args, name, profiles, **options)
+        decode = {b: time_target_forward(target, b, 1, args, profiles) for b in buckets}
+        verify = {b: time_target_forward(target, b, args.k + 1, args, profiles) for b in buckets}
     header = f"{'B':>4} {'target decode':>14} {'verify K+1':>11}" + "".join(f" {n + ' step':>12}" for n in drafters)
     ratios = "".join(f" {n + ' /decode':>12}" for n in drafters)
     lines = [f"{args.preset}, K={args.k}, context {args.context}, {report['device']}, median ms per captured step"]
@@ -179,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(text)
         report["rows"].append(row)
     print("\n".join(lines))
+    for label, profile in profiles.items():
+        common.print_kernel_profile(f"kernels of one captured {label} at batch {args.profile}", profile)
+    report["profiles"] = profiles
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0

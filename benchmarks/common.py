@@ -441,6 +441,8 @@ KERNEL_CATEGORIES = (
     ("silu_mul", ("silu_mul",)),
     ("rotary", ("rotary",)),
     ("verify", ("verify",)),
+    ("gated_delta", ("gated_delta", "conv1d")),
+    ("torch", ("at::native",)),  # aten's own kernels: the ops left on references
 )
 
 

@@ -417,6 +417,23 @@ def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x.new_empty(x.shape)
 
 
+def add_offset_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    total = residual + x  # rounded to the dtype, as the hybrid layers' plain residual adds are
+    return offset_rms_norm_reference(total, weight, eps), total
+
+
+@torch.library.custom_op("graphspec::add_offset_rms_norm", mutates_args=())
+def add_offset_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Residual add then zero-centred RMSNorm: (offset_rms_norm(residual + x), residual + x)."""
+    normed, total = add_offset_rms_norm_reference(x, residual, weight, eps)
+    return normed.contiguous(), total.contiguous()
+
+
+@add_offset_rms_norm.register_fake
+def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
 def gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     # transformers' Qwen3NextRMSNormGated: normalize in fp32, scale in the input dtype, gate in fp32.
     hidden = x.to(torch.float32)
@@ -435,6 +452,25 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
 @gated_rms_norm.register_fake
 def _(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x.new_empty(x.shape)
+
+
+def gdn_gates_reference(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    # transformers' Gated DeltaNet: the log decay in fp32, beta in the input dtype.
+    g = -a_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias)
+    return g, b.sigmoid()
+
+
+@torch.library.custom_op("graphspec::gdn_gates", mutates_args=())
+def gdn_gates(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    """The Gated DeltaNet's per-head gates from its projections a, b [..., Hv] and parameters A_log,
+    dt_bias [Hv]: (g = -exp(A_log) * softplus(a + dt_bias) in fp32, beta = sigmoid(b))."""
+    g, beta = gdn_gates_reference(a, b, a_log, dt_bias)
+    return g.contiguous(), beta.contiguous()
+
+
+@gdn_gates.register_fake
+def _(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    return a.new_empty(a.shape, dtype=torch.float32), b.new_empty(b.shape)
 
 
 def _initial(state: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor | None) -> Tensor:
@@ -1017,6 +1053,8 @@ OPS = {
     "commit": torch.ops.graphspec.commit.default,
     "offset_rms_norm": torch.ops.graphspec.offset_rms_norm.default,
     "gated_rms_norm": torch.ops.graphspec.gated_rms_norm.default,
+    "add_offset_rms_norm": torch.ops.graphspec.add_offset_rms_norm.default,
+    "gdn_gates": torch.ops.graphspec.gdn_gates.default,
     "causal_conv1d": torch.ops.graphspec.causal_conv1d.default,
     "causal_conv1d_snapshots": torch.ops.graphspec.causal_conv1d_snapshots.default,
     "gated_delta_rule": torch.ops.graphspec.gated_delta_rule.default,

@@ -136,12 +136,9 @@ class MtpHead(nn.Module):
         block = mtp.block
         x = norm(residual, block.input_layernorm.weight, eps)
         attn_out, cache = block.self_attn(x, cos, sin, kv_start, slot_ids, cache, in_place)
-        if self.offset_norms:  # no fused add + (1 + w) norm op: the adds stay plain
-            residual = residual + attn_out
-            residual = residual + block.mlp(norm(residual, block.post_attention_layernorm.weight, eps))
-            return norm(residual, mtp.post_norm.weight, eps), cache
-        x, residual = ops.add_rms_norm(attn_out, residual, block.post_attention_layernorm.weight, eps)
-        out, _ = ops.add_rms_norm(block.mlp(x), residual, mtp.post_norm.weight, eps)
+        add_norm = ops.add_offset_rms_norm if self.offset_norms else ops.add_rms_norm
+        x, residual = add_norm(attn_out, residual, block.post_attention_layernorm.weight, eps)
+        out, _ = add_norm(block.mlp(x), residual, mtp.post_norm.weight, eps)
         return out, cache
 
 

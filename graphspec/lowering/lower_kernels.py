@@ -44,7 +44,8 @@ CPU_REFERENCE_OPS = {target: name for name, target in registry.REFERENCE_OPS.ite
 # order follows the shapes), as references: under numerics="invariant" none may stay in a graph.
 _aten = torch.ops.aten
 _REDUCING = (
-    "rms_norm", "add_rms_norm", "offset_rms_norm", "gated_rms_norm", "attention", "block_attention",
+    "rms_norm", "add_rms_norm", "offset_rms_norm", "add_offset_rms_norm", "gated_rms_norm", "attention",
+    "block_attention",
     "rotary_kv_attention", "prefill_attention", "sample", "verify_rejection", "causal_conv1d",
     "causal_conv1d_snapshots", "gated_delta_rule", "gated_delta_rule_snapshots", "mm", "addmm",
 )  # fmt: skip

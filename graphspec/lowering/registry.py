@@ -113,6 +113,39 @@ def fits_add_rms_norm(node: fx.Node) -> bool:
     )
 
 
+def fits_gated_rms_norm(node: fx.Node) -> bool:
+    values = _vals(node, 3)
+    if values is None:
+        return False
+    x, gate, weight = values
+    return (
+        x.dim() >= 1
+        and x.dtype in FLOAT_DTYPES
+        and gate.shape == x.shape
+        and gate.dtype == x.dtype
+        and weight.dtype == x.dtype  # the reference scales in x's dtype; another would promote
+        and weight.dim() == 1
+        and weight.shape[0] == x.shape[-1]
+        and x.shape[-1] <= _module("rms_norm").MAX_DIM
+    )
+
+
+def fits_gdn_gates(node: fx.Node) -> bool:
+    values = _vals(node, 4)
+    if values is None:
+        return False
+    a, b, a_log, dt_bias = values
+    return (
+        a.dim() >= 1
+        and b.shape == a.shape
+        and a.dtype in FLOAT_DTYPES
+        and b.dtype in FLOAT_DTYPES
+        and a_log.dtype in FLOAT_DTYPES
+        and dt_bias.dtype in FLOAT_DTYPES
+        and tuple(a_log.shape) == tuple(dt_bias.shape) == (a.shape[-1],)
+    )
+
+
 def fits_rotary(node: fx.Node) -> bool:
     values = _vals(node, 4)
     return values is not None and _rotary_fits(*values)
@@ -382,6 +415,10 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "verify_greedy": fits_verify_greedy,
     "verify_rejection": fits_verify_rejection,
     "sample": fits_sample,
+    "offset_rms_norm": fits_rms_norm,  # the same operands as rms_norm
+    "add_offset_rms_norm": fits_add_rms_norm,
+    "gated_rms_norm": fits_gated_rms_norm,
+    "gdn_gates": fits_gdn_gates,
     "gated_delta_rule": fits_gated_delta_rule,
     "gated_delta_rule_snapshots": fits_gated_delta_rule_snapshots,
     "causal_conv1d_snapshots": fits_causal_conv1d_snapshots,
@@ -405,6 +442,7 @@ INVARIANT_ONLY = frozenset({"mm", "addmm"})
 # others (sampling statistics split the vocabulary by the batch; linear attention) have neither yet.
 ROW_INVARIANT = frozenset(
     {"rms_norm", "add_rms_norm", "rotary", "silu_mul", "kv_write", "rotary_kv_write", "argmax", "verify_greedy"}
+    | {"offset_rms_norm", "add_offset_rms_norm", "gated_rms_norm", "gdn_gates"}
     | INVARIANT_ONLY
 )
 

@@ -18,7 +18,6 @@ whatever its slot held.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphspec import ops
@@ -103,8 +102,7 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(batch, t, lin.num_k_heads, lin.k_head_dim)
         k = k.reshape(batch, t, lin.num_k_heads, lin.k_head_dim)
         v = v.reshape(batch, t, lin.num_v_heads, lin.v_head_dim)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # log decay, fp32 as in transformers
+        g, beta = ops.gdn_gates(a, b, self.A_log, self.dt_bias)  # log decay g in fp32, as in transformers
         if lengths is None:
             out, recurrent_after = ops.gated_delta_rule_snapshots(q, k, v, g, beta, recurrent, self.index, slot_ids)
             state[snapshot_name(CONV_STATE)].append(conv_after)
@@ -258,27 +256,25 @@ class HybridLM(nn.Module):
         state = dict(state)
         if snapshots:
             state[snapshot_name(CONV_STATE)], state[snapshot_name(RECURRENT_STATE)] = [], []
-        hidden = self.model.embed_tokens(tokens)  # [B, T, hidden]
-        for index, layer in enumerate(self.model.layers):
+        layers = self.model.layers
+        residual = self.model.embed_tokens(tokens)  # [B, T, hidden]
+        hidden = ops.offset_rms_norm(residual, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps)
+        for index, layer in enumerate(layers):
             if index in layer_inputs:  # the residual stream entering layer `index` (transformers' hidden_states[index])
-                captured[f"layer_in:{index}"] = hidden
-            residual = hidden
-            hidden = ops.offset_rms_norm(hidden, layer.input_layernorm.weight, layer.input_layernorm.eps)
+                captured[f"layer_in:{index}"] = residual
             if hasattr(layer, "linear_attn"):
-                hidden, state = layer.linear_attn(
+                mixed, state = layer.linear_attn(
                     hidden, start_pos, slot_ids, state, None if snapshots else lengths, in_place
                 )
             else:
-                hidden, state[KV_CACHE] = layer.self_attn(
+                mixed, state[KV_CACHE] = layer.self_attn(
                     hidden, cos, sin, start_pos, slot_ids, state[KV_CACHE], in_place
                 )
-            hidden = residual + hidden
-            residual = hidden
-            hidden = ops.offset_rms_norm(
-                hidden, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps
-            )
-            hidden = residual + layer.mlp(hidden)
-        hidden = ops.offset_rms_norm(hidden, self.model.norm.weight, self.model.norm.eps)
+            # Each residual add rides on the next norm's kernel: (norm(residual + x), residual + x).
+            norm = layer.post_attention_layernorm
+            hidden, residual = ops.add_offset_rms_norm(mixed, residual, norm.weight, norm.eps)
+            norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm
+            hidden, residual = ops.add_offset_rms_norm(layer.mlp(hidden), residual, norm.weight, norm.eps)
         if snapshots:  # [Lg, B, T, ...]: one stack per state, what the accept region selects from
             for name in (CONV_STATE, RECURRENT_STATE):
                 state[snapshot_name(name)] = torch.stack(state[snapshot_name(name)])
