@@ -135,6 +135,8 @@ def cold_start(artifact: Path, tokens: int, seed: int) -> dict[str, Any]:
     runtime = graphspec.Runtime.load(artifact)
     common.sync(runtime.device)
     ready_s = time.perf_counter() - begin
+    # Whether the process (graphspec's import, then start-up) imported these; seconds each on a GPU machine.
+    imported = {name: name in sys.modules for name in ("torch._dynamo", "torchvision")}
     prompt = prompts_for(tokens, 1, runtime.vocab_size, seed).tolist()
     requests = []
     for _ in range(2):
@@ -151,6 +153,7 @@ def cold_start(artifact: Path, tokens: int, seed: int) -> dict[str, Any]:
         "triton_kernels_built": RECORDER.built,  # load and requests; the Triton cache was empty
         "triton_kernels_carried": len(json.loads((artifact / "manifest.json").read_text())["triton_cache"]),
         "startup_seconds": runtime.startup_seconds,
+        "imported_during_start_up": imported,
         "prompt_tokens": tokens,
         "new_tokens": 16,
     }
@@ -266,6 +269,9 @@ def print_table(report: dict[str, Any], shapes) -> None:
         )
         phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in cold["startup_seconds"].items())
         print(f"  start-up by phase: {phases}")
+        imported = [name for name, done in cold.get("imported_during_start_up", {}).items() if done]
+        shown = ", ".join(imported) or "neither torch._dynamo nor torchvision"
+        print(f"  imported by the import of graphspec and start-up: {shown}")
     elif cold:
         print("\ncold start failed (see stderr)")
     for system in ("graphspec", "transformers"):

@@ -20,6 +20,10 @@ An artifact directory holds:
                                          the manifest's drafter record names the copy, loading reads it
     target/, draft/                      checkpoint copies (config, safetensors, tokenizer files), or,
                                          with copy_weights=False, absolute paths + sha256 in the manifest
+    configs/<role>.json                  a model's config as transformers resolved it at compile, where a
+                                         plain config with its values gives the same model: loading builds
+                                         the model and tokenizer from it, without the family's config
+                                         class (whose imports take seconds); checked against config.json
 
 Graphs are stored structurally and rebuilt node by node, so loading neither traces nor runs a pass,
 and the rebuilt graph is the compiled graph exactly (same nodes, names and generated code). Re-tracing
@@ -27,7 +31,8 @@ the generated code instead (what torch.save of a GraphModule does) would fold te
 such as aten.arange into tensor constants, so the loaded graph would differ from the one compiled.
 
 Loading checks everything before it builds anything: structure and format version, software versions
-and GPU SM, the sha256 of every file, the model configs against the checkpoints' config.json, the
+and GPU SM, the sha256 of every file, the model configs against the checkpoints' config.json (or the
+resolved configs, themselves checked against config.json's plain values), the
 schemas of the custom ops the graphs call, and every manifest value the runtime acts on (k, buckets,
 dtype, device, max_seq_len, modes, capture, input names) against what the hashed graphs were traced
 with. Each refusal is an ArtifactError that says what differs and how to fix it.
@@ -82,7 +87,18 @@ from graphspec.drafters import (
 from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.file_digest import copy_and_digest, digest_file, mismatched_blocks
-from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype, prefetched
+from graphspec.models.loading import (
+    LoadedModel,
+    config_record,
+    disagreements,
+    known_config,
+    known_configs,
+    load_config,
+    load_model,
+    parse_dtype,
+    prefetched,
+    stands_in_for,
+)
 from graphspec.pipeline import PIPELINE, PREFILL_PIPELINE
 from graphspec.trace import model_inputs
 from graphspec.trace_prefill import PrefillSignature, chunk_sizes
@@ -123,6 +139,7 @@ CHECKPOINT_FILES = (
 )
 # config.to_dict() keys that say where or by what a config was read, not what the model is.
 VOLATILE_CONFIG_KEYS = ("transformers_version",)
+RESOLVED_CONFIGS = "configs"  # configs/<role>.json: a model's config as transformers resolved it at compile
 # Modules a graph's plain-function targets (operator.getitem, ...) may be imported from on load.
 FUNCTION_MODULES = ("_operator", "operator", "builtins", "math", "torch")
 
@@ -310,6 +327,11 @@ def _save_weights(
         "config": config,
         "files": [],
     }
+    if stands_in_for(loaded.config, json.loads((loaded.path / "config.json").read_text())):
+        # The config as transformers resolved it, so loading builds it without the family's config class.
+        entry["resolved_config"] = f"{RESOLVED_CONFIGS}/{role}.json"
+        _write(staging / entry["resolved_config"], json.dumps(config_record(loaded.config), indent=2) + "\n", files,
+               entry["resolved_config"])  # fmt: skip
     for file in checkpoint_files(loaded):
         relative = file.absolute().relative_to(source).as_posix()
         if copy_weights:
@@ -446,8 +468,9 @@ def pass_source_hash(module: object) -> str:
 
 
 def normalized_config(config: Any) -> dict[str, Any]:
-    """config.to_dict() as it reads back from JSON, without keys that only say where it was read."""
-    raw = json.loads(json.dumps(config.to_dict(), default=str))
+    """config.to_dict() as it reads back from JSON (or such a record itself), without keys that only say
+    where it was read."""
+    raw = config if isinstance(config, dict) else config_record(config)
     return {key: value for key, value in raw.items() if not key.startswith("_") and key not in VOLATILE_CONFIG_KEYS}
 
 
@@ -880,7 +903,8 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
         with ThreadPoolExecutor(1, thread_name_prefix="graphspec-verify") as pool:
             hashing = pool.submit(hash_shards)
             try:
-                compiled = _build(path, manifest, command)
+                with known_configs(_resolved_configs(path, manifest, command)):
+                    compiled = _build(path, manifest, command)
             except BaseException:
                 hashing.result()  # a changed file explains a failure best: raise that one if there is one
                 raise
@@ -907,6 +931,33 @@ def _install_triton_kernels(path: Path, listing: dict[str, list[str]]) -> None:
             ArtifactMismatchWarning,
             stacklevel=4,
         )
+
+
+def _resolved_configs(path: Path, manifest: dict[str, Any], command: str) -> dict[Path, dict[str, Any]]:
+    """Checkpoint directory -> its config as transformers resolved it at compile (configs/<role>.json,
+    verified with the small files), for the models that have one: while the models are built these stand
+    in for config.json (models.loading.known_configs), so no family config class is imported (seconds)."""
+    resolved = {}
+    for role in manifest_roles(manifest):
+        model = manifest["models"][role]
+        record = model.get("resolved_config")
+        if record is None:  # an older artifact, or a config a plain one cannot stand in for
+            continue
+        if record not in manifest["files"]:  # every file a load reads is hashed in `files`
+            raise ArtifactError(f"{path / MANIFEST}: models.{role}.resolved_config {record!r} is not one of its files")
+        weights = _weights_dir(path, model)
+        try:
+            resolved[weights] = json.loads((path / _inside(record)).read_text())
+            raw = json.loads((weights / "config.json").read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ArtifactError(f"{path / MANIFEST}: models.{role}.resolved_config: {error}") from None
+        differ = disagreements(raw, resolved[weights]) if isinstance(raw, dict) else ["(not an object)"]
+        if differ:
+            raise ArtifactError(
+                f"{weights / 'config.json'} disagrees with {path / record}, the config compiled from it, on "
+                f"{', '.join(differ[:5])}: recompile with `{command}`"
+            )
+    return resolved
 
 
 def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:
@@ -1287,15 +1338,19 @@ def _verify_files(path: Path, manifest: dict[str, Any], command: str, which: Cal
 
 def _verify_config(role: str, model: dict[str, Any], weights: Path, command: str, kind: str) -> None:
     """The manifest's copy of the model config must be what the checkpoint's config.json says."""
-    actual = normalized_config(draft_config(weights, kind) if role == "draft" else load_config(weights))
+    # With a resolved record (configs/<role>.json, hashed) that record is what the models are built from.
+    known, source = known_config(weights), f"its resolved config configs/{role}.json"
+    if known is None:
+        known = draft_config(weights, kind) if role == "draft" else load_config(weights)
+        source = str(weights / "config.json")
+    actual = normalized_config(known)
     recorded = model["config"]
     # Keys on one side only are transformers-version defaults, not edits; values that differ are.
     differ = sorted(key for key in set(actual) & set(recorded) if actual[key] != recorded[key])
     if differ:
         shown = ", ".join(f"{key} {recorded[key]!r} (manifest) vs {actual[key]!r} (config.json)" for key in differ[:5])
         raise ArtifactError(
-            f"the {role} model config in {MANIFEST} differs from {weights / 'config.json'}: {shown}: "
-            f"recompile with `{command}`"
+            f"the {role} model config in {MANIFEST} differs from {source}: {shown}: recompile with `{command}`"
         )
 
 

@@ -26,6 +26,7 @@ from graphspec.artifact import ArtifactMismatchWarning, load_artifact, save_arti
 from graphspec.counters import COUNTERS
 from graphspec.errors import ArtifactError
 from graphspec.file_digest import digest_file
+from graphspec.models.loading import config_record
 from graphspec.runtime.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +92,11 @@ from graphspec.runtime.runtime import Runtime
 
 prompts, new_tokens, sampling = json.loads(sys.argv[2])
 runtime = Runtime.load(sys.argv[1])
-after_load = {"traces": COUNTERS.traces, "pipeline_runs": COUNTERS.pipeline_runs}
+after_load = {"traces": COUNTERS.traces, "pipeline_runs": COUNTERS.pipeline_runs,
+              # the artifact's resolved configs stand in for config.json: no family config class
+              "config_class": "transformers.models.llama.configuration_llama" in sys.modules,
+              # nor torch._dynamo (imported by such classes, and by meta-device parameter init)
+              "dynamo": "torch._dynamo" in sys.modules}
 greedy = [r.token_ids for r in runtime.generate(prompts, max_new_tokens=new_tokens)]
 sampled = [r.token_ids for r in runtime.generate(prompts, max_new_tokens=new_tokens, **sampling)]
 print(json.dumps({"after_load": after_load, "greedy": greedy, "sample": sampled,
@@ -112,7 +117,7 @@ def test_fresh_process_generates_the_same_tokens_without_compiling(compiled, exp
     )
     assert result.returncode == 0, result.stderr
     fresh = json.loads(result.stdout.strip().splitlines()[-1])
-    assert fresh["after_load"] == {"traces": 0, "pipeline_runs": 0}
+    assert fresh["after_load"] == {"traces": 0, "pipeline_runs": 0, "config_class": False, "dynamo": False}
     assert (fresh["traces"], fresh["pipeline_runs"]) == (0, 0)
     assert fresh["eager_steps"] > 0  # the tokens came from the loaded step graphs
     assert fresh["greedy"] == expected["greedy"]
@@ -408,6 +413,49 @@ def test_refuses_model_config_edited_in_manifest(compiled, tmp_path):
         load_artifact(artifact)
 
 
+def test_each_model_carries_its_resolved_config(compiled):
+    """configs/<role>.json: the config as transformers resolved it, hashed like every file it reads."""
+    manifest = json.loads((compiled[1] / "manifest.json").read_text())
+    for role in ("target", "draft"):
+        record = manifest["models"][role]["resolved_config"]
+        assert record == f"configs/{role}.json" and record in manifest["files"]
+        config = compiled[0].target.config if role == "target" else compiled[0].drafter.loaded.config
+        assert json.loads((compiled[1] / record).read_text()) == config_record(config)
+
+
+def test_refuses_an_edited_resolved_config(compiled, tmp_path):
+    artifact = damaged(compiled, tmp_path)
+    record = artifact / "configs" / "target.json"
+    record.write_text(record.read_text().replace('"num_hidden_layers": 2', '"num_hidden_layers": 3'))
+    with pytest.raises(ArtifactError, match=r"configs/target.json"):
+        load_artifact(artifact)
+
+
+def test_refuses_a_resolved_config_without_a_hash(compiled, tmp_path):
+    artifact = damaged(compiled, tmp_path)
+    edit_manifest(artifact, lambda m: m["files"].pop("configs/target.json"))
+    with pytest.raises(ArtifactError, match=r"resolved_config 'configs/target.json' is not one of its files"):
+        load_artifact(artifact)
+
+
+def test_refuses_a_config_json_edited_after_compile(compiled, tmp_path):
+    """config.json changed (and its hash with it) no longer matches the config compiled from it."""
+    artifact = damaged(compiled, tmp_path)
+    config = artifact / "target" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "rms_norm_eps": 0.5}))
+    edit_manifest(artifact, lambda m: m["files"].update({"target/config.json": digest_file(config)}))
+    with pytest.raises(ArtifactError, match=r"config.json disagrees with .*configs/target.json.* on rms_norm_eps"):
+        load_artifact(artifact)
+
+
+def test_an_artifact_without_resolved_configs_reads_config_json(compiled, expected, tmp_path):
+    """Artifacts written before configs/ existed (or configs a plain one cannot stand in for) load as before."""
+    artifact = damaged(compiled, tmp_path)
+    edit_manifest(artifact, lambda m: [m["models"][role].pop("resolved_config") for role in ("target", "draft")])
+    runtime = Runtime(load_artifact(artifact))
+    assert [r.token_ids for r in runtime.generate(PROMPTS, max_new_tokens=NEW_TOKENS)] == expected["greedy"]
+
+
 # --------------------------------------------------------------------------------------------------
 # Manifest values the runtime acts on must be what the graphs were compiled for (k=3, buckets 1,2,
 # float32 on cpu, max_seq_len 64, not split)
@@ -463,6 +511,9 @@ def test_refuses_weights_of_other_shapes_than_the_graphs_take(compiled, checkpoi
         shutil.copy(wider / name, artifact / "draft" / name)
         manifest["files"][f"draft/{name}"] = digest_file(artifact / "draft" / name)
     manifest["models"]["draft"]["config"]["intermediate_size"] = 192
+    record = artifact / "configs" / "draft.json"  # the config as compiled, edited to match
+    record.write_text(json.dumps({**json.loads(record.read_text()), "intermediate_size": 192}))
+    manifest["files"]["configs/draft.json"] = digest_file(record)
     (artifact / "manifest.json").write_text(json.dumps(manifest))
     message = r"models\.draft: .*gate_up_proj\.weight is \[384, 64\] float32 .* compiled for \[256, 64\]"
     with pytest.raises(ArtifactError, match=message):

@@ -57,7 +57,15 @@ from graphspec.drafters.base import (
 )
 from graphspec.drafters.token_map import attach_hot_head, hot_logits
 from graphspec.errors import CheckpointError, InputError
-from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape, rope_tables
+from graphspec.models.decoder import (
+    DecoderLayer,
+    DecoderLM,
+    Linear,
+    RMSNorm,
+    checkpoint_state,
+    kv_cache_shape,
+    rope_tables,
+)
 from graphspec.models.loading import LoadedModel, checkpoint_tensors, load_config, read_into, tensor_problems
 from graphspec.models.spec import ModelSpec, rope_frequencies
 
@@ -224,7 +232,7 @@ class DFlashHead(nn.Module):
         hidden = spec.hidden_size
         self.embed_tokens = target.model.embed_tokens  # registered first: a tied lm_head is named after it
         with torch.device("meta"):
-            self.fc = nn.Linear(features, hidden, bias=False)
+            self.fc = Linear(features, hidden, bias=False)
             self.hidden_norm = RMSNorm(hidden, spec.rms_norm_eps)
             self.layers = nn.ModuleList(DecoderLayer(spec, index) for index in range(spec.num_layers))
             self.norm = RMSNorm(hidden, spec.rms_norm_eps)

@@ -52,7 +52,9 @@ from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import (
     DecoderLayer,
     DecoderLM,
+    Embedding,
     FusedLinear,
+    Linear,
     RMSNorm,
     checkpoint_state,
     kv_cache_shape,
@@ -87,14 +89,14 @@ class Eagle3Head(nn.Module):
         self.spec, self.norm_before_residual, self.rope_scale = spec, norm_before_residual, rope_scale
         hidden = spec.hidden_size
         with torch.device("meta"):
-            self.fc = nn.Linear(features, hidden, bias=False)
+            self.fc = Linear(features, hidden, bias=False)
             self.midlayer = DecoderLayer(spec, 0)  # layer 0 of the head's own KV cache
             attn = self.midlayer.self_attn
             attn.qkv_proj = FusedLinear(2 * hidden, attn.qkv_proj.parts, spec.qkv_bias)  # q/k/v read the 2H concat
             self.midlayer.hidden_norm = RMSNorm(hidden, spec.rms_norm_eps)
             self.norm = RMSNorm(hidden, spec.rms_norm_eps)
-            self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
-            own = nn.Embedding(spec.vocab_size, hidden) if embed_tokens is None else None
+            self.lm_head = Linear(hidden, draft_vocab, bias=False)
+            own = Embedding(spec.vocab_size, hidden) if embed_tokens is None else None
         self.embed_tokens = own if own is not None else embed_tokens  # the target's module when shared
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
         # Draft id -> target id (d + d2t[d]); set from the checkpoint's d2t when the weights load.

@@ -56,7 +56,7 @@ from graphspec.drafters.base import (
 )
 from graphspec.drafters.token_map import attach_hot_head, hot_logits
 from graphspec.errors import CheckpointError, InputError
-from graphspec.models.decoder import DecoderLayer, DecoderLM, RMSNorm, checkpoint_state, kv_cache_shape
+from graphspec.models.decoder import DecoderLayer, DecoderLM, Linear, RMSNorm, checkpoint_state, kv_cache_shape
 from graphspec.models.hybrid import GatedAttentionLayer, HybridLM
 from graphspec.models.loading import (
     LoadedModel,
@@ -92,7 +92,7 @@ class MtpLayer(nn.Module):
         super().__init__()
         self.enorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.hnorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.eh_proj = nn.Linear(2 * spec.hidden_size, spec.hidden_size, bias=False)
+        self.eh_proj = Linear(2 * spec.hidden_size, spec.hidden_size, bias=False)
         # `index` is its layer in the head's own KV cache. A hybrid target's head is one of its gated
         # full-attention layers (attention only: drafting never advances the target's recurrent state).
         block = GatedAttentionLayer if spec.linear is not None else DecoderLayer

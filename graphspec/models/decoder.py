@@ -28,7 +28,25 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
 
-class FusedLinear(nn.Linear):
+# Modules whose parameters always come from a checkpoint (models are built on the meta device, then
+# filled): their initialization is skipped. Besides being wasted work, torch initializes meta tensors
+# through its Python references, and the first such call imports torch._dynamo: seconds of start-up.
+class Linear(nn.Linear):
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Embedding(nn.Embedding):
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Conv1d(nn.Conv1d):
+    def reset_parameters(self) -> None:
+        pass
+
+
+class FusedLinear(Linear):
     """Projections of the same input as one GEMM: q/k/v, or gate/up. At decode batch sizes a GEMM is
     bound by streaming its weight, and one wide GEMM streams better (and launches fewer kernels, with
     fewer split-K reductions) than two or three narrow ones. `parts` maps each checkpoint tensor name
@@ -47,7 +65,7 @@ class Attention(nn.Module):
         self.scale = spec.head_dim**-0.5
         hidden, q_dim, kv_dim = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.qkv_proj = FusedLinear(hidden, {"q_proj": q_dim, "k_proj": kv_dim, "v_proj": kv_dim}, spec.qkv_bias)
-        self.o_proj = nn.Linear(q_dim, hidden, bias=spec.o_bias)
+        self.o_proj = Linear(q_dim, hidden, bias=spec.o_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
             self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
@@ -84,7 +102,7 @@ class MLP(nn.Module):
         super().__init__()
         size = spec.intermediate_size
         self.gate_up_proj = FusedLinear(spec.hidden_size, {"gate_proj": size, "up_proj": size}, spec.mlp_bias)
-        self.down_proj = nn.Linear(size, spec.hidden_size, bias=spec.mlp_bias)
+        self.down_proj = Linear(size, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
@@ -105,7 +123,7 @@ class Body(nn.Module):
 
     def __init__(self, spec: ModelSpec, layer: Callable[[ModelSpec, int], nn.Module] = DecoderLayer) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(layer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -127,7 +145,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.model = Body(spec)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)

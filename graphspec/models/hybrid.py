@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from graphspec import ops
-from graphspec.models.decoder import MLP, Body, FusedLinear, RMSNorm, capture_points, rope_tables
+from graphspec.models.decoder import MLP, Body, Conv1d, FusedLinear, Linear, RMSNorm, capture_points, rope_tables
 from graphspec.models.spec import ModelSpec
 from graphspec.state import TARGET_CACHE, State, snapshot_name
 
@@ -51,13 +51,11 @@ class GatedDeltaNet(nn.Module):
                 "in_proj_a": heads,
             }
         self.in_proj = FusedLinear(spec.hidden_size, parts, bias=False)
-        self.conv1d = nn.Conv1d(
-            linear.conv_dim, linear.conv_dim, linear.conv_kernel, groups=linear.conv_dim, bias=False
-        )
+        self.conv1d = Conv1d(linear.conv_dim, linear.conv_dim, linear.conv_kernel, groups=linear.conv_dim, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(heads))
         self.A_log = nn.Parameter(torch.zeros(heads))
         self.norm = RMSNorm(linear.v_head_dim, spec.rms_norm_eps)  # plain weight: the gated norm is not (1 + w)
-        self.out_proj = nn.Linear(value_dim, spec.hidden_size, bias=False)
+        self.out_proj = Linear(value_dim, spec.hidden_size, bias=False)
 
     def projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(conv input [B, T, C] = q, k, v of every head, z [B, T, Hv, Dv], b [B, T, Hv], a [B, T, Hv])."""
@@ -131,7 +129,7 @@ class GatedAttention(nn.Module):
         self.scale = spec.head_dim**-0.5
         hidden, q_dim, kv_dim = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.qkv_proj = FusedLinear(hidden, {"q_proj": 2 * q_dim, "k_proj": kv_dim, "v_proj": kv_dim}, spec.qkv_bias)
-        self.o_proj = nn.Linear(q_dim, hidden, bias=spec.o_bias)
+        self.o_proj = Linear(q_dim, hidden, bias=spec.o_bias)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
 
@@ -196,7 +194,7 @@ class HybridLM(nn.Module):
         assert spec.linear is not None, "HybridLM needs a hybrid spec"
         self.spec = spec
         self.model = Body(spec, HybridLayer)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)

@@ -78,12 +78,86 @@ def load_config(path: str | Path) -> PretrainedConfig:
             f"{config_file}: unsupported architecture {model_type!r} "
             f"(architectures={raw.get('architectures')}); supported model_type values: {', '.join(sorted(FAMILIES))}"
         )
+    known = known_config(path)
+    if known is not None:
+        return plain_config(known)
     try:
         config = AutoConfig.from_pretrained(str(path))
     except (ValueError, KeyError, OSError) as error:
         raise CheckpointError(f"{config_file}: transformers could not read it: {error}") from None
     ModelSpec.from_config(config)  # raises on unsupported families, listing the supported ones
     return config
+
+
+# Configs already resolved by transformers (an artifact's record of them), by checkpoint directory: while
+# set (known_configs), load_config and load_tokenizer take them instead of parsing config.json again.
+# The point is start-up time: a model family's config class imports much of transformers (its type
+# validators reach the video utilities, and torchvision where it is installed: seconds).
+_KNOWN_CONFIGS: contextvars.ContextVar[dict[Path, dict] | None] = contextvars.ContextVar(
+    "graphspec_configs", default=None
+)
+
+
+@contextlib.contextmanager
+def known_configs(configs: dict[Path, dict]) -> Iterator[None]:
+    """Within the block, load_config(directory) is plain_config(configs[directory]) for these directories."""
+    token = _KNOWN_CONFIGS.set({Path(directory).absolute(): record for directory, record in configs.items()})
+    try:
+        yield
+    finally:
+        _KNOWN_CONFIGS.reset(token)
+
+
+def config_record(config: PretrainedConfig) -> dict:
+    """config.to_dict() as it reads back from JSON."""
+    return json.loads(json.dumps(config.to_dict(), default=str))
+
+
+def plain_config(record: dict) -> PretrainedConfig:
+    """A transformers base-class config holding a resolved config's values (config_record of it)."""
+    return PretrainedConfig(**record)
+
+
+# Keys the base config class converts or consumes itself (a torch.dtype for "float16"; use_cache is a
+# generation setting in transformers 5): graphspec reads none of them from a model config.
+BASE_CLASS_KEYS = frozenset({"dtype", "torch_dtype", "use_cache"})
+
+
+def known_config(path: str | Path) -> dict | None:
+    """The record known_configs holds for this checkpoint directory, if any."""
+    return (_KNOWN_CONFIGS.get() or {}).get(Path(path).absolute())
+
+
+def disagreements(raw: dict, record: dict) -> list[str]:
+    """Keys with a plain (scalar) value in both config.json and a resolved record that differ: how a
+    config.json edited after compile shows against the record made from it."""
+    scalar = (str, int, float, bool, type(None))
+    return sorted(
+        key
+        for key in set(raw) & set(record)
+        if isinstance(raw[key], scalar) and isinstance(record[key], scalar) and raw[key] != record[key]
+    )
+
+
+def stands_in_for(config: PretrainedConfig, raw: dict) -> bool:
+    """Whether plain_config(config_record(config)) has every value of the record as an attribute and gives
+    the same model (spec, rope frequencies, EOS ids), and the record agrees with config.json (`raw`) on
+    their shared plain values: false for configs whose class computes something a plain one would not
+    (nested sub-configs, as Qwen3.5's multimodal wrapper), which keep their own class."""
+    record = config_record(config)
+    if disagreements(raw, record):
+        return False
+    try:
+        plain = plain_config(record)
+        read_back = {key: getattr(plain, key, None) for key in record if key not in BASE_CLASS_KEYS}
+        if json.loads(json.dumps(read_back, default=str)) != {key: record[key] for key in read_back}:
+            return False
+        if ModelSpec.from_config(plain) != ModelSpec.from_config(config):
+            return False
+        (ours, our_scale), (theirs, their_scale) = rope_frequencies(plain), rope_frequencies(config)
+    except (AttributeError, KeyError, TypeError, ValueError, CheckpointError):
+        return False
+    return torch.equal(ours, theirs) and our_scale == their_scale and eos_token_ids(plain) == eos_token_ids(config)
 
 
 def _read_index(index: Path) -> dict[str, str]:
@@ -400,8 +474,11 @@ def load_tokenizer(path: Path) -> object | None:
         return None
     from transformers import AutoTokenizer
 
+    known = known_config(path)
+    # Given the config, AutoTokenizer does not parse config.json (with its family's config class) again.
+    extra = {} if known is None else {"config": plain_config(known)}
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), **extra)
     except Exception as error:  # tokenizer classes raise many types; all mean the files are unusable
         raise CheckpointError(f"{path}: tokenizer files present but unreadable ({error})") from None
 

@@ -5,13 +5,14 @@ recurrent state after prefill equal transformers' cache per layer; right padding
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from graphspec.errors import CheckpointError
-from graphspec.models import load_model
+from graphspec.models import load_model, loading
 from graphspec.models.hybrid import CONV_STATE, KV_CACHE, RECURRENT_STATE, HybridLM
 from graphspec.models.loading import load_config
 from graphspec.models.spec import ModelSpec
@@ -27,6 +28,7 @@ MAX_SEQ_LEN = 32
 class Case:
     def __init__(self, directory: Path, oracle: Path | None = None) -> None:
         self.hf = load_hf(oracle or directory)
+        self.model_dir = directory
         self.model = load_model(directory).model
         generator = torch.Generator().manual_seed(5)
         vocab = self.model.spec.vocab_size
@@ -139,3 +141,19 @@ def test_mixture_of_experts_hybrid_is_refused(tmp_path):
     )
     with pytest.raises(CheckpointError, match="mixture-of-experts"):
         ModelSpec.from_config(load_config(directory))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_resolved_config_stands_in_only_where_it_gives_the_same_model(cases, name, tmp_path):
+    """The text-layout families' configs stand in for config.json (an artifact loads them without the
+    family's config class) and give the same model; the multimodal wrapper's nested config does not."""
+    case = cases(name)
+    directory = case.model_dir
+    config = load_config(directory)
+    stands = loading.stands_in_for(config, json.loads((directory / "config.json").read_text()))
+    assert stands == (name != "qwen3_5_multimodal_layout")
+    if stands:
+        with loading.known_configs({directory: loading.config_record(config)}):
+            again = load_model(directory).model
+        assert again.spec == case.model.spec and torch.equal(again.inv_freq, case.model.inv_freq)
+        assert all(torch.equal(again.state_dict()[k], v) for k, v in case.model.state_dict().items())

@@ -441,3 +441,67 @@ def test_prefetch_of_a_corrupt_file_leaves_the_error_to_the_load(checkpoint: Pat
     with loading.prefetched([file], "float32", "cpu"):
         message = load_error(checkpoint)
     assert str(file) in message and "truncated" in message
+
+
+# --------------------------------------------------------------------------------------------------
+# Resolved configs (an artifact's record of a config, standing in for config.json at load)
+# --------------------------------------------------------------------------------------------------
+
+
+def raw_config(directory: Path) -> dict:
+    return json.loads((directory / "config.json").read_text())
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"qwen3_5", "qwen3_next", "qwen3_5_text"}))
+def test_a_resolved_config_stands_in_for_config_json(checkpoint_factory, monkeypatch, family: str) -> None:
+    """Under known_configs the model and tokenizer are built from the record alone (transformers' config
+    parsing is never called) and are the same: spec, rope buffer, every weight."""
+    directory = checkpoint_factory(family)
+    loaded = load_model(directory)
+    assert loading.stands_in_for(loaded.config, raw_config(directory))
+    record = loading.config_record(loaded.config)
+
+    def parse(*args, **kwargs):
+        raise AssertionError("config.json was parsed by transformers")
+
+    monkeypatch.setattr(loading.AutoConfig, "from_pretrained", parse)
+    with loading.known_configs({directory: record}):
+        again = load_model(directory)
+    assert again.model.spec == loaded.model.spec
+    assert torch.equal(again.model.inv_freq, loaded.model.inv_freq)
+    assert checkpoint_state(again.model).keys() == checkpoint_state(loaded.model).keys()
+    assert all(torch.equal(again.model.state_dict()[k], v) for k, v in loaded.model.state_dict().items())
+    assert again.eos_token_ids == loaded.eos_token_ids
+
+
+def test_a_llama3_rope_config_stands_in_with_the_same_frequencies(checkpoint: Path) -> None:
+    edit_config(
+        checkpoint,
+        lambda config: config.update(
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        ),
+    )  # fmt: skip
+    loaded = load_model(checkpoint)
+    assert loading.stands_in_for(loaded.config, raw_config(checkpoint))
+    with loading.known_configs({checkpoint: loading.config_record(loaded.config)}):
+        assert torch.equal(load_model(checkpoint).model.inv_freq, loaded.model.inv_freq)
+
+
+def test_a_record_that_disagrees_with_config_json_does_not_stand_in(checkpoint: Path) -> None:
+    loaded = load_model(checkpoint)
+    raw = {**raw_config(checkpoint), "rms_norm_eps": 0.5}
+    assert loading.disagreements(raw, loading.config_record(loaded.config)) == ["rms_norm_eps"]
+    assert not loading.stands_in_for(loaded.config, raw)
+
+
+def test_models_are_built_without_initializing_parameters(checkpoint_factory, monkeypatch) -> None:
+    """Weights come from checkpoints: no init runs (on meta tensors it would import torch._dynamo)."""
+
+    def init(*args, **kwargs):
+        raise AssertionError("a parameter was initialized")
+
+    for name in ("normal_", "uniform_", "kaiming_uniform_"):
+        monkeypatch.setattr(torch.nn.init, name, init)
+    model = loading.build_model(load_model(checkpoint_factory("llama")).config)
+    assert next(model.parameters()).device.type == "meta"
