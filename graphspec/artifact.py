@@ -90,6 +90,7 @@ from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.file_digest import copy_and_digest, digest_file, mismatched_blocks
 from graphspec.models.loading import (
+    VOLATILE_CONFIG_KEYS,
     LoadedModel,
     config_record,
     disagreements,
@@ -140,7 +141,6 @@ CHECKPOINT_FILES = (
     "chat_template.json",
 )
 # config.to_dict() keys that say where or by what a config was read, not what the model is.
-VOLATILE_CONFIG_KEYS = ("transformers_version",)
 RESOLVED_CONFIGS = "configs"  # configs/<role>.json: a model's config as transformers resolved it at compile
 # Modules a graph's plain-function targets (operator.getitem, ...) may be imported from on load.
 FUNCTION_MODULES = ("_operator", "operator", "builtins", "math", "torch")

@@ -128,13 +128,17 @@ def known_config(path: str | Path) -> dict | None:
     return (_KNOWN_CONFIGS.get() or {}).get(Path(path).absolute())
 
 
+# Config keys that only say which transformers wrote the file, not what the model is.
+VOLATILE_CONFIG_KEYS = ("transformers_version",)
+
+
 def disagreements(raw: dict, record: dict) -> list[str]:
     """Keys with a plain (scalar) value in both config.json and a resolved record that differ: how a
     config.json edited after compile shows against the record made from it."""
     scalar = (str, int, float, bool, type(None))
     return sorted(
         key
-        for key in set(raw) & set(record)
+        for key in set(raw) & set(record) - set(VOLATILE_CONFIG_KEYS)
         if isinstance(raw[key], scalar) and isinstance(record[key], scalar) and raw[key] != record[key]
     )
 

@@ -488,6 +488,11 @@ def test_a_llama3_rope_config_stands_in_with_the_same_frequencies(checkpoint: Pa
         assert torch.equal(load_model(checkpoint).model.inv_freq, loaded.model.inv_freq)
 
 
+def test_a_checkpoint_written_by_another_transformers_still_stands_in(checkpoint: Path) -> None:
+    edit_config(checkpoint, lambda config: config.update(transformers_version="4.57.1"))
+    assert loading.stands_in_for(load_model(checkpoint).config, raw_config(checkpoint))
+
+
 def test_a_record_that_disagrees_with_config_json_does_not_stand_in(checkpoint: Path) -> None:
     loaded = load_model(checkpoint)
     raw = {**raw_config(checkpoint), "rms_norm_eps": 0.5}
