@@ -44,7 +44,6 @@ next compile into the same path removes it once its process is gone.
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import hashlib
 import importlib
@@ -61,7 +60,6 @@ import shlex
 import shutil
 import socket
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -892,8 +890,8 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     shard_files = sorted(_manifest_file(path, name) for name in shards)
     triton_kernels = manifest.get("triton_cache") or {}  # format-4 artifacts before it had none
     check_listing(triton_kernels, str(path / MANIFEST))
-    _import_dynamo_beside(manifest["config"]["device"])
     with prefetched(shard_files, manifest["config"]["dtype"], manifest["config"]["device"]):
+        _import_dynamo_for(manifest["config"]["device"])
         _verify_files(path, manifest, command, lambda name: name not in shards)
         _install_triton_kernels(path, triton_kernels)
         small_files = time.perf_counter() - began
@@ -919,20 +917,16 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     return compiled
 
 
-def _import_dynamo_beside(device: str) -> threading.Thread | None:
+def _import_dynamo_for(device: str) -> bool:
     """On CUDA, torch imports torch._dynamo at the first call of a custom op (torch.library wraps each
-    backend function in torch._compile's dynamo guard): seconds, inside the warm-up. Imported on a side
-    thread from here, it runs while the weights move to the device instead."""
+    backend function in torch._compile's dynamo guard): seconds, which would land in the warm-up. Imported
+    here, while the weight shards move to the device on prefetched's thread, it costs about nothing. (On
+    the main thread: an import racing the loader's own imports on another thread could hand either one a
+    partially initialized module.) Returns whether it imported."""
     if not device.startswith("cuda") or "torch._dynamo" in sys.modules:
-        return None
-
-    def run() -> None:
-        with contextlib.suppress(Exception):  # the warm-up imports it again and raises what there is to raise
-            importlib.import_module("torch._dynamo")
-
-    thread = threading.Thread(target=run, name="graphspec-import", daemon=True)
-    thread.start()
-    return thread
+        return False
+    importlib.import_module("torch._dynamo")
+    return True
 
 
 def _install_triton_kernels(path: Path, listing: dict[str, list[str]]) -> None:

@@ -124,23 +124,22 @@ def test_fresh_process_generates_the_same_tokens_without_compiling(compiled, exp
     assert fresh["sample"] == expected["sample"]
 
 
-IMPORT_BESIDE = """
+IMPORT_EARLY = """
 import sys
-from graphspec.artifact import _import_dynamo_beside
-assert _import_dynamo_beside("cpu") is None and "torch._dynamo" not in sys.modules
-_import_dynamo_beside("cuda:0").join()
-print("torch._dynamo" in sys.modules)
+from graphspec.artifact import _import_dynamo_for
+assert not _import_dynamo_for("cpu") and "torch._dynamo" not in sys.modules
+print(_import_dynamo_for("cuda:0"), "torch._dynamo" in sys.modules, _import_dynamo_for("cuda:0"))
 """
 
 
-def test_a_cuda_load_imports_dynamo_beside_the_weight_transfer(tmp_path):
-    """torch imports it at the first CUDA custom-op call anyway; loading starts it on a side thread."""
+def test_a_cuda_load_imports_dynamo_while_the_weights_move(tmp_path):
+    """torch imports it at the first CUDA custom-op call anyway; loading does it beside the weight transfer."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
-        [sys.executable, "-c", IMPORT_BESIDE], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+        [sys.executable, "-c", IMPORT_EARLY], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "True"
+    assert result.stdout.strip() == "True True False"
 
 
 def test_loaded_graphs_are_the_compiled_graphs(compiled):
