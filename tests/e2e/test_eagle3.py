@@ -41,7 +41,7 @@ def eagle3_runtime(target_dir, head_dir):
     return make
 
 
-@pytest.mark.parametrize("k", [1, 2, 4, 6])
+@pytest.mark.parametrize("k", [1, 4, 6])  # one draft, the usual four, more (k=2 runs in the tests below)
 def test_greedy_is_lossless_against_transformers(target_dir, eagle3_runtime, k):
     model = load_hf(target_dir)
     runtime = eagle3_runtime(k)

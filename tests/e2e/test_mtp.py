@@ -65,7 +65,7 @@ def assert_gpu_run_is_lossless(runtime: graphspec.Runtime, checkpoint, batch: li
     assert all(len(r.token_ids) == 16 and all(0 <= t < vocab for t in r.token_ids) for r in sampled)
 
 
-@pytest.mark.parametrize("k", [1, 2, 4, 6])
+@pytest.mark.parametrize("k", [1, 4, 6])  # one draft, the usual four, more (k=2 runs in the tests below)
 def test_greedy_is_lossless_against_transformers(mtp_dir, mtp_runtime, k):
     model = load_hf(mtp_dir)
     runtime = mtp_runtime(k)
