@@ -30,6 +30,8 @@ from graphspec.models.loading import config_record
 from graphspec.runtime.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
+# Fresh interpreters (the tests' subprocesses) import this checkout's graphspec and tests.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 PROMPTS = [[3, 4, 5], [7, 8, 9, 10]]
 NEW_TOKENS = 12
 SAMPLING = dict(temperature=0.9, top_k=40, top_p=0.95, seed=7)
@@ -106,14 +108,13 @@ print(json.dumps({"after_load": after_load, "greedy": greedy, "sample": sampled,
 
 
 def test_fresh_process_generates_the_same_tokens_without_compiling(compiled, expected, tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
         [sys.executable, "-c", FRESH_PROCESS, str(compiled[1]), json.dumps([PROMPTS, NEW_TOKENS, SAMPLING])],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
-        env=env,
+        env=ENV,
     )
     assert result.returncode == 0, result.stderr
     fresh = json.loads(result.stdout.strip().splitlines()[-1])
@@ -134,9 +135,8 @@ print(_import_dynamo_for("cuda:0"), "torch._dynamo" in sys.modules, _import_dyna
 
 def test_a_cuda_load_imports_dynamo_while_the_weights_move(tmp_path):
     """torch imports it at the first CUDA custom-op call anyway; loading does it beside the weight transfer."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
-        [sys.executable, "-c", IMPORT_EARLY], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+        [sys.executable, "-c", IMPORT_EARLY], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=ENV
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True True False"
@@ -597,10 +597,9 @@ artifact.save_artifact(compiled, sys.argv[2])
 
 
 def test_a_killed_compile_leaves_a_partial_folder_the_next_one_removes(compiled, tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     out = tmp_path / "art"
     killed = subprocess.run(
-        [sys.executable, "-c", KILLED_SAVE, str(compiled[1]), str(out)], capture_output=True, timeout=300, env=env
+        [sys.executable, "-c", KILLED_SAVE, str(compiled[1]), str(out)], capture_output=True, timeout=300, env=ENV
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     partials = list(tmp_path.glob(".art.partial-*"))
@@ -677,14 +676,12 @@ print(json.dumps({"tokens": tokens, "traces": COUNTERS.traces, "pipeline_runs": 
 
 def run_fresh_process(artifact: Path, **env: str) -> dict:
     """GPU_PROCESS on `artifact` in a new interpreter (environment additions `env`): what it reports."""
-    env = {**os.environ, **env}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     process = subprocess.run(
         [sys.executable, "-c", GPU_PROCESS, str(artifact), json.dumps([PROMPTS, NEW_TOKENS])],
         capture_output=True,
         text=True,
         timeout=600,
-        env=env,
+        env={**ENV, **env},
     )
     assert process.returncode == 0, process.stderr
     return json.loads(process.stdout.strip().splitlines()[-1])
@@ -699,8 +696,7 @@ def test_gpu_artifact_from_the_cli_carries_its_kernels_so_an_empty_triton_cache_
     dims = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
     target = checkpoint_factory("llama", 0, **dims)
     draft = checkpoint_factory("llama", 1, num_hidden_layers=1, **dims)
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "compiling-cache")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env = {**ENV, "TRITON_CACHE_DIR": str(tmp_path / "compiling-cache")}
     command = [sys.executable, "-m", "graphspec", "compile", str(target), "--draft", str(draft), "-k", "3",
                "--batch-sizes", "1,2", "--dtype", "bfloat16", "--device", "cuda", "--max-seq-len", "128",
                "--out", str(tmp_path / "art")]  # fmt: skip

@@ -434,15 +434,16 @@ REFERENCE_OPS: dict[str, torch._ops.OpOverload] = {**ops.OPS, **ATEN_OPS}
 INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's row-invariant config
 # Lowered under numerics="invariant" only: cuBLAS is as fast or faster at the step's shapes (bench_linear).
 INVARIANT_ONLY = frozenset({"mm", "addmm"})
-# Row-invariant with every config row: the norms tile whole rows, sized by the last dim only; rotary,
-# silu_mul and the KV writes are elementwise; argmax and verify_greedy are exact (a max and a first index
-# do not round); mm and addmm fix their tiles and K split by (N, K) only. The attention kernels' default
-# rows size their splits by the batch and the cache length, so they have an "invariant" row instead
-# (prefill programs are not fused under invariant numerics: their attention is the decode kernel's). The
-# others (sampling statistics split the vocabulary by the batch; linear attention) have neither yet.
+# Row-invariant with every config row: the norms (the hybrids' too) tile whole rows, sized by the last dim
+# only; rotary, silu_mul, gdn_gates and the KV writes are elementwise; argmax and verify_greedy are exact
+# (a max and a first index do not round); mm and addmm fix their tiles and K split by (N, K) only. The
+# attention kernels' default rows size their splits by the batch and the cache length, so they have an
+# "invariant" row instead (prefill programs are not fused under invariant numerics: their attention is the
+# decode kernel's). The others (sampling statistics split the vocabulary by the batch; linear attention)
+# have neither yet.
 ROW_INVARIANT = frozenset(
-    {"rms_norm", "add_rms_norm", "rotary", "silu_mul", "kv_write", "rotary_kv_write", "argmax", "verify_greedy"}
-    | {"offset_rms_norm", "add_offset_rms_norm", "gated_rms_norm", "gdn_gates"}
+    {"rms_norm", "add_rms_norm", "offset_rms_norm", "add_offset_rms_norm", "gated_rms_norm", "rotary", "silu_mul"}
+    | {"gdn_gates", "kv_write", "rotary_kv_write", "argmax", "verify_greedy"}
     | INVARIANT_ONLY
 )
 
