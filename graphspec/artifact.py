@@ -891,7 +891,6 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     triton_kernels = manifest.get("triton_cache") or {}  # format-4 artifacts before it had none
     check_listing(triton_kernels, str(path / MANIFEST))
     with prefetched(shard_files, manifest["config"]["dtype"], manifest["config"]["device"]):
-        _import_dynamo_for(manifest["config"]["device"])
         _verify_files(path, manifest, command, lambda name: name not in shards)
         _install_triton_kernels(path, triton_kernels)
         small_files = time.perf_counter() - began
@@ -915,18 +914,6 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     verify = small_files + time.perf_counter() - waiting
     compiled.load_seconds = {"verify": verify, **compiled.load_seconds, "hashing_beside_weights": hashed}
     return compiled
-
-
-def _import_dynamo_for(device: str) -> bool:
-    """On CUDA, torch imports torch._dynamo at the first call of a custom op (torch.library wraps each
-    backend function in torch._compile's dynamo guard): seconds, which would land in the warm-up. Imported
-    here, while the weight shards move to the device on prefetched's thread, it costs about nothing. (On
-    the main thread: an import racing the loader's own imports on another thread could hand either one a
-    partially initialized module.) Returns whether it imported."""
-    if not device.startswith("cuda") or "torch._dynamo" in sys.modules:
-        return False
-    importlib.import_module("torch._dynamo")
-    return True
 
 
 def _install_triton_kernels(path: Path, listing: dict[str, list[str]]) -> None:

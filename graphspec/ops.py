@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from graphspec import library
 from graphspec.errors import InputError
 
 # Lanes of the per-row random stream; one step uses lanes DRAFT_LANE + i, ACCEPT_LANE + j, RESAMPLE_LANE,
@@ -50,13 +51,13 @@ def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * hidden.to(x.dtype)
 
 
-@torch.library.custom_op("graphspec::rms_norm", mutates_args=())
+@library.op("graphspec::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm over the last dim. x [..., D], weight [D]."""
     return rms_norm_reference(x, weight, eps).contiguous()
 
 
-@rms_norm.register_fake
+@torch.library.register_fake("graphspec::rms_norm")
 def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x.new_empty(x.shape)
 
@@ -66,14 +67,14 @@ def add_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, eps: flo
     return rms_norm_reference(total, weight, eps), total
 
 
-@torch.library.custom_op("graphspec::add_rms_norm", mutates_args=())
+@library.op("graphspec::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """Residual add then RMSNorm: returns (rms_norm(residual + x), residual + x)."""
     normed, total = add_rms_norm_reference(x, residual, weight, eps)
     return normed.contiguous(), total.contiguous()
 
 
-@add_rms_norm.register_fake
+@torch.library.register_fake("graphspec::add_rms_norm")
 def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
@@ -89,14 +90,14 @@ def rotary_reference(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Te
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
-@torch.library.custom_op("graphspec::rotary", mutates_args=())
+@library.op("graphspec::rotary", mutates_args=())
 def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     """Rotary embedding (rotate-half convention). q [B, Hq, T, D], k [B, Hkv, T, D], cos/sin [B, T, D]."""
     q_out, k_out = rotary_reference(q, k, cos, sin)
     return q_out.contiguous(), k_out.contiguous()
 
 
-@rotary.register_fake
+@torch.library.register_fake("graphspec::rotary")
 def _(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
@@ -106,13 +107,13 @@ def silu_mul_reference(gate_up: Tensor) -> Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-@torch.library.custom_op("graphspec::silu_mul", mutates_args=())
+@library.op("graphspec::silu_mul", mutates_args=())
 def silu_mul(gate_up: Tensor) -> Tensor:
     """SwiGLU activation of the fused gate/up projection: gate_up [..., 2I] -> silu(gate) * up [..., I]."""
     return silu_mul_reference(gate_up).contiguous()
 
 
-@silu_mul.register_fake
+@torch.library.register_fake("graphspec::silu_mul")
 def _(gate_up: Tensor) -> Tensor:
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
 
@@ -133,7 +134,7 @@ def _write_rows(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, 
         view[slots, positions] = values.permute(0, 2, 1, 3).to(cache.dtype)
 
 
-@torch.library.custom_op("graphspec::kv_update", mutates_args=())
+@library.op("graphspec::kv_update", mutates_args=())
 def kv_update(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Functional KV write: returns a copy of `cache` with k/v written. Tracing emits this form;
     the defunctionalize_kv pass turns it into the in-place graphspec::kv_write."""
@@ -142,18 +143,18 @@ def kv_update(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k:
     return out
 
 
-@kv_update.register_fake
+@torch.library.register_fake("graphspec::kv_update")
 def _(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return torch.empty_like(cache)
 
 
-@torch.library.custom_op("graphspec::kv_write", mutates_args=("cache",))
+@library.op("graphspec::kv_write", mutates_args=("cache",))
 def kv_write(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> None:
     """In-place KV write of k/v [B, Hkv, T, D] at positions start_pos[b] + t of slot slot_ids[b]."""
     _write_rows(cache, layer, slot_ids, start_pos, k, v)
 
 
-@kv_write.register_fake
+@torch.library.register_fake("graphspec::kv_write")
 def _(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> None:
     return None
 
@@ -169,7 +170,7 @@ def _write_slot_rows(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values:
     state[slot_ids[:, None].expand_as(positions), positions] = values.to(state.dtype)
 
 
-@torch.library.custom_op("graphspec::slot_update", mutates_args=())
+@library.op("graphspec::slot_update", mutates_args=())
 def slot_update(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> Tensor:
     """Functional write into a drafter state [SLOTS, S, ...]: a copy with values [B, T, ...] at positions
     start_pos[b] + t of slot slot_ids[b]. defunctionalize_kv turns it into graphspec::slot_write."""
@@ -178,18 +179,18 @@ def slot_update(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tens
     return out
 
 
-@slot_update.register_fake
+@torch.library.register_fake("graphspec::slot_update")
 def _(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> Tensor:
     return torch.empty_like(state)
 
 
-@torch.library.custom_op("graphspec::slot_write", mutates_args=("state",))
+@library.op("graphspec::slot_write", mutates_args=("state",))
 def slot_write(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> None:
     """In-place slot_update."""
     _write_slot_rows(state, slot_ids, start_pos, values)
 
 
-@slot_write.register_fake
+@torch.library.register_fake("graphspec::slot_write")
 def _(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> None:
     return None
 
@@ -211,7 +212,7 @@ def rotary_kv_write_reference(
     return q_out.contiguous()
 
 
-@torch.library.custom_op("graphspec::rotary_kv_write", mutates_args=("cache",))
+@library.op("graphspec::rotary_kv_write", mutates_args=("cache",))
 def rotary_kv_write(
     q: Tensor,
     k: Tensor,
@@ -229,7 +230,7 @@ def rotary_kv_write(
     return rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos)
 
 
-@rotary_kv_write.register_fake
+@torch.library.register_fake("graphspec::rotary_kv_write")
 def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos):
     return q.new_empty(q.shape)
 
@@ -265,7 +266,7 @@ def attention_reference(
     return torch.matmul(probs, values).to(q.dtype).transpose(1, 2)  # [B, T, Hq, D]
 
 
-@torch.library.custom_op("graphspec::attention", mutates_args=())
+@library.op("graphspec::attention", mutates_args=())
 def attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
     """Causal attention of q [B, Hq, T, D] (query t at position start_pos[b] + t) against the cache
     slot of each row; GQA when Hq is a multiple of Hkv. Returns [B, T, Hq, D]: token-major, so the
@@ -274,13 +275,13 @@ def attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos:
     return attention_reference(q, cache, layer, slot_ids, start_pos, scale).contiguous()
 
 
-@attention.register_fake
+@torch.library.register_fake("graphspec::attention")
 def _(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))
 
 
-@torch.library.custom_op("graphspec::block_attention", mutates_args=())
+@library.op("graphspec::block_attention", mutates_args=())
 def block_attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
     """Non-causal block attention (DFlash's drafter): q [B, Hq, T, D] holds a block of T queries at
     positions start_pos[b] .. start_pos[b] + T - 1, whose keys are already in the cache; every query of
@@ -290,7 +291,7 @@ def block_attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, star
     return attention_reference(q, cache, layer, slot_ids, start_pos, scale, causal=False).contiguous()
 
 
-@block_attention.register_fake
+@torch.library.register_fake("graphspec::block_attention")
 def _(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))
@@ -328,7 +329,7 @@ def rotary_kv_attention_reference(
     return attention_reference(q_rot, cache, layer, slot_ids, start_pos, scale).contiguous()
 
 
-@torch.library.custom_op("graphspec::rotary_kv_attention", mutates_args=("cache",))
+@library.op("graphspec::rotary_kv_attention", mutates_args=("cache",))
 def rotary_kv_attention(
     q: Tensor,
     k: Tensor,
@@ -354,7 +355,7 @@ def rotary_kv_attention(
     )
 
 
-@rotary_kv_attention.register_fake
+@torch.library.register_fake("graphspec::rotary_kv_attention")
 def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm=None, k_norm=None, norm_eps=1e-6):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))
@@ -369,7 +370,7 @@ def prefill_attention_reference(
     return attention_reference(q, cache, layer, slot_ids, start_pos, scale).contiguous()
 
 
-@torch.library.custom_op("graphspec::prefill_attention", mutates_args=("cache",))
+@library.op("graphspec::prefill_attention", mutates_args=("cache",))
 def prefill_attention(
     q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float
 ) -> Tensor:
@@ -381,7 +382,7 @@ def prefill_attention(
     return prefill_attention_reference(q, k, v, cache, layer, slot_ids, start_pos, scale)
 
 
-@prefill_attention.register_fake
+@torch.library.register_fake("graphspec::prefill_attention")
 def _(q, k, v, cache, layer, slot_ids, start_pos, scale):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))
@@ -405,14 +406,14 @@ def offset_rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return (hidden * (1.0 + weight.to(torch.float32))).to(x.dtype)
 
 
-@torch.library.custom_op("graphspec::offset_rms_norm", mutates_args=())
+@library.op("graphspec::offset_rms_norm", mutates_args=())
 def offset_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Zero-centred RMSNorm (Qwen3-Next / Qwen3.5): normalize x [..., D] over the last dim, scale by
     (1 + weight [D]). Its weights are stored as offsets from one."""
     return offset_rms_norm_reference(x, weight, eps).contiguous()
 
 
-@offset_rms_norm.register_fake
+@torch.library.register_fake("graphspec::offset_rms_norm")
 def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x.new_empty(x.shape)
 
@@ -422,14 +423,14 @@ def add_offset_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, e
     return offset_rms_norm_reference(total, weight, eps), total
 
 
-@torch.library.custom_op("graphspec::add_offset_rms_norm", mutates_args=())
+@library.op("graphspec::add_offset_rms_norm", mutates_args=())
 def add_offset_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """Residual add then zero-centred RMSNorm: (offset_rms_norm(residual + x), residual + x)."""
     normed, total = add_offset_rms_norm_reference(x, residual, weight, eps)
     return normed.contiguous(), total.contiguous()
 
 
-@add_offset_rms_norm.register_fake
+@torch.library.register_fake("graphspec::add_offset_rms_norm")
 def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
@@ -442,14 +443,14 @@ def gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float
     return (hidden * torch.nn.functional.silu(gate.to(torch.float32))).to(x.dtype)
 
 
-@torch.library.custom_op("graphspec::gated_rms_norm", mutates_args=())
+@library.op("graphspec::gated_rms_norm", mutates_args=())
 def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm of x [..., D] scaled by weight [D], then times silu(gate [..., D]): the Gated DeltaNet
     output norm (norm before gate)."""
     return gated_rms_norm_reference(x, gate, weight, eps).contiguous()
 
 
-@gated_rms_norm.register_fake
+@torch.library.register_fake("graphspec::gated_rms_norm")
 def _(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     return x.new_empty(x.shape)
 
@@ -460,7 +461,7 @@ def gdn_gates_reference(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor) ->
     return g, b.sigmoid()
 
 
-@torch.library.custom_op("graphspec::gdn_gates", mutates_args=())
+@library.op("graphspec::gdn_gates", mutates_args=())
 def gdn_gates(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
     """The Gated DeltaNet's per-head gates from its projections a, b [..., Hv] and parameters A_log,
     dt_bias [Hv]: (g = -exp(A_log) * softplus(a + dt_bias) in fp32, beta = sigmoid(b))."""
@@ -468,7 +469,7 @@ def gdn_gates(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor) -> tuple[Ten
     return g.contiguous(), beta.contiguous()
 
 
-@gdn_gates.register_fake
+@torch.library.register_fake("graphspec::gdn_gates")
 def _(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
     return a.new_empty(a.shape, dtype=torch.float32), b.new_empty(b.shape)
 
@@ -505,7 +506,7 @@ def causal_conv1d_reference(
     return out.contiguous(), final.to(conv_state.dtype).contiguous()
 
 
-@torch.library.custom_op("graphspec::causal_conv1d", mutates_args=())
+@library.op("graphspec::causal_conv1d", mutates_args=())
 def causal_conv1d(
     x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor, start_pos: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -516,7 +517,7 @@ def causal_conv1d(
     return causal_conv1d_reference(x, conv_state, layer, slot_ids, weight, start_pos, lengths)
 
 
-@causal_conv1d.register_fake
+@torch.library.register_fake("graphspec::causal_conv1d")
 def _(x, conv_state, layer, slot_ids, weight, start_pos, lengths):
     return x.new_empty(x.shape), conv_state.new_empty((x.shape[0], *conv_state.shape[2:]))
 
@@ -530,7 +531,7 @@ def causal_conv1d_snapshots_reference(
     return out.contiguous(), snapshots.transpose(1, 2).to(conv_state.dtype).contiguous()
 
 
-@torch.library.custom_op("graphspec::causal_conv1d_snapshots", mutates_args=())
+@library.op("graphspec::causal_conv1d_snapshots", mutates_args=())
 def causal_conv1d_snapshots(
     x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -539,7 +540,7 @@ def causal_conv1d_snapshots(
     return causal_conv1d_snapshots_reference(x, conv_state, layer, slot_ids, weight)
 
 
-@causal_conv1d_snapshots.register_fake
+@torch.library.register_fake("graphspec::causal_conv1d_snapshots")
 def _(x, conv_state, layer, slot_ids, weight):
     batch, t, _ = x.shape
     return x.new_empty(x.shape), conv_state.new_empty((batch, t, *conv_state.shape[2:]))
@@ -595,7 +596,7 @@ def gated_delta_rule_reference(
     return out.contiguous(), (states[-1] if states else initial).to(state.dtype).contiguous()
 
 
-@torch.library.custom_op("graphspec::gated_delta_rule", mutates_args=())
+@library.op("graphspec::gated_delta_rule", mutates_args=())
 def gated_delta_rule(
     q: Tensor,
     k: Tensor,
@@ -616,7 +617,7 @@ def gated_delta_rule(
     return gated_delta_rule_reference(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths)
 
 
-@gated_delta_rule.register_fake
+@torch.library.register_fake("graphspec::gated_delta_rule")
 def _(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths):
     return v.new_empty(v.shape), state.new_empty((q.shape[0], *state.shape[2:]))
 
@@ -629,7 +630,7 @@ def gated_delta_rule_snapshots_reference(
     return out.contiguous(), torch.stack(states, dim=1).to(state.dtype).contiguous()
 
 
-@torch.library.custom_op("graphspec::gated_delta_rule_snapshots", mutates_args=())
+@library.op("graphspec::gated_delta_rule_snapshots", mutates_args=())
 def gated_delta_rule_snapshots(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, layer: int, slot_ids: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -638,7 +639,7 @@ def gated_delta_rule_snapshots(
     return gated_delta_rule_snapshots_reference(q, k, v, g, beta, state, layer, slot_ids)
 
 
-@gated_delta_rule_snapshots.register_fake
+@torch.library.register_fake("graphspec::gated_delta_rule_snapshots")
 def _(q, k, v, g, beta, state, layer, slot_ids):
     return v.new_empty(v.shape), state.new_empty((q.shape[0], q.shape[1], *state.shape[2:]))
 
@@ -652,7 +653,7 @@ def _write_layer_rows(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor
     state[layer, slot_ids] = value.to(state.dtype)
 
 
-@torch.library.custom_op("graphspec::layer_state_update", mutates_args=())
+@library.op("graphspec::layer_state_update", mutates_args=())
 def layer_state_update(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> Tensor:
     """Functional write of value [B, ...] into state [L, SLOTS, ...] at layer `layer`, slot slot_ids[b]:
     a copy. defunctionalize_kv turns it into graphspec::layer_state_write."""
@@ -661,18 +662,18 @@ def layer_state_update(state: Tensor, layer: int, slot_ids: Tensor, value: Tenso
     return out
 
 
-@layer_state_update.register_fake
+@torch.library.register_fake("graphspec::layer_state_update")
 def _(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> Tensor:
     return torch.empty_like(state)
 
 
-@torch.library.custom_op("graphspec::layer_state_write", mutates_args=("state",))
+@library.op("graphspec::layer_state_write", mutates_args=("state",))
 def layer_state_write(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> None:
     """In-place layer_state_update."""
     _write_layer_rows(state, layer, slot_ids, value)
 
 
-@layer_state_write.register_fake
+@torch.library.register_fake("graphspec::layer_state_write")
 def _(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> None:
     return None
 
@@ -684,7 +685,7 @@ def _select_rows(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tens
     state[:, slot_ids] = snapshots[:, rows, index.clamp(0, snapshots.shape[2] - 1)].to(state.dtype)
 
 
-@torch.library.custom_op("graphspec::select_update", mutates_args=())
+@library.op("graphspec::select_update", mutates_args=())
 def select_update(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> Tensor:
     """The "snapshot" rollback rule's commit: a copy of state [L, SLOTS, ...] where slot slot_ids[b]
     holds snapshots[:, b, index[b]] (snapshots [L, B, T, ...], one per verified position; index [B]
@@ -694,18 +695,18 @@ def select_update(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Ten
     return out
 
 
-@select_update.register_fake
+@torch.library.register_fake("graphspec::select_update")
 def _(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> Tensor:
     return torch.empty_like(state)
 
 
-@torch.library.custom_op("graphspec::select_write", mutates_args=("state",))
+@library.op("graphspec::select_write", mutates_args=("state",))
 def select_write(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> None:
     """In-place select_update."""
     _select_rows(state, slot_ids, snapshots, index)
 
 
-@select_write.register_fake
+@torch.library.register_fake("graphspec::select_write")
 def _(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> None:
     return None
 
@@ -840,7 +841,7 @@ def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Te
     return weight.to(torch.float64) / weight.sum(-1, keepdim=True).to(torch.float64)
 
 
-@torch.library.custom_op("graphspec::argmax", mutates_args=())
+@library.op("graphspec::argmax", mutates_args=())
 def argmax(logits: Tensor) -> Tensor:
     """Greedy token per row: the first index of the maximum over the last dim, like torch.argmax (NaN
     counts as the maximum). logits [..., V] -> [...] int64. An op of its own so it lowers to a kernel
@@ -848,7 +849,7 @@ def argmax(logits: Tensor) -> Tensor:
     return logits.argmax(dim=-1)
 
 
-@argmax.register_fake
+@torch.library.register_fake("graphspec::argmax")
 def _(logits: Tensor) -> Tensor:
     return logits.new_empty(logits.shape[:-1], dtype=torch.int64)
 
@@ -867,7 +868,7 @@ def sample_from(probs: Tensor, u: Tensor) -> Tensor:
     return index.clamp(max=probs.shape[-1] - 1)
 
 
-@torch.library.custom_op("graphspec::sample", mutates_args=())
+@library.op("graphspec::sample", mutates_args=())
 def sample(
     logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor, lane: int
 ) -> Tensor:
@@ -878,7 +879,7 @@ def sample(
     return sample_from(weight, uniform(seed, counter, lane))
 
 
-@sample.register_fake
+@torch.library.register_fake("graphspec::sample")
 def _(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor, lane: int):
     return logits.new_empty(logits.shape[:1], dtype=torch.int64)
 
@@ -893,7 +894,7 @@ def _leading_accepts(accepted: Tensor) -> Tensor:
     return torch.cumprod(accepted.to(torch.int64), dim=1).sum(dim=1)
 
 
-@torch.library.custom_op("graphspec::verify_greedy", mutates_args=())
+@library.op("graphspec::verify_greedy", mutates_args=())
 def verify_greedy(target_logits: Tensor, draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
     """Greedy verify. target_logits [B, K+1, V], draft_tokens [B, K].
     Returns (tokens [B, K+1], num_accepted [B]): tokens[:, j] is the target argmax at j, so the first
@@ -903,7 +904,7 @@ def verify_greedy(target_logits: Tensor, draft_tokens: Tensor) -> tuple[Tensor, 
     return target_tokens, accepted
 
 
-@verify_greedy.register_fake
+@torch.library.register_fake("graphspec::verify_greedy")
 def _(target_logits: Tensor, draft_tokens: Tensor) -> tuple[Tensor, Tensor]:
     batch, positions, _ = target_logits.shape
     return (
@@ -953,7 +954,7 @@ def rejection_from_probabilities(
     return tokens, accepted
 
 
-@torch.library.custom_op("graphspec::verify_rejection", mutates_args=())
+@library.op("graphspec::verify_rejection", mutates_args=())
 def verify_rejection(
     target_logits: Tensor,
     draft_logits: Tensor,
@@ -973,7 +974,7 @@ def verify_rejection(
     )
 
 
-@verify_rejection.register_fake
+@torch.library.register_fake("graphspec::verify_rejection")
 def _(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, seed, counter):
     batch, positions, _ = target_logits.shape
     return (
@@ -982,7 +983,7 @@ def _(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, seed
     )
 
 
-@torch.library.custom_op("graphspec::limit_accepted", mutates_args=())
+@library.op("graphspec::limit_accepted", mutates_args=())
 def limit_accepted(
     tokens: Tensor,
     num_accepted: Tensor,
@@ -1009,12 +1010,12 @@ def limit_accepted(
     return torch.where(replace, own[:, None], tokens), torch.minimum(num_accepted, at)
 
 
-@limit_accepted.register_fake
+@torch.library.register_fake("graphspec::limit_accepted")
 def _(tokens, num_accepted, draft_length, target_logits, temperature, top_k, top_p, seed, counter):
     return torch.empty_like(tokens), torch.empty_like(num_accepted)
 
 
-@torch.library.custom_op("graphspec::commit", mutates_args=())
+@library.op("graphspec::commit", mutates_args=())
 def commit(committed_len: Tensor, last_tokens: Tensor, tokens: Tensor, num_accepted: Tensor) -> tuple[Tensor, Tensor]:
     """Advance each row past num_accepted + 1 emitted tokens.
     committed_len [B], last_tokens [B, 2] (the last two committed tokens), tokens [B, K+1].
@@ -1025,7 +1026,7 @@ def commit(committed_len: Tensor, last_tokens: Tensor, tokens: Tensor, num_accep
     return committed_len + num_accepted + 1, history.gather(1, index)
 
 
-@commit.register_fake
+@torch.library.register_fake("graphspec::commit")
 def _(committed_len: Tensor, last_tokens: Tensor, tokens: Tensor, num_accepted: Tensor) -> tuple[Tensor, Tensor]:
     return committed_len.new_empty(committed_len.shape), last_tokens.new_empty(last_tokens.shape)
 

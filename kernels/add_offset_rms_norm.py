@@ -10,6 +10,7 @@ from graphspec.kernels.common import check_config_table
 from graphspec.kernels.offset_rms_norm import launch
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import add_offset_rms_norm_reference
 
 __all__ = ["CONFIGS", "add_offset_rms_norm", "add_offset_rms_norm_reference", "add_offset_rms_norm_triton"]
@@ -35,7 +36,7 @@ def add_offset_rms_norm(
     return launch(x, residual, weight, eps, tile_elems, num_warps)
 
 
-@torch.library.custom_op("graphspec::add_offset_rms_norm_triton", mutates_args=())
+@library.op("graphspec::add_offset_rms_norm_triton", mutates_args=())
 def add_offset_rms_norm_triton(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float, tile_elems: int, num_warps: int
 ) -> tuple[Tensor, Tensor]:
@@ -43,6 +44,6 @@ def add_offset_rms_norm_triton(
     return add_offset_rms_norm(x, residual, weight, eps, tile_elems, num_warps)
 
 
-@add_offset_rms_norm_triton.register_fake
+@torch.library.register_fake("graphspec::add_offset_rms_norm_triton")
 def _(x, residual, weight, eps, tile_elems, num_warps):
     return x.new_empty(x.shape), x.new_empty(x.shape)

@@ -14,6 +14,7 @@ from graphspec.kernels.common import cdiv, check_config_table, check_device, rou
 from graphspec.kernels.rms_norm import inverse_rms, scale_rows, tile_rows
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import add_rms_norm_reference
 
 __all__ = ["CONFIGS", "add_rms_norm", "add_rms_norm_reference", "add_rms_norm_triton"]
@@ -93,7 +94,7 @@ def add_rms_norm(
     return out, total
 
 
-@torch.library.custom_op("graphspec::add_rms_norm_triton", mutates_args=())
+@library.op("graphspec::add_rms_norm_triton", mutates_args=())
 def add_rms_norm_triton(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float, tile_elems: int, num_warps: int
 ) -> tuple[Tensor, Tensor]:
@@ -101,6 +102,6 @@ def add_rms_norm_triton(
     return add_rms_norm(x, residual, weight, eps, tile_elems, num_warps)
 
 
-@add_rms_norm_triton.register_fake
+@torch.library.register_fake("graphspec::add_rms_norm_triton")
 def _(x, residual, weight, eps, tile_elems, num_warps):
     return x.new_empty(x.shape), x.new_empty(x.shape)

@@ -1,5 +1,5 @@
 """graphspec::add_rms_norm on the CPU: the reference's arithmetic (the same bits), registered without
-custom_op's per-call wrappers (kernels/cpu_library.py); two of these run per layer and forward."""
+custom_op's per-call wrappers (graphspec/library.py); two of these run per layer and forward."""
 
 from __future__ import annotations
 

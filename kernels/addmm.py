@@ -12,6 +12,8 @@ from graphspec.kernels import mm as mm_kernel
 from graphspec.kernels.common import check_config_table
 from torch import Tensor
 
+from graphspec import library
+
 __all__ = ["CONFIGS", "addmm_triton"]
 
 CONFIGS: dict[int | str, dict[str, int]] = {key: dict(config) for key, config in mm_kernel.CONFIGS.items()}
@@ -19,7 +21,7 @@ CONFIG_FIELDS = check_config_table(CONFIGS)
 
 
 # aten.addmm's own arguments (self + mat1 @ mat2, scaled by beta and alpha), then the config.
-@torch.library.custom_op("graphspec::addmm_triton", mutates_args=())
+@library.op("graphspec::addmm_triton", mutates_args=())
 def addmm_triton(
     self: Tensor,
     mat1: Tensor,
@@ -40,6 +42,6 @@ def addmm_triton(
     return mm_kernel.mm(mat1, mat2, self, block_m, block_n, block_k, split_programs, num_warps, num_stages)
 
 
-@addmm_triton.register_fake
+@torch.library.register_fake("graphspec::addmm_triton")
 def _(self, mat1, mat2, beta, alpha, *config):
     return mat1.new_empty((mat1.shape[0], mat2.shape[1]))

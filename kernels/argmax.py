@@ -18,6 +18,7 @@ from graphspec.kernels.common import cdiv, check_config_table, check_device, nex
 from graphspec.kernels.verify_greedy import merge_partials, vocab_partials
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import argmax as argmax_reference
 
 __all__ = ["CONFIGS", "argmax", "argmax_reference", "argmax_triton"]
@@ -66,12 +67,12 @@ def argmax(
     return out
 
 
-@torch.library.custom_op("graphspec::argmax_triton", mutates_args=())
+@library.op("graphspec::argmax_triton", mutates_args=())
 def argmax_triton(logits: Tensor, block_v: int, num_warps: int, max_splits: int, rows_per_program: int) -> Tensor:
     """graphspec::argmax lowered to verify_greedy_kernel + argmax_merge_kernel; trailing ints: CONFIG_FIELDS."""
     return argmax(logits, block_v, num_warps, max_splits, rows_per_program)
 
 
-@argmax_triton.register_fake
+@torch.library.register_fake("graphspec::argmax_triton")
 def _(logits, block_v, num_warps, max_splits, rows_per_program):
     return logits.new_empty(logits.shape[:-1], dtype=torch.int64)

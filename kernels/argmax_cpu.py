@@ -1,5 +1,5 @@
 """graphspec::argmax on the CPU: torch.argmax itself (the reference), registered without custom_op's
-per-call wrappers (kernels/cpu_library.py); the greedy draft picks K tokens per step with it."""
+per-call wrappers (graphspec/library.py); the greedy draft picks K tokens per step with it."""
 
 from __future__ import annotations
 

@@ -40,6 +40,7 @@ from graphspec.kernels.common import (
 from graphspec.kernels.rms_norm import inverse_rms, scale_rows
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import attention_reference
 
 __all__ = ["CONFIGS", "attention", "attention_reference", "attention_triton"]
@@ -481,7 +482,7 @@ def attention(
     return out
 
 
-@torch.library.custom_op("graphspec::attention_triton", mutates_args=())
+@library.op("graphspec::attention_triton", mutates_args=())
 def attention_triton(
     q: Tensor,
     cache: Tensor,
@@ -501,7 +502,7 @@ def attention_triton(
     return attention(q, cache, layer, slot_ids, start_pos, scale, *config)
 
 
-@attention_triton.register_fake
+@torch.library.register_fake("graphspec::attention_triton")
 def _(q, cache, layer, slot_ids, start_pos, scale, *config):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))

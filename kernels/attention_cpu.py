@@ -12,7 +12,7 @@ no host-sync op (checks.no_host_sync_ops). Never capture it: lowering picks it o
 captured (lowering/registry.py, CPU_KERNELS). Imports torch only (no Triton), so choosing it never
 creates Triton functions.
 
-Registered through kernels/cpu_library.py (torch.library.Library: no custom_op wrappers per call).
+Registered through graphspec/library.py (torch.library.Library: no custom_op wrappers per call).
 """
 
 from __future__ import annotations

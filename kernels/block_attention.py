@@ -16,6 +16,8 @@ from graphspec.kernels import attention as causal_kernel
 from graphspec.kernels.common import check_config_table
 from torch import Tensor
 
+from graphspec import library
+
 __all__ = ["CONFIGS", "block_attention", "block_attention_triton"]
 
 # The attention kernel's table (same knobs, same tiles): the block is at most a few dozen queries, like
@@ -46,7 +48,7 @@ def block_attention(
     )  # fmt: skip
 
 
-@torch.library.custom_op("graphspec::block_attention_triton", mutates_args=())
+@library.op("graphspec::block_attention_triton", mutates_args=())
 def block_attention_triton(
     q: Tensor,
     cache: Tensor,
@@ -67,7 +69,7 @@ def block_attention_triton(
     return block_attention(q, cache, layer, slot_ids, start_pos, scale, *config)
 
 
-@block_attention_triton.register_fake
+@torch.library.register_fake("graphspec::block_attention_triton")
 def _(q, cache, layer, slot_ids, start_pos, scale, *config):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))

@@ -16,6 +16,7 @@ import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import causal_conv1d_snapshots_reference
 
 __all__ = ["CONFIGS", "causal_conv1d_snapshots", "causal_conv1d_snapshots_reference"]
@@ -104,7 +105,7 @@ def causal_conv1d_snapshots(
     return out, snapshots
 
 
-@torch.library.custom_op("graphspec::causal_conv1d_snapshots_triton", mutates_args=())
+@library.op("graphspec::causal_conv1d_snapshots_triton", mutates_args=())
 def causal_conv1d_snapshots_triton(
     x: Tensor, conv_state: Tensor, layer: int, slot_ids: Tensor, weight: Tensor, block_c: int, num_warps: int
 ) -> tuple[Tensor, Tensor]:
@@ -113,7 +114,7 @@ def causal_conv1d_snapshots_triton(
     return causal_conv1d_snapshots(x, conv_state, layer, slot_ids, weight, block_c, num_warps)
 
 
-@causal_conv1d_snapshots_triton.register_fake
+@torch.library.register_fake("graphspec::causal_conv1d_snapshots_triton")
 def _(x, conv_state, layer, slot_ids, weight, block_c, num_warps):
     batch, t, _ = x.shape
     return x.new_empty(x.shape), conv_state.new_empty((batch, t, *conv_state.shape[2:]))

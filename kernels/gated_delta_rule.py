@@ -19,6 +19,7 @@ import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import gated_delta_rule_reference
 
 __all__ = ["CONFIGS", "gated_delta_rule", "gated_delta_rule_kernel", "gated_delta_rule_reference"]
@@ -164,7 +165,7 @@ def launch(
     return out
 
 
-@torch.library.custom_op("graphspec::gated_delta_rule_triton", mutates_args=())
+@library.op("graphspec::gated_delta_rule_triton", mutates_args=())
 def gated_delta_rule_triton(
     q: Tensor,
     k: Tensor,
@@ -183,6 +184,6 @@ def gated_delta_rule_triton(
     return gated_delta_rule(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths, block_v, num_warps)
 
 
-@gated_delta_rule_triton.register_fake
+@torch.library.register_fake("graphspec::gated_delta_rule_triton")
 def _(q, k, v, g, beta, state, layer, slot_ids, start_pos, lengths, block_v, num_warps):
     return v.new_empty(v.shape), state.new_empty((q.shape[0], *state.shape[2:]))

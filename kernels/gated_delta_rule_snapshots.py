@@ -18,6 +18,7 @@ from graphspec.kernels.common import check_config_table, check_device
 from graphspec.kernels.gated_delta_rule import MAX_HEAD_DIM, launch
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import gated_delta_rule_snapshots_reference
 
 __all__ = ["CONFIGS", "MAX_HEAD_DIM", "gated_delta_rule_snapshots", "gated_delta_rule_snapshots_reference"]
@@ -55,7 +56,7 @@ def gated_delta_rule_snapshots(
     return out, snapshots
 
 
-@torch.library.custom_op("graphspec::gated_delta_rule_snapshots_triton", mutates_args=())
+@library.op("graphspec::gated_delta_rule_snapshots_triton", mutates_args=())
 def gated_delta_rule_snapshots_triton(
     q: Tensor,
     k: Tensor,
@@ -73,6 +74,6 @@ def gated_delta_rule_snapshots_triton(
     return gated_delta_rule_snapshots(q, k, v, g, beta, state, layer, slot_ids, block_v, num_warps)
 
 
-@gated_delta_rule_snapshots_triton.register_fake
+@torch.library.register_fake("graphspec::gated_delta_rule_snapshots_triton")
 def _(q, k, v, g, beta, state, layer, slot_ids, block_v, num_warps):
     return v.new_empty(v.shape), state.new_empty((q.shape[0], q.shape[1], *state.shape[2:]))

@@ -20,6 +20,7 @@ from graphspec.kernels.rms_norm import MAX_DIM, inverse_rms, tile_rows
 from torch import Tensor
 from triton.language.extra import libdevice
 
+from graphspec import library
 from graphspec.ops import gated_rms_norm_reference
 
 __all__ = ["CONFIGS", "MAX_DIM", "gated_rms_norm", "gated_rms_norm_reference", "gated_rms_norm_triton"]
@@ -102,7 +103,7 @@ def gated_rms_norm(
     return out
 
 
-@torch.library.custom_op("graphspec::gated_rms_norm_triton", mutates_args=())
+@library.op("graphspec::gated_rms_norm_triton", mutates_args=())
 def gated_rms_norm_triton(
     x: Tensor, gate: Tensor, weight: Tensor, eps: float, tile_elems: int, num_warps: int
 ) -> Tensor:
@@ -110,6 +111,6 @@ def gated_rms_norm_triton(
     return gated_rms_norm(x, gate, weight, eps, tile_elems, num_warps)
 
 
-@gated_rms_norm_triton.register_fake
+@torch.library.register_fake("graphspec::gated_rms_norm_triton")
 def _(x, gate, weight, eps, tile_elems, num_warps):
     return x.new_empty(x.shape)

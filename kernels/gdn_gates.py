@@ -18,6 +18,7 @@ from graphspec.kernels.offset_rms_norm import row_view
 from torch import Tensor
 from triton.language.extra import libdevice
 
+from graphspec import library
 from graphspec.ops import gdn_gates_reference
 
 __all__ = ["CONFIGS", "gdn_gates", "gdn_gates_reference", "gdn_gates_triton"]
@@ -116,7 +117,7 @@ def gdn_gates(
     return g, beta
 
 
-@torch.library.custom_op("graphspec::gdn_gates_triton", mutates_args=())
+@library.op("graphspec::gdn_gates_triton", mutates_args=())
 def gdn_gates_triton(
     a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, tile_elems: int, num_warps: int
 ) -> tuple[Tensor, Tensor]:
@@ -124,6 +125,6 @@ def gdn_gates_triton(
     return gdn_gates(a, b, a_log, dt_bias, tile_elems, num_warps)
 
 
-@gdn_gates_triton.register_fake
+@torch.library.register_fake("graphspec::gdn_gates_triton")
 def _(a, b, a_log, dt_bias, tile_elems, num_warps):
     return a.new_empty(a.shape, dtype=torch.float32), b.new_empty(b.shape)

@@ -21,6 +21,7 @@ import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2, round_to
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import kv_write as kv_write_reference  # the op itself is the torch reference
 
 __all__ = ["CONFIGS", "kv_write", "kv_write_reference", "kv_write_triton", "tile_rows"]
@@ -155,7 +156,7 @@ def kv_write(
     )  # fmt: skip
 
 
-@torch.library.custom_op("graphspec::kv_write_triton", mutates_args=("cache",))
+@library.op("graphspec::kv_write_triton", mutates_args=("cache",))
 def kv_write_triton(
     cache: Tensor,
     layer: int,
@@ -170,6 +171,6 @@ def kv_write_triton(
     kv_write(cache, layer, slot_ids, start_pos, k, v, tile_elems, num_warps)
 
 
-@kv_write_triton.register_fake
+@torch.library.register_fake("graphspec::kv_write_triton")
 def _(cache, layer, slot_ids, start_pos, k, v, tile_elems, num_warps):
     return None

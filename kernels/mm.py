@@ -23,6 +23,8 @@ import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, interpreting, round_to
 from torch import Tensor
 
+from graphspec import library
+
 __all__ = ["CONFIGS", "mm", "mm_triton", "splits_for"]
 
 # block_m/block_n/block_k: the output tile and the K step; split_programs: split K until the (N tiles x
@@ -164,7 +166,7 @@ def mm(
 
 
 # The kernel ops take aten.mm's own arguments (self @ mat2), then the config.
-@torch.library.custom_op("graphspec::mm_triton", mutates_args=())
+@library.op("graphspec::mm_triton", mutates_args=())
 def mm_triton(
     self: Tensor,
     mat2: Tensor,
@@ -179,6 +181,6 @@ def mm_triton(
     return mm(self, mat2, None, block_m, block_n, block_k, split_programs, num_warps, num_stages)
 
 
-@mm_triton.register_fake
+@torch.library.register_fake("graphspec::mm_triton")
 def _(self, mat2, *config):
     return self.new_empty((self.shape[0], mat2.shape[1]))

@@ -19,6 +19,7 @@ from graphspec.kernels.common import cdiv, check_config_table, check_device, rou
 from graphspec.kernels.rms_norm import MAX_DIM, inverse_rms, tile_rows
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import offset_rms_norm_reference
 
 __all__ = ["CONFIGS", "MAX_DIM", "offset_rms_norm", "offset_rms_norm_reference", "offset_rms_norm_triton", "row_view"]
@@ -118,12 +119,12 @@ def offset_rms_norm(
     return launch(x, None, weight, eps, tile_elems, num_warps)[0]
 
 
-@torch.library.custom_op("graphspec::offset_rms_norm_triton", mutates_args=())
+@library.op("graphspec::offset_rms_norm_triton", mutates_args=())
 def offset_rms_norm_triton(x: Tensor, weight: Tensor, eps: float, tile_elems: int, num_warps: int) -> Tensor:
     """graphspec::offset_rms_norm lowered to offset_rms_norm_kernel; the trailing ints are CONFIG_FIELDS."""
     return offset_rms_norm(x, weight, eps, tile_elems, num_warps)
 
 
-@offset_rms_norm_triton.register_fake
+@torch.library.register_fake("graphspec::offset_rms_norm_triton")
 def _(x, weight, eps, tile_elems, num_warps):
     return x.new_empty(x.shape)

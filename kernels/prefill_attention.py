@@ -23,6 +23,7 @@ import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, fit_shared_memory, round_to
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import prefill_attention_reference
 
 __all__ = ["CONFIGS", "prefill_attention", "prefill_attention_reference", "prefill_attention_triton"]
@@ -269,7 +270,7 @@ def prefill_attention(
     return out
 
 
-@torch.library.custom_op("graphspec::prefill_attention_triton", mutates_args=("cache",))
+@library.op("graphspec::prefill_attention_triton", mutates_args=("cache",))
 def prefill_attention_triton(
     q: Tensor,
     k: Tensor,
@@ -288,7 +289,7 @@ def prefill_attention_triton(
     return prefill_attention(q, k, v, cache, layer, slot_ids, start_pos, scale, block_m, block_n, num_warps, num_stages)
 
 
-@prefill_attention_triton.register_fake
+@torch.library.register_fake("graphspec::prefill_attention_triton")
 def _(q, k, v, cache, layer, slot_ids, start_pos, scale, block_m, block_n, num_warps, num_stages):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))

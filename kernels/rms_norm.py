@@ -13,6 +13,7 @@ import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2, round_to
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import rms_norm_reference
 
 __all__ = ["CONFIGS", "rms_norm", "rms_norm_reference", "rms_norm_triton", "tile_rows"]
@@ -101,12 +102,12 @@ def rms_norm(
     return out
 
 
-@torch.library.custom_op("graphspec::rms_norm_triton", mutates_args=())
+@library.op("graphspec::rms_norm_triton", mutates_args=())
 def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, tile_elems: int, num_warps: int) -> Tensor:
     """graphspec::rms_norm lowered to rms_norm_kernel; the trailing ints are CONFIG_FIELDS."""
     return rms_norm(x, weight, eps, tile_elems, num_warps)
 
 
-@rms_norm_triton.register_fake
+@torch.library.register_fake("graphspec::rms_norm_triton")
 def _(x, weight, eps, tile_elems, num_warps):
     return x.new_empty(x.shape)

@@ -1,5 +1,5 @@
 """graphspec::rms_norm on the CPU: the reference's arithmetic (the same bits), registered without
-custom_op's per-call wrappers (kernels/cpu_library.py), which cost more than the norm itself."""
+custom_op's per-call wrappers (graphspec/library.py), which cost more than the norm itself."""
 
 from __future__ import annotations
 

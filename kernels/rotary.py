@@ -14,6 +14,7 @@ import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2, round_to
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import rotary_reference
 
 __all__ = ["CONFIGS", "rotary", "rotary_reference", "rotary_triton"]
@@ -191,7 +192,7 @@ def rotary(
     return q_out, k_out
 
 
-@torch.library.custom_op("graphspec::rotary_triton", mutates_args=())
+@library.op("graphspec::rotary_triton", mutates_args=())
 def rotary_triton(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, block_h: int, num_warps: int
 ) -> tuple[Tensor, Tensor]:
@@ -199,6 +200,6 @@ def rotary_triton(
     return rotary(q, k, cos, sin, block_h, num_warps)
 
 
-@rotary_triton.register_fake
+@torch.library.register_fake("graphspec::rotary_triton")
 def _(q, k, cos, sin, block_h, num_warps):
     return q.new_empty(q.shape), k.new_empty(k.shape)

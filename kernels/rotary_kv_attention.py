@@ -17,6 +17,7 @@ from graphspec.kernels import attention as attention_kernel
 from graphspec.kernels.common import check_config_table
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import rotary_kv_attention_reference
 
 __all__ = ["CONFIGS", "rotary_kv_attention", "rotary_kv_attention_reference", "rotary_kv_attention_triton"]
@@ -53,7 +54,7 @@ def rotary_kv_attention(
     )
 
 
-@torch.library.custom_op("graphspec::rotary_kv_attention_triton", mutates_args=("cache",))
+@library.op("graphspec::rotary_kv_attention_triton", mutates_args=("cache",))
 def rotary_kv_attention_triton(
     q: Tensor,
     k: Tensor,
@@ -83,7 +84,7 @@ def rotary_kv_attention_triton(
     )  # fmt: skip
 
 
-@rotary_kv_attention_triton.register_fake
+@torch.library.register_fake("graphspec::rotary_kv_attention_triton")
 def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, *config):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))

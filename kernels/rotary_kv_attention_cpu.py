@@ -19,6 +19,7 @@ from graphspec.kernels import cpu_library
 from graphspec.kernels.attention_cpu import attend_rows
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import qk_norm_reference, rotary_kv_attention_reference, rotary_reference
 
 __all__ = [
@@ -53,7 +54,7 @@ def kv_attention_fake(q, k, v, cache, layer, slot_ids, start_pos, scale):
     return q.new_empty((batch, t, heads, head_dim))
 
 
-kv_attention_cpu = cpu_library.define_schema(
+kv_attention_cpu = library.define_schema(
     "kv_attention_cpu(Tensor q, Tensor k, Tensor v, Tensor(a!) cache, SymInt layer, Tensor slot_ids, "
     "Tensor start_pos, float scale) -> Tensor",
     kv_attention,

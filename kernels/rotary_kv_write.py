@@ -19,6 +19,7 @@ from graphspec.kernels.kv_write import cache_offsets, check_kv, store_kv
 from graphspec.kernels.rotary import check_qk, head_block, rotate_heads, store_heads
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import rotary_kv_write_reference
 
 __all__ = ["CONFIGS", "rotary_kv_write", "rotary_kv_write_reference", "rotary_kv_write_triton"]
@@ -138,7 +139,7 @@ def rotary_kv_write(
     return q_out
 
 
-@torch.library.custom_op("graphspec::rotary_kv_write_triton", mutates_args=("cache",))
+@library.op("graphspec::rotary_kv_write_triton", mutates_args=("cache",))
 def rotary_kv_write_triton(
     q: Tensor,
     k: Tensor,
@@ -156,6 +157,6 @@ def rotary_kv_write_triton(
     return rotary_kv_write(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, block_h, num_warps)
 
 
-@rotary_kv_write_triton.register_fake
+@torch.library.register_fake("graphspec::rotary_kv_write_triton")
 def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, block_h, num_warps):
     return q.new_empty(q.shape)

@@ -28,6 +28,7 @@ from graphspec.kernels.common import check_config_table, check_device, next_powe
 from graphspec.kernels.verify_rejection import WEIGHT_SCALE, distribution_stats, uniform
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import MAX_SAMPLING_VOCAB
 from graphspec.ops import sample as sample_reference
 
@@ -158,7 +159,7 @@ def sample(
     return out
 
 
-@torch.library.custom_op("graphspec::sample_triton", mutates_args=())
+@library.op("graphspec::sample_triton", mutates_args=())
 def sample_triton(
     logits: Tensor,
     temperature: Tensor,
@@ -179,6 +180,6 @@ def sample_triton(
     )
 
 
-@sample_triton.register_fake
+@torch.library.register_fake("graphspec::sample_triton")
 def _(logits, temperature, top_k, top_p, seed, counter, lane, *config):
     return logits.new_empty(logits.shape[:1], dtype=torch.int64)

@@ -17,6 +17,7 @@ from graphspec.kernels.common import cdiv, check_config_table, check_device, int
 from torch import Tensor
 from triton.language.extra import libdevice
 
+from graphspec import library
 from graphspec.ops import silu_mul_reference
 
 __all__ = ["CONFIGS", "silu_mul", "silu_mul_reference", "silu_mul_triton", "tile_shape"]
@@ -94,12 +95,12 @@ def silu_mul(
     return out
 
 
-@torch.library.custom_op("graphspec::silu_mul_triton", mutates_args=())
+@library.op("graphspec::silu_mul_triton", mutates_args=())
 def silu_mul_triton(gate_up: Tensor, tile_elems: int, num_warps: int) -> Tensor:
     """graphspec::silu_mul lowered to silu_mul_kernel; the trailing ints are CONFIG_FIELDS."""
     return silu_mul(gate_up, tile_elems, num_warps)
 
 
-@silu_mul_triton.register_fake
+@torch.library.register_fake("graphspec::silu_mul_triton")
 def _(gate_up, tile_elems, num_warps):
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))

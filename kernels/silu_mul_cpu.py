@@ -1,5 +1,5 @@
 """graphspec::silu_mul on the CPU: the reference's arithmetic (the same bits), registered without
-custom_op's per-call wrappers (kernels/cpu_library.py)."""
+custom_op's per-call wrappers (graphspec/library.py)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ import triton.language as tl
 from graphspec.kernels.common import PROGRAMS_PER_SM, cdiv, check_config_table, check_device, next_power_of_2, sm_count
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import verify_greedy as verify_greedy_reference
 
 __all__ = [
@@ -155,7 +156,7 @@ def verify_greedy(
     return tokens, accepted
 
 
-@torch.library.custom_op("graphspec::verify_greedy_triton", mutates_args=())
+@library.op("graphspec::verify_greedy_triton", mutates_args=())
 def verify_greedy_triton(
     target_logits: Tensor, draft_tokens: Tensor, block_v: int, num_warps: int, max_splits: int
 ) -> tuple[Tensor, Tensor]:
@@ -163,7 +164,7 @@ def verify_greedy_triton(
     return verify_greedy(target_logits, draft_tokens, block_v, num_warps, max_splits)
 
 
-@verify_greedy_triton.register_fake
+@torch.library.register_fake("graphspec::verify_greedy_triton")
 def _(target_logits, draft_tokens, block_v, num_warps, max_splits):
     batch, positions, _ = target_logits.shape
     return (

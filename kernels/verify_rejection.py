@@ -64,6 +64,7 @@ from graphspec.kernels.common import (
 )
 from torch import Tensor
 
+from graphspec import library
 from graphspec.ops import ACCEPT_LANE, RESAMPLE_LANE, WEIGHT_BITS, verify_rejection_reference
 
 __all__ = ["CONFIGS", "verify_rejection", "verify_rejection_reference", "verify_rejection_triton"]
@@ -665,7 +666,7 @@ def verify_rejection(
     return tokens, accepted
 
 
-@torch.library.custom_op("graphspec::verify_rejection_triton", mutates_args=())
+@library.op("graphspec::verify_rejection_triton", mutates_args=())
 def verify_rejection_triton(
     target_logits: Tensor,
     draft_logits: Tensor,
@@ -688,7 +689,7 @@ def verify_rejection_triton(
     )  # fmt: skip
 
 
-@verify_rejection_triton.register_fake
+@torch.library.register_fake("graphspec::verify_rejection_triton")
 def _(target_logits, draft_logits, draft_tokens, temperature, top_k, top_p, seed, counter, *config):
     batch, positions, _ = target_logits.shape
     return (

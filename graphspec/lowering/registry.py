@@ -488,7 +488,7 @@ def fits_on_cpu(node: fx.Node) -> bool:
 # the CPU (lower_kernels.lower_for_cpu); compiled graphs keep the references there. Attention (the step's
 # and prefill's) reads only what each row can see (the reference reads the whole cache); the others are the
 # reference's arithmetic without custom_op's per-call cost, more than their work at decode sizes
-# (kernels/cpu_library.py); sample and verify_rejection skip the reference's full-vocabulary sort where
+# (graphspec/library.py); sample and verify_rejection skip the reference's full-vocabulary sort where
 # each row's top candidates settle its cuts (kernels/sampling_cpu.py). Other ops called once per step stay
 # references.
 CPU = "cpu"

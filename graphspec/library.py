@@ -1,0 +1,53 @@
+"""How graphspec defines its ops (the references in ops.py, the kernel ops in kernels/): on one
+torch.library.Library fragment of the graphspec namespace, not with torch.library.custom_op.
+
+custom_op wraps every call (aliasing checks, autograd, and torch._compile's dynamo guard). On the CPU the
+wrappers cost about 60 us a call, more than the work of most ops at decode sizes; on any device the guard
+imports torch._dynamo at the first call of any such op: about 5 s of a cold start on the GPU, for a module
+nothing graphspec runs uses. An op defined here has what custom_op would give it for graphspec's use: a
+schema inferred from the function's type hints (torch.library.infer_schema, as custom_op infers it),
+its mutated arguments marked, a fake for tracing (torch.library.register_fake), and calls that go
+straight to the function through the dispatcher. Imports torch only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+LIBRARY = torch.library.Library("graphspec", "FRAGMENT")
+
+
+def op(qualname: str, *, mutates_args: Iterable[str]) -> Callable[[Callable], torch._ops.OpOverload]:
+    """Decorator, in place of torch.library.custom_op: define `qualname` ("graphspec::<name>") with the
+    schema of the decorated function's type hints, run by that function on every device. Returns the op
+    (torch.ops.graphspec.<name>.default); give its fake with torch.library.register_fake(qualname)."""
+    namespace, name = qualname.split("::")
+    if namespace != "graphspec":
+        raise ValueError(f"{qualname}: graphspec's ops live in the graphspec namespace")
+
+    def define(fn: Callable) -> torch._ops.OpOverload:
+        schema = torch.library.infer_schema(fn, mutates_args=tuple(mutates_args))
+        LIBRARY.define(f"{name}{schema}")
+        LIBRARY.impl(name, fn, "CompositeExplicitAutograd")
+        return getattr(torch.ops.graphspec, name).default
+
+    return define
+
+
+def define_schema(schema: str, impl: Callable, fake: Callable | None = None) -> torch._ops.OpOverload:
+    """Define an op of a schema given as text ("name(args) -> returns") in the graphspec namespace.
+
+    Without `fake` the op is a composite of the torch ops `impl` calls (CompositeImplicitAutograd):
+    eager calls run `impl`, and tracing (torch.compile's, for the Inductor CPU step) sees those torch
+    ops, so they fuse with their neighbours. With `fake` (ops that read values on the host, or that
+    must stay one call) it is opaque: `fake` gives its output shapes to tracing."""
+    name = schema[: schema.index("(")]
+    LIBRARY.define(schema)
+    if fake is None:
+        LIBRARY.impl(name, impl, "CompositeImplicitAutograd")
+    else:
+        LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"graphspec::{name}", fake, lib=LIBRARY)
+    return getattr(torch.ops.graphspec, name).default
