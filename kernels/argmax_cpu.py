@@ -1,5 +1,5 @@
-"""graphspec::argmax on the CPU: torch.argmax itself (the reference), registered without custom_op's
-per-call wrappers (graphspec/library.py); the greedy draft picks K tokens per step with it."""
+"""graphspec::argmax on the CPU: torch.argmax itself (the reference), as a composite op (Inductor,
+for compile_cpu, sees torch.argmax); the greedy draft picks K tokens per step with it."""
 
 from __future__ import annotations
 

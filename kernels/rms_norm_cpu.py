@@ -1,5 +1,5 @@
-"""graphspec::rms_norm on the CPU: the reference's arithmetic (the same bits), registered without
-custom_op's per-call wrappers (graphspec/library.py), which cost more than the norm itself."""
+"""graphspec::rms_norm on the CPU: the reference's arithmetic (the same bits), as a composite op:
+the Inductor CPU step (compile_cpu) fuses its torch ops with their neighbours."""
 
 from __future__ import annotations
 

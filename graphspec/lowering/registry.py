@@ -486,11 +486,11 @@ def fits_on_cpu(node: fx.Node) -> bool:
 # The CPU table: reference op name -> fits predicate; the kernel module is graphspec.kernels.<op>_cpu and
 # its op torch.ops.graphspec.<op>_cpu. The runtime applies it to the steps and prefill programs it runs on
 # the CPU (lower_kernels.lower_for_cpu); compiled graphs keep the references there. Attention (the step's
-# and prefill's) reads only what each row can see (the reference reads the whole cache); the others are the
-# reference's arithmetic without custom_op's per-call cost, more than their work at decode sizes
-# (graphspec/library.py); sample and verify_rejection skip the reference's full-vocabulary sort where
-# each row's top candidates settle its cuts (kernels/sampling_cpu.py). Other ops called once per step stay
-# references.
+# and prefill's) reads only what each row can see (the reference reads the whole cache). The small ops
+# are the reference's arithmetic as composites of torch ops, which the Inductor CPU step (compile_cpu)
+# fuses with their neighbours (a reference op is one opaque call to it). sample and verify_rejection skip
+# the reference's full-vocabulary sort where each row's top candidates settle its cuts
+# (kernels/sampling_cpu.py). Other ops called once per step stay references.
 CPU = "cpu"
 CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "attention": fits_attention_cpu,

@@ -51,7 +51,7 @@ class PrefillProgram:
         device = state[next(iter(state))].device
         # On the CPU the program runs its own copy with the CPU table's kernels, as a CPU step does
         # (runtime/graphs.py): prefill attention over each row's visible prefix instead of the whole
-        # cache, the small ops without custom_op's per-call cost. A piecewise program keeps its references.
+        # cache, the small ops as composites of torch ops. A piecewise program keeps its references.
         self.cpu_kernels = 0
         if device.type == "cpu" and not pieces(gm):
             gm, self.cpu_kernels = cpu_table_copy(gm)

@@ -270,7 +270,7 @@ CPU_OPS = ("rms_norm", "add_rms_norm", "silu_mul", "attention", "argmax", "sampl
 
 def test_lower_for_cpu_retargets_the_cpu_table_only() -> None:
     """The runtime's CPU copy: the CPU table's kernels (attention over each row's prefix; the small ops
-    without custom_op's per-call cost), config-less, tagged; the other hot ops keep their references."""
+    as composites of torch ops), config-less, tagged; the other hot ops keep their references."""
     gm = traced(hot_inputs())
     order = [node.name for node in gm.graph.nodes]
     assert lower_kernels.lower_for_cpu(gm) == len(CPU_OPS)
