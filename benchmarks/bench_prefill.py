@@ -9,8 +9,9 @@ device (or the tiny stand-ins with --preset tiny-llama), in one run:
 - the compute floor: 2 x the target's matrix parameters (embedding gather excluded, lm_head included)
   x prompt tokens / the bf16 matmul rate measured here (and the same with the draft model's added,
   since graphspec prefills both);
-- cold start (--cold-start, default on): the compiled Runtime saved as an artifact (weights referenced,
-  not copied), then, in a fresh process, Runtime.load to ready (verification, weights, warm-up and
+- cold start (--cold-start, default on): the compiled Runtime (buckets --buckets plus the shapes' batch
+  sizes, modes --modes: by default the issue's 1, 4, 8 and both modes) saved as an artifact (weights
+  referenced, not copied), then, in a fresh process, Runtime.load to ready (verification, weights, warm-up and
   capture of every program), the first and the second request of the same prompt, and the Triton
   compiles and graph captures those requests caused (both must be 0);
 - with --profile SHAPE (e.g. 4096x1): the kernels of one graphspec prefill and of one transformers
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-tokens", type=int, default=4096, help="graphspec's prefill chunk budget")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--buckets", default="1,4,8", help="batch buckets compiled besides the shapes' batch sizes")
+    parser.add_argument("--modes", default="greedy,sample", help="sampling modes compiled (comma separated)")
     parser.add_argument("--no-cold-start", dest="cold_start", action="store_false")
     parser.add_argument("--cold-start-tokens", type=int, default=512, help="prompt tokens of the cold-start requests")
     parser.add_argument("--cold-start-artifact", default=None, help=argparse.SUPPRESS)  # the fresh process
@@ -186,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--profile {args.profile} is not one of --shapes {args.shapes}")
     if args.profile is not None and not common.is_cuda(args.device):
         parser.error("--profile reads CUDA kernels: it needs --device cuda")
-    buckets = tuple(sorted({batch for _, batch in shapes}))
+    buckets = tuple(sorted({batch for _, batch in shapes} | {int(b) for b in args.buckets.split(",") if b}))
+    modes = tuple(args.modes.split(","))
     report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args)}
     target_shape, draft_shape = PRESETS[args.preset]
     started = time.perf_counter()
@@ -197,10 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         begin = time.perf_counter()
         runtime = graphspec.Runtime.from_pretrained(
             target_dir, draft_dir, k=args.k, batch_sizes=buckets, dtype="bfloat16", device=args.device,
-            max_seq_len=args.max_seq_len, prefill_tokens=args.prefill_tokens, modes=("greedy",),
+            max_seq_len=args.max_seq_len, prefill_tokens=args.prefill_tokens, modes=modes,
         )  # fmt: skip
         report["compile_and_warm_up_s"] = time.perf_counter() - begin
         print(f"[bench] graphspec compiled and warmed up in {report['compile_and_warm_up_s']:.0f} s", flush=True)
+        report["buckets"], report["modes"] = list(buckets), list(modes)
         report["chunks"] = {bucket: runtime.compiled.prefill_chunks(bucket) for bucket in buckets}
         report["graphspec"] = time_graphspec(runtime, shapes, args.reps, args.seed, args.profile)
         artifact = Path(workdir) / "artifact"
@@ -259,7 +264,8 @@ def print_table(report: dict[str, Any], shapes) -> None:
     cold = report.get("cold_start")
     if cold and "error" not in cold:
         print(
-            f"\ncold start (fresh process, artifact with referenced weights): Runtime.load to ready "
+            f"\ncold start (fresh process, artifact with referenced weights, buckets {report['buckets']}, modes "
+            f"{report['modes']}): Runtime.load to ready "
             f"{cold['load_to_ready_s']:.1f} s; request of {cold['prompt_tokens']} + {cold['new_tokens']} tokens: "
             f"first {cold['first_request_ms']:.0f} ms, second {cold['second_request_ms']:.0f} ms "
             f"({cold['first_request_ms'] / cold['second_request_ms']:.2f}x); during requests: "

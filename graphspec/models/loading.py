@@ -296,20 +296,32 @@ def checkpoint_tensors(path: str | Path) -> tuple[list[Path], dict[str, tuple[Pa
 
 
 class _Prefetch:
-    """Every tensor of some safetensors files, copied to the device in the target dtype by a side thread.
-    Each file's tensors become available together once the file is read; a file that fails to read is
-    left to read_into, which reads it again and names the error."""
+    """Every tensor of some safetensors files, copied to the device in the target dtype by side threads,
+    each taking every THREADS-th file (one thread moved an 8B model's 16 GB in 3.6 s on an H200, page
+    cache reads and pageable copies one after the other; with several, they overlap). Each file's
+    tensors become available together once the file is read; a file that fails to read is left to
+    read_into, which reads it again and names the error."""
+
+    THREADS = 4
 
     def __init__(self, files: Iterable[Path], dtype: torch.dtype, device: torch.device) -> None:
         self.dtype, self.device = dtype, device
         self._files = {Path(file).resolve(): threading.Event() for file in files}
         self._tensors: dict[Path, dict[str, torch.Tensor]] = {}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, name="graphspec-prefetch", daemon=True)
-        self._thread.start()
+        queue = list(self._files)
+        self._threads = [
+            threading.Thread(
+                target=self._read, args=(queue[i :: self.THREADS],), name="graphspec-prefetch", daemon=True
+            )
+            for i in range(min(self.THREADS, len(queue)))
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    def _read(self) -> None:
-        for file, done in self._files.items():
+    def _read(self, files: list[Path]) -> None:
+        for file in files:
+            done = self._files[file]
             try:
                 if self._stop.is_set():
                     return
@@ -341,7 +353,8 @@ class _Prefetch:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
         self._tensors.clear()
 
 
