@@ -43,6 +43,12 @@ from graphspec.op_nodes import is_attention
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.triton_binaries import RECORDER as TRITON_KERNELS
 
+# Eager runs of a program on a side stream before its capture: the first loads every Triton kernel and
+# sets up cuBLAS's handles and workspaces, so the capture records launches only; a capture that did
+# compile anyway is logged (compiles_during_capture). A second run found nothing more to set up and cost
+# a tenth of an 8B artifact's start-up (docs/BENCHMARKS.md, cold start).
+WARM_UP_RUNS = 1
+
 log = logging.getLogger("graphspec")
 
 MODES = ("full", "piecewise", "eager")
@@ -302,7 +308,7 @@ class StepGraph:
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
-                    for _ in range(2):
+                    for _ in range(WARM_UP_RUNS):
                         self.gm(*self.args)
                 torch.cuda.current_stream().wait_stream(stream)
             compiles = TRITON_COMPILES.count

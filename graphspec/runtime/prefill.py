@@ -25,7 +25,7 @@ from graphspec import ops
 from graphspec.counters import COUNTERS
 from graphspec.drafters.base import Drafter, PrefillEnd
 from graphspec.runtime.buffers import pick_bucket
-from graphspec.runtime.graphs import TRITON_COMPILES, CudaGraphRecorder, Recorder, cpu_table_copy, pieces
+from graphspec.runtime.graphs import TRITON_COMPILES, WARM_UP_RUNS, CudaGraphRecorder, Recorder, cpu_table_copy, pieces
 from graphspec.trace_prefill import FEATURE_OUTPUT, PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
 
 # Rows of the per-chunk table uploaded once per group of prompts: [chunks, len(ROW_TABLE), bucket].
@@ -90,7 +90,7 @@ class PrefillProgram:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream), torch.inference_mode():
-                for _ in range(2):
+                for _ in range(WARM_UP_RUNS):
                     self.gm(*self.args)
             torch.cuda.current_stream().wait_stream(stream)
         compiles = TRITON_COMPILES.count
