@@ -4,6 +4,7 @@ parameters and whether its top CAP candidates decide it (CAP = 16, V well above 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 CAP = 16
@@ -77,3 +78,23 @@ def decided_rows(target: torch.Tensor, draft: torch.Tensor, temperature, top_k, 
     fields = [config[name] for name in verify_rejection.CONFIG_FIELDS]
     stats = verify_rejection.distribution_stats(target, draft, temperature, top_k, top_p, *fields)
     return (stats.cand[:, 0].cpu() & DONE.value) != 0
+
+
+def record_decided(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """The decided_rows flags of every stats run that kernels.sample and kernels.verify_rejection make
+    from now on, in call order: a test reads the flags of the very call whose tokens it checks, instead
+    of running the stats passes a second time (under the interpreter they are most of a call's time)."""
+    from graphspec.kernels import sample, verify_rejection
+    from graphspec.kernels.candidates import DONE
+
+    flags: list[torch.Tensor] = []
+    original = verify_rejection.distribution_stats
+
+    def recording(*args, **kwargs):
+        stats = original(*args, **kwargs)
+        flags.append((stats.cand[:, 0].cpu() & DONE.value) != 0)
+        return stats
+
+    monkeypatch.setattr(verify_rejection, "distribution_stats", recording)
+    monkeypatch.setattr(sample, "distribution_stats", recording)  # sample imports it by name
+    return flags

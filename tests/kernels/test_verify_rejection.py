@@ -15,7 +15,7 @@ import triton.language as tl
 from graphspec.kernels import verify_rejection as kernel
 
 from graphspec import ops
-from tests.kernels.candidate_rows import KINDS, decided_rows, kind_logits, kind_parameters
+from tests.kernels.candidate_rows import KINDS, decided_rows, kind_logits, kind_parameters, record_decided
 from tests.kernels.helpers import DEVICE, generator, poison_allocator
 
 
@@ -122,14 +122,18 @@ def candidate_case(k: int, vocab: int, seed: int, device=DEVICE):
 
 
 @pytest.mark.parametrize(("block_v", "k"), [(128, 2), (32, 1)], ids=["whole", "split"])
-def test_verify_rejection_candidates_decide_exactly_the_rows_they_can(block_v: int, k: int) -> None:
+def test_verify_rejection_candidates_decide_exactly_the_rows_they_can(
+    block_v: int, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Target and draft rows the top-16 candidates decide, and rows that must take the full-vocab
     passes (see candidate_rows.KINDS), in one batch: each stat row's flag is the one intended, and the
-    accepted counts and tokens are the reference's (so p and q are, where the drafts land)."""
+    accepted counts and tokens are the reference's (so p and q are, where the drafts land). The flags
+    are those of the verify call itself (record_decided), not of a second run of its stats passes."""
     args, decided = candidate_case(k, 160, seed=21)
     config = {"block_v": block_v, "nprobe": 256, "num_warps": 4, "chunk_v": 2 * block_v, "candidates": 16}
-    assert torch.equal(decided_rows(args[0], args[1], *args[3:6], **config), decided)
+    flags = record_decided(monkeypatch)
     tokens, accepted, ref_tokens, ref_accepted = run_both(args, **config)
+    assert len(flags) == 1 and torch.equal(flags[0], decided)
     torch.testing.assert_close(accepted, ref_accepted, rtol=0, atol=0)
     torch.testing.assert_close(tokens, ref_tokens, rtol=0, atol=0)
 
