@@ -102,7 +102,10 @@ def test_prefill_form_matches_reference(dtype):
     torch.testing.assert_close(final, ref_final, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 2e-2)
     live = torch.arange(6, device=DEVICE)[None, :] < lengths[:, None]  # outputs past a row's length are dead
     torch.testing.assert_close(out[live], ref_out[live], rtol=rtol, atol=atol)
-    opcheck(
-        torch.ops.graphspec.gated_delta_rule_triton,
-        (q, k, v, log_decay, beta, state, 1, slot_ids, start_pos, lengths, 8, 4),
-    )
+    if dtype == torch.bfloat16:
+        # opcheck runs the interpreted kernel several times; its only dtype-dependent check is that the
+        # fake outputs' dtypes are the real ones, which bf16 inputs test and fp32 ones cannot tell apart.
+        opcheck(
+            torch.ops.graphspec.gated_delta_rule_triton,
+            (q, k, v, log_decay, beta, state, 1, slot_ids, start_pos, lengths, 8, 4),
+        )
