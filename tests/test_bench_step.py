@@ -12,11 +12,15 @@ import pytest
 from benchmarks import bench_step
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
-def test_tiny_preset_runs_and_reports(tmp_path, capsys, preset: str) -> None:
+# The Llama run also times the sampling step (--sampling): the flag only adds a sampled timing per row,
+# so one run checks both reports; the Qwen3 run keeps the default, greedy-only report.
+@pytest.mark.parametrize(("preset", "sampling"), [("tiny-llama", True), ("tiny-qwen3", False)])
+def test_tiny_preset_runs_and_reports(tmp_path, capsys, preset: str, sampling: bool) -> None:
     report = tmp_path / "bench_step.json"
     args = ["--preset", preset, "--device", "cpu", "--batch-sizes", "1,2", "--replays", "2", "--eager-steps", "1"]
     args += ["--gen-tokens", "6", "--parity-steps", "6", "--parity-tokens", "4", "--self-draft", "none"]
+    if sampling:
+        args += ["--sampling", "--temperature", "0.7", "--top-k", "20", "--top-p", "0.9"]
     code = bench_step.main([*args, "--max-seq-len", "128", "--context", "32", "--json", str(report)])
     printed = capsys.readouterr().out
     data = json.loads(report.read_text())
@@ -26,26 +30,17 @@ def test_tiny_preset_runs_and_reports(tmp_path, capsys, preset: str) -> None:
         assert "error" not in row, row
         assert row["captured"]["median_ms"] > 0 and row["eager"]["median_ms"] > 0
         assert 1.0 <= row["accept"]["tokens_per_step"] <= 5.0  # K=4: between 1 and K+1 tokens per step
+        if sampling:
+            sampled = row["sampled"]
+            assert sampled["step_mode"] == "sample" and sampled["median_ms"] > 0 and sampled["top_k"] == 20
+        else:
+            assert "sampled" not in row
     assert data["parity"]["identical"] is True and data["parity"]["steps_compared"] > 0
     assert data["floor"]["target_bytes"] > 0 and data["floor"]["draft_bytes"] > 0
     regions = data["regions_batch_1"]
     assert all(regions[f"{name}_ms"] > 0 for name in ("draft", "verify", "accept"))
     assert "step/floor" in printed and "parity captured vs eager generate(): IDENTICAL" in printed
-
-
-def test_sampling_flag_times_the_sampling_step_next_to_greedy(tmp_path, capsys) -> None:
-    report = tmp_path / "bench_step.json"
-    args = ["--preset", "tiny-llama", "--device", "cpu", "--batch-sizes", "1,2", "--replays", "2", "--eager-steps", "1"]
-    args += ["--gen-tokens", "6", "--parity-steps", "6", "--parity-tokens", "4", "--self-draft", "none"]
-    args += ["--sampling", "--temperature", "0.7", "--top-k", "20", "--top-p", "0.9"]
-    code = bench_step.main([*args, "--max-seq-len", "128", "--context", "32", "--json", str(report)])
-    printed = capsys.readouterr().out
-    data = json.loads(report.read_text())
-    assert code == 0, data
-    for row in data["rows"]:
-        sampled = row["sampled"]
-        assert sampled["step_mode"] == "sample" and sampled["median_ms"] > 0 and sampled["top_k"] == 20
-    assert "sample/greedy" in printed
+    assert "sample/greedy" in printed or not sampling
 
 
 def test_sampling_flag_refuses_greedy_parameters() -> None:
