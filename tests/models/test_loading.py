@@ -425,6 +425,26 @@ def test_prefetched_load_takes_every_tensor_from_the_prefetch_and_loads_the_same
         assert params[name].dtype == torch.bfloat16 and torch.equal(params[name], tensor), name
 
 
+@pytest.mark.gpu
+def test_gpu_prefetch_stages_through_pinned_buffers_and_loads_the_same_weights(
+    checkpoint_factory, sharded: Path, monkeypatch
+) -> None:
+    """To a GPU the prefetch reads the files itself into pinned buffers; 4 KiB buffers split most
+    tensors into several copies, and every one must land where it belongs, in the asked dtype."""
+    monkeypatch.setattr(loading._Prefetch, "STAGING_BYTES", 4096)
+    handed = count_takes(monkeypatch)
+    files = sorted(sharded.glob("*.safetensors"))
+    with loading.prefetched(files, "bfloat16", "cuda"):
+        loaded = load_model(sharded, dtype="bfloat16", device="cuda")
+    assert -1 not in handed and sum(handed) == sum(len(load_file(file)) for file in files)
+    reference = dict(load_model(checkpoint_factory("llama"), dtype="bfloat16").model.named_parameters())
+    params = dict(loaded.model.named_parameters())
+    assert set(params) == set(reference)
+    for name, tensor in reference.items():
+        assert params[name].dtype == torch.bfloat16 and params[name].is_cuda, name
+        assert torch.equal(params[name].cpu(), tensor), name
+
+
 def test_prefetch_of_another_dtype_is_not_used(checkpoint: Path, monkeypatch) -> None:
     handed = count_takes(monkeypatch)
     with loading.prefetched([checkpoint / "model.safetensors"], "bfloat16", "cpu"):
