@@ -1004,11 +1004,6 @@ def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:
     except TypeError as error:
         raise ArtifactError(f"{path / MANIFEST}: bad config ({error}); recompile with `{command}`") from None
     verified = time.perf_counter()
-    # The graphs are rebuilt first (seconds of Python for an 8B pair's steps and prefill programs), while
-    # the prefetch threads move the weights to the device; load_model then takes what they moved.
-    graphs, records = _decode_steps(path, manifest, graph_docs, command)
-    prefill_graphs = _decode_prefill(path, manifest, config, records, command)
-    decoded = time.perf_counter()
     target = load_model(weights["target"], config.dtype, config.device)
     settings = {name: value for name, value in drafter_record.items() if name in SETTINGS[kind]}
     # File settings name the artifact's own (verified) copy.
@@ -1052,6 +1047,13 @@ def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:
     if tuple(manifest["signature"]["step_inputs"]) != signature.step_inputs:
         raise ArtifactError(f"the graphs take other step inputs than this runtime provides: recompile with `{command}`")
     _sync(config.device)
+    weighed = time.perf_counter()
+    # Rebuilt once the weights are in (seconds of Python for an 8B pair's steps and prefill programs): the
+    # prefetch threads need the interpreter for a moment per 32 MB copied, and beside a busy main thread
+    # each such moment waits out its switch interval (16 GB moved in 0.96 s alone, 8.1 s beside a busy
+    # thread, on an H200).
+    graphs, records = _decode_steps(path, manifest, graph_docs, command)
+    prefill_graphs = _decode_prefill(path, manifest, config, records, command)
     for entry in manifest["graphs"]:
         placeholders = len(graphs[(entry["mode"], int(entry["bucket"]))].graph.find_nodes(op="placeholder"))
         if placeholders != len(signature.input_names):
@@ -1070,7 +1072,7 @@ def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:
     sm = manifest["device"].get("sm")
     compiled = Compiled(config, target, drafter, graphs, signature, sm, records, prefill_graphs)
     done = time.perf_counter()
-    compiled.load_seconds = {"checks": verified - began, "graphs": decoded - verified, "weights": done - decoded}
+    compiled.load_seconds = {"checks": verified - began, "weights": weighed - verified, "graphs": done - weighed}
     return compiled
 
 

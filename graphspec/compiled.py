@@ -33,8 +33,8 @@ class Compiled:
     # before them.
     prefill_graphs: dict[tuple[int, int], fx.GraphModule] = field(default_factory=dict)
     # Seconds per phase of how this Compiled came to be in memory (load_artifact: "verify", "checks",
-    # "graphs", "weights" in order, then "hashing_beside_weights": the weight shards' sha256, which runs
-    # during "graphs" and "weights" and is not added to them); the Runtime adds its own start-up phases
+    # "weights", "graphs" in order, then "hashing_beside_weights": the weight shards' sha256, which runs
+    # during "weights" and "graphs" and is not added to them); the Runtime adds its own start-up phases
     # (Runtime.startup_seconds).
     load_seconds: dict[str, float] = field(default_factory=dict)
 

@@ -16,13 +16,14 @@
 #   hybrid    benchmarks/bench_hybrid.py (a Qwen3.5-shaped target's MTP and n-gram steps)
 #   prefill   benchmarks/bench_prefill.py (time to first token vs transformers, cold start by phase;
 #             PREFILL_ARGS adds arguments, e.g. "--profile 4096x1")
+#   transfer  benchmarks/bench_weight_transfer.py (weight shards to the GPU: the load's prefetch vs safe_open)
 #   serve     benchmarks/bench_serve.py (continuous vs static batching under Poisson load)
 #   parity    scripts/gpu_parity.py (when it exists)
 #   kernels   benchmarks/bench_kernels.py (KERNELS_ARGS adds arguments, e.g. "--only bench_sample,bench_verify")
 # The package is installed from this checkout without network first (graphspec.kernels maps to kernels/).
 # Logs and JSON go to $OUT (the device tool brings that folder back); a stage that fails or times out does
 # not stop the later ones, and the script exits non-zero if any stage failed. Each stage's time limit can be
-# overridden (TESTS_S, STEP_S, DRAFTERS_S, DFLASH_S, HYBRID_S, PREFILL_S, SERVE_S, PARITY_S, KERNELS_S).
+# overridden (TESTS_S, STEP_S, DRAFTERS_S, DFLASH_S, HYBRID_S, PREFILL_S, TRANSFER_S, SERVE_S, PARITY_S, KERNELS_S).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -91,6 +92,10 @@ fi
 if wants prefill; then
     stage "bench_prefill" "${PREFILL_S:-300}" "$OUT/bench_prefill.log" \
         "$PYTHON" benchmarks/bench_prefill.py --json "$OUT/bench_prefill.json" ${PREFILL_ARGS:-}
+fi
+if wants transfer; then
+    stage "bench_weight_transfer" "${TRANSFER_S:-150}" "$OUT/bench_weight_transfer.log" \
+        "$PYTHON" benchmarks/bench_weight_transfer.py
 fi
 if wants serve; then
     stage "bench_serve" "${SERVE_S:-280}" "$OUT/bench_serve.log" \

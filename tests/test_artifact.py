@@ -144,7 +144,7 @@ def test_a_loaded_runtime_says_where_its_start_up_went(compiled):
     runtime = Runtime.load(compiled[1])
     phases = runtime.startup_seconds
     assert list(phases) == [
-        "verify", "checks", "graphs", "weights", "hashing_beside_weights", "state_and_programs", "warm_up_and_capture"
+        "verify", "checks", "weights", "graphs", "hashing_beside_weights", "state_and_programs", "warm_up_and_capture"
     ]  # fmt: skip
     assert all(seconds >= 0 for seconds in phases.values()), phases
 
