@@ -1048,38 +1048,10 @@ def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:
         raise ArtifactError(f"the graphs take other step inputs than this runtime provides: recompile with `{command}`")
     _sync(config.device)
     weighed = time.perf_counter()
-    # Rebuilt once the weights are in (seconds of Python for an 8B pair's steps and prefill programs): the
-    # prefetch threads need the interpreter for a moment per 32 MB copied, and beside a busy main thread
-    # each such moment waits out its switch interval (16 GB moved in 0.96 s alone, 8.1 s beside a busy
-    # thread, on an H200).
-    graphs, records = _decode_steps(path, manifest, graph_docs, command)
-    prefill_graphs = _decode_prefill(path, manifest, config, records, command)
-    for entry in manifest["graphs"]:
-        placeholders = len(graphs[(entry["mode"], int(entry["bucket"]))].graph.find_nodes(op="placeholder"))
-        if placeholders != len(signature.input_names):
-            raise ArtifactError(
-                f"{path / entry['graph']}: graph takes {placeholders} inputs, the signature names "
-                f"{len(signature.input_names)}; recompile with `{command}`"
-            )
-    prefill_inputs = PrefillSignature(signature.target_params, signature.draft_params, signature.states).input_names
-    for entry in manifest.get("prefill", []):
-        gm = prefill_graphs[(int(entry["bucket"]), int(entry["chunk"]))]
-        if tuple(node.meta.get("gs_input") for node in gm.graph.find_nodes(op="placeholder")) != prefill_inputs:
-            raise ArtifactError(
-                f"{path / entry['graph']}: the graph takes other inputs than this runtime provides: "
-                f"recompile with `{command}`"
-            )
-    sm = manifest["device"].get("sm")
-    compiled = Compiled(config, target, drafter, graphs, signature, sm, records, prefill_graphs)
-    done = time.perf_counter()
-    compiled.load_seconds = {"checks": verified - began, "weights": weighed - verified, "graphs": done - weighed}
-    return compiled
-
-
-def _decode_steps(
-    path: Path, manifest: dict[str, Any], graph_docs: dict[str, Any], command: str
-) -> tuple[dict[tuple[str, int], fx.GraphModule], dict[str, list[PassRecord]]]:
-    """The step graphs by (mode, bucket), and the pass records by graph name, rebuilt from their records."""
+    # The graphs are rebuilt (seconds of Python for an 8B pair) once the weights are in, not beside their
+    # transfer: the prefetch threads need the interpreter for a moment per buffer, and beside a busy main
+    # thread each such moment waits out the GIL's switch interval (docs/BENCHMARKS.md: 16 GB moved in
+    # 0.96 s alone, 8.1 s beside a busy thread, on an H200).
     graphs, records = {}, {}
     for entry in manifest["graphs"]:
         name = entry["name"]
@@ -1091,14 +1063,23 @@ def _decode_steps(
                 f"{path / entry['graph']}: cannot rebuild the graph ({type(error).__name__}: {error}); "
                 f"recompile with `{command}`"
             ) from None
+        placeholders = len(gm.graph.find_nodes(op="placeholder"))
+        if placeholders != len(signature.input_names):
+            raise ArtifactError(
+                f"{path / entry['graph']}: graph takes {placeholders} inputs, the signature names "
+                f"{len(signature.input_names)}; recompile with `{command}`"
+            )
         graphs[(entry["mode"], int(entry["bucket"]))] = gm
         records[name] = [PassRecord(**fields) for fields in entry.get("passes", [])]
-    missing = sorted(
-        {(m, b) for m in manifest.get("modes", []) for b in manifest["config"]["batch_sizes"]} - set(graphs)
-    )
+    missing = sorted({(m, b) for m in manifest.get("modes", []) for b in config.batch_sizes} - set(graphs))
     if missing:
         raise ArtifactError(f"{path / MANIFEST}: no graph for (mode, bucket) {missing}; recompile with `{command}`")
-    return graphs, records
+    prefill_graphs = _load_prefill(path, manifest, config, signature, records, command)
+    sm = manifest["device"].get("sm")
+    compiled = Compiled(config, target, drafter, graphs, signature, sm, records, prefill_graphs)
+    done = time.perf_counter()
+    compiled.load_seconds = {"checks": verified - began, "weights": weighed - verified, "graphs": done - weighed}
+    return compiled
 
 
 def _sync(device: str) -> None:
@@ -1107,16 +1088,16 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def _decode_prefill(
+def _load_prefill(
     path: Path,
     manifest: dict[str, Any],
     config: SpecConfig,
+    signature: trace.StepSignature,
     records: dict[str, list[PassRecord]],
     command: str,
 ) -> dict[tuple[int, int], fx.GraphModule]:
-    """The prefill chunk programs, each checked against the chunk sizes its bucket must have (their inputs
-    are checked against the signature once the models are built); none for artifacts written before
-    prefill programs existed (the runtime then prefills through the reference)."""
+    """The prefill chunk programs, each checked against the chunk sizes its bucket must have; none for
+    artifacts written before prefill programs existed (the runtime then prefills through the reference)."""
     if "prefill" not in manifest:
         warnings.warn(
             f"{path} has no compiled prefill programs (written by an older graphspec): prompts are prefilled "
@@ -1125,6 +1106,7 @@ def _decode_prefill(
             stacklevel=4,
         )
         return {}
+    inputs = PrefillSignature(signature.target_params, signature.draft_params, signature.states).input_names
     graphs = {}
     for entry in manifest["prefill"]:
         name, bucket, chunk, where = entry["name"], int(entry["bucket"]), int(entry["chunk"]), path / entry["graph"]
@@ -1136,6 +1118,11 @@ def _decode_prefill(
             raise ArtifactError(
                 f"{where}: cannot rebuild the graph ({type(error).__name__}: {error}); recompile with `{command}`"
             ) from None
+        names = tuple(node.meta.get("gs_input") for node in gm.graph.find_nodes(op="placeholder"))
+        if names != inputs:
+            raise ArtifactError(
+                f"{where}: the graph takes other inputs than this runtime provides: recompile with `{command}`"
+            )
         traced = doc_shape(doc, "tokens")
         if traced != (bucket, chunk):
             raise ArtifactError(

@@ -337,7 +337,10 @@ class _Prefetch:
             thread.start()
 
     def _read(self, files: list[Path]) -> None:
-        staged = _Staging(self.device, self.STAGING_BYTES) if self.device.type == "cuda" else None
+        try:
+            staged = _Staging(self.device, self.STAGING_BYTES) if self.device.type == "cuda" else None
+        except Exception:  # e.g. no pinned memory (no CUDA here): plain copies, or read_into's error per file
+            staged = None
         for file in files:
             done = self._files[file]
             try:

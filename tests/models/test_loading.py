@@ -445,6 +445,15 @@ def test_gpu_prefetch_stages_through_pinned_buffers_and_loads_the_same_weights(
         assert torch.equal(params[name].cpu(), tensor), name
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_prefetch_to_a_gpu_this_machine_lacks_hands_nothing_and_does_not_hang(checkpoint: Path) -> None:
+    """No pinned memory and no device: every file is still marked done (take must not wait forever), and
+    take gives nothing, so read_into reads the file itself and reports what is wrong."""
+    file = checkpoint / "model.safetensors"
+    with loading.prefetched([file], "float32", "cuda"):
+        assert loading._PREFETCH.get().take(file, list(load_file(file)), torch.float32, torch.device("cuda")) is None
+
+
 def test_prefetch_of_another_dtype_is_not_used(checkpoint: Path, monkeypatch) -> None:
     handed = count_takes(monkeypatch)
     with loading.prefetched([checkpoint / "model.safetensors"], "bfloat16", "cpu"):
