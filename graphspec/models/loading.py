@@ -310,13 +310,12 @@ class _Prefetch:
     read; a file that fails to read is left to read_into, which reads it again and names the error.
 
     To a GPU the bytes go through pinned staging buffers, two per thread: a file read (readinto, from
-    the page cache) fills one while the other's copy to the device runs. On an H200 that moves an 8B
-    model's 16 GB in 0.96 s with four threads (3.2 s with one); through safe_open, where each tensor is
-    a view of the mapped file and .to(device) copies it from pageable memory, faulting its pages in as
-    it goes, it took 3.4-3.6 s with one thread or four (benchmarks/bench_weight_transfer.py; numbers
-    in docs/BENCHMARKS.md). The threads need the interpreter briefly per buffer: a busy main thread beside
-    them slows them down many times over (the GIL's switch interval), so loading waits for them before
-    its long Python work."""
+    the page cache) fills one while the other's copy to the device runs. On an H200 that moved an 8B
+    model's 16 GB in 0.96 s with four threads (3.2 s with one and 128 MB buffers). Through safe_open,
+    each tensor a view of the mapped file that .to(device) copies from pageable memory, faulting its
+    pages in as it goes, it took 3.4-3.6 s with one thread or four (docs/BENCHMARKS.md). The threads
+    need the interpreter briefly per buffer: beside a busy main thread they slow down many times over
+    (each wait lasts the GIL's switch interval), so loading waits for them before its long Python work."""
 
     THREADS = 4
     STAGING_BYTES = 32 << 20  # per buffer: large enough that each copy runs at full bandwidth

@@ -45,8 +45,8 @@ from graphspec.triton_binaries import RECORDER as TRITON_KERNELS
 
 # Eager runs of a program on a side stream before its capture: the first loads every Triton kernel and
 # sets up cuBLAS's handles and workspaces, so the capture records launches only; a capture that did
-# compile anyway is logged (compiles_during_capture). A second run found nothing more to set up and cost
-# a tenth of an 8B artifact's start-up (docs/BENCHMARKS.md, cold start).
+# compile anyway is logged (compiles_during_capture). A second run, as there used to be, cost about a
+# second of an 8B artifact's start-up with 14 programs (docs/BENCHMARKS.md, cold start, ff7d22e).
 WARM_UP_RUNS = 1
 
 log = logging.getLogger("graphspec")
