@@ -885,8 +885,8 @@ def _load(path: Path, manifest: dict[str, Any], allow_mismatch: bool, command: s
     # block matched: a changed shard still refuses the whole load, in the time the load takes anyway.
     shards = {name for role in manifest_roles(manifest) for name in manifest["models"][role]["files"]}
     shards = {name for name in shards if name.endswith(".safetensors")}
-    # The shards' tensors also start moving to the device now, beside the config parse whose first
-    # transformers import takes seconds (loading.prefetched); the models take them from there.
+    # The shards' tensors also start moving to the device now, beside the small files' verification and
+    # the checks (loading.prefetched); the models take them from there.
     shard_files = sorted(_manifest_file(path, name) for name in shards)
     triton_kernels = manifest.get("triton_cache") or {}  # format-4 artifacts before it had none
     check_listing(triton_kernels, str(path / MANIFEST))

@@ -435,10 +435,10 @@ _PREFETCH: contextvars.ContextVar[_Prefetch | None] = contextvars.ContextVar("gr
 
 @contextlib.contextmanager
 def prefetched(files: Iterable[Path], dtype: str | torch.dtype, device: str | torch.device) -> Iterator[None]:
-    """Within the block, read_into takes the tensors of `files` from copies a side thread starts making
-    on the device at once, before the caller has parsed a config. Loading an artifact whose files are
-    known up front starts the weights' transfer beside the first transformers config parse, whose
-    imports take seconds (docs/BENCHMARKS.md, cold start); tensors nobody took are freed on exit."""
+    """Within the block, read_into takes the tensors of `files` from copies that side threads start
+    making on the device at once, before the caller has parsed a config: loading an artifact, whose
+    files are known up front, moves the weights while it verifies and checks the rest (docs/BENCHMARKS.md,
+    cold start). Tensors nobody took are freed on exit."""
     prefetch = _Prefetch(files, parse_dtype(dtype), torch.device(device))
     token = _PREFETCH.set(prefetch)
     try:
