@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -200,6 +201,15 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
+def read_safetensors_header(handle: Any, size: int) -> tuple[int, dict]:
+    """(offset of the data section, header) of an open safetensors file of `size` bytes, read from its
+    start; ValueError (or json's) when the header is not there."""
+    header_len = int.from_bytes(handle.read(8), "little")
+    if size < 8 or header_len <= 0 or 8 + header_len > size:
+        raise ValueError("header length runs past the end of the file")
+    return 8 + header_len, json.loads(handle.read(header_len))
+
+
 def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
     """name -> (file, shape) for every tensor, validating each file's header and size."""
     tensors: dict[str, tuple[Path, tuple[int, ...]]] = {}
@@ -207,10 +217,7 @@ def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
         size = file.stat().st_size
         try:
             with file.open("rb") as handle:
-                header_len = int.from_bytes(handle.read(8), "little")
-                if size < 8 or header_len <= 0 or 8 + header_len > size:
-                    raise ValueError("header length runs past the end of the file")
-                header = json.loads(handle.read(header_len))
+                data_start, header = read_safetensors_header(handle, size)
         except (ValueError, UnicodeDecodeError) as error:
             raise CheckpointError(f"{file}: corrupt or truncated safetensors file ({error})") from None
         end = 0
@@ -231,9 +238,9 @@ def _read_headers(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
         if duplicated:
             raise CheckpointError(f"{file}: tensors stored in more than one file: {', '.join(duplicated)}")
         tensors.update((name, (file, shape)) for name, shape in shapes.items())
-        if 8 + header_len + end > size:
+        if data_start + end > size:
             raise CheckpointError(
-                f"{file}: truncated safetensors file ({size} bytes, header promises {8 + header_len + end})"
+                f"{file}: truncated safetensors file ({size} bytes, header promises {data_start + end})"
             )
     return tensors
 
@@ -396,8 +403,7 @@ class _Staging:
         """Every tensor of `file` on the device, converted to `dtype` (as .to(device, dtype) would)."""
         tensors: dict[str, torch.Tensor] = {}
         with file.open("rb", buffering=0) as handle:
-            header_len = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(header_len))
+            data_start, header = read_safetensors_header(handle, os.fstat(handle.fileno()).st_size)
             for name, info in header.items():
                 if name == "__metadata__" or name.startswith(UNUSED_PREFIXES):
                     continue
@@ -405,7 +411,7 @@ class _Staging:
                     return {}
                 begin, end = info["data_offsets"]
                 raw = torch.empty(end - begin, dtype=torch.uint8, device=self.device)
-                handle.seek(8 + header_len + begin)
+                handle.seek(data_start + begin)
                 for offset in range(0, end - begin, self.buffers[0].numel()):
                     self._copy(handle, raw[offset : offset + self.buffers[0].numel()])
                 shape = [int(d) for d in info["shape"]]
