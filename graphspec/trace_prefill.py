@@ -148,7 +148,7 @@ def prefill_chunk(
     head = target_params.get("lm_head.weight", target_params.get("model.embed_tokens.weight"))
     last_logits = F.linear(last_hidden, head)  # [B, V]
     drafter_state = {name: value for name, value in state.items() if name not in target_names}
-    chunk = PrefillChunk(tokens, inputs["next_tokens"], start_pos, slot_ids, hidden, features)
+    chunk = PrefillChunk(tokens, inputs["next_tokens"], start_pos, slot_ids, inputs["last_index"], hidden, features)
     drafter_state = drafter.prefill_chunk(draft_params, chunk, drafter_state)
     outputs = {"last_logits": last_logits, "last_hidden": last_hidden, **extra}
     return {**outputs, **target_state, **drafter_state}

@@ -72,13 +72,14 @@ def mtp_stored_names(hf_mtp: torch.nn.Module, num_layers: int, layout: str) -> d
     """transformers MtpModel parameter name -> the name a public checkpoint stores it under."""
     names = {}
     for name in hf_mtp.state_dict():
-        if not name.startswith("layers.0."):
+        if not name.startswith("layers."):
             continue  # embed_tokens / shared_head: the target's own
-        local = name.removeprefix("layers.0.")
+        index, local = name.removeprefix("layers.").split(".", 1)
         if layout == "deepseek_v3":
             local = local.removeprefix("mtp_block.").replace("post_norm.", "shared_head.norm.")
-            names[name] = f"model.layers.{num_layers}.{local}"
+            names[name] = f"model.layers.{num_layers + int(index)}.{local}"
         else:
+            assert index == "0", "the Qwen3-Next layout holds one MTP layer"
             renames = {"enorm.": "pre_fc_norm_embedding.", "hnorm.": "pre_fc_norm_hidden.", "eh_proj.": "fc."}
             renames["post_norm."] = "norm."
             for old, new in renames.items():
@@ -88,16 +89,20 @@ def mtp_stored_names(hf_mtp: torch.nn.Module, num_layers: int, layout: str) -> d
     return names
 
 
-def make_mtp_checkpoint(directory: Path, layout: str = "deepseek_v3", seed: int = 0, **overrides) -> Path:
-    """A tiny Qwen3 target whose checkpoint also holds one MTP layer in `layout` ("deepseek_v3":
-    model.layers.{L}.*, or "qwen3_next": mtp.*), with random weights; config num_mtp_layers = 1."""
+def make_mtp_checkpoint(
+    directory: Path, layout: str = "deepseek_v3", seed: int = 0, mtp_layers: int = 1, **overrides
+) -> Path:
+    """A tiny Qwen3 target whose checkpoint also holds `mtp_layers` MTP layers in `layout` ("deepseek_v3":
+    model.layers.{L + i}.*, or "qwen3_next": mtp.*, one layer), with random weights; config
+    num_mtp_layers = mtp_layers."""
     from safetensors.torch import load_file, save_file
     from transformers.modeling_layers import MtpModel
 
-    make_checkpoint(directory, "qwen3", seed, num_mtp_layers=1, mtp_layer_types=["full_attention"], **overrides)
+    types = ["full_attention"] * mtp_layers
+    make_checkpoint(directory, "qwen3", seed, num_mtp_layers=mtp_layers, mtp_layer_types=types, **overrides)
     model = load_hf(directory)
     torch.manual_seed(seed + 1000)
-    mtp = MtpModel(model, 1)
+    mtp = MtpModel(model, mtp_layers)
     with torch.no_grad():
         for name, parameter in mtp.named_parameters():
             if name.startswith("layers."):
@@ -116,7 +121,7 @@ def load_hf_mtp(directory: Path, layout: str = "deepseek_v3") -> tuple[torch.nn.
     from transformers.modeling_layers import MtpModel
 
     model = load_hf(directory)
-    mtp = MtpModel(model, 1).eval()
+    mtp = MtpModel(model, model.config.num_mtp_layers).eval()
     stored = load_file(directory / "model.safetensors")
     names = mtp_stored_names(mtp, model.config.num_hidden_layers, layout)
     mtp.load_state_dict({name: stored[file_name] for name, file_name in names.items()}, strict=False)

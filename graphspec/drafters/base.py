@@ -64,6 +64,7 @@ class PrefillChunk:
     next_tokens: Tensor  # [B, C] int64: the token one position later (0 where the prompt has none)
     start_pos: Tensor  # [B] int64: the chunk's first position
     slot_ids: Tensor  # [B]
+    last_index: Tensor  # [B] int64: the row's last prompt position in the chunk (C - 1 if the prompt goes on)
     hidden: Tensor  # [B, C, H] the target's final (normed) hidden states over the chunk
     features: Tensor | None = None  # [B, C, F] the target features the drafter declares (target_features)
 

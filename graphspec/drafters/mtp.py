@@ -9,12 +9,20 @@ with `block` one decoder layer of the target's family (its own KV cache) and the
 lm_head. Positions follow transformers' MtpModel: rotary at the token's position t+1, the KV entry at
 the hidden's position t (so the head's cache has no entry before the first pair).
 
-One step: (1) catch-up: the head runs over the previous verify's K+1 (token, hidden) pairs (the
-accepted ones are exact, the rest write dead KV) and its output at the accepted row gives d1; (2)
-drafts 2..K chain: draft i feeds d_{i-1} with the head's own post-norm output for d_{i-1}'s
-prediction, reusing layer (i-1) mod n_layers. That is transformers' MtpModel between layers, and for
-K <= n_layers the same drafts; K beyond the layer count reuses layers (vLLM's rule). Only checkpoints
-with one MTP layer are supported today (every public DeepSeek-V3/Qwen3.5/Qwen3-Next checkpoint).
+With n MTP layers, a step of K drafts runs d = min(n, K) of them, each with its own KV cache, as
+transformers' MtpModel does: layer j pairs the token at position t + j + 1 with layer j-1's output for
+hidden position t (layer 0: the target's h_t), rotary at the token's position, KV at t, and its output
+at the last committed position L - 2 predicts draft j + 1; the tokens it pairs past L - 1 are the drafts
+of the layers before it. Drafts past d chain on the last layer, one row each: draft i feeds d_{i-1}
+with the head's own post-norm output for it (for one layer this is vLLM's rule of reusing layer
+(i-1) mod n; for several, chaining the last keeps every layer's KV gap-free).
+
+One step: (1) catch-up: every layer runs over a window of K + d rows, the d - 1 committed positions
+before the previous verify's first row (kept in the state: they are the rows a rejected draft made
+stale in layers >= 1) and that verify's K+1 (token, hidden) rows; rows up to L - 2 are exact, the rest
+write dead KV that the chained drafts or the next step rewrite before anything reads it; (2) drafts
+d+1..K chain as above. The head's cache has d - 1 positions more than max_seq_len, for windows that
+begin before position 0 (then rows from position 0 on) or run past the last chunk of a prompt.
 
 Checkpoint layouts (read from the target's own files): DeepSeek-V3 `model.layers.{L + i}.{enorm, hnorm,
 eh_proj, shared_head.norm, <decoder layer>}`; Qwen3.5/Qwen3-Next `mtp.{pre_fc_norm_embedding,
@@ -208,67 +216,135 @@ class Mtp(Drafter):
     def model(self) -> nn.Module:
         return self.head
 
+    def depth(self, k: int) -> int:
+        """The MTP layers a step of K drafts runs over its catch-up window: one per draft, at most all."""
+        return min(len(self.head.layers), k)
+
     def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
-        spec, count = self.head.spec, len(self.head.layers)
-        cache = kv_cache_shape(spec, count, slots, max_seq_len)
+        spec, depth = self.head.spec, self.depth(k)
+        cache = kv_cache_shape(spec, depth, slots, max_seq_len + depth - 1)
+        rows = k + depth  # the last verify's K+1 rows, then the depth-1 committed positions before them
         return (
             State("mtp_cache", cache, dtype, "length"),
-            # The last verify's K+1 rows: hidden states, tokens (row j at position start + j), and start.
+            # Hidden states and tokens of those rows (verify row j: hidden at start - 1 + j, token at
+            # start + j; prior row i: hidden at start - depth + i, token one later), and start.
             State(
                 "mtp_hidden",
-                (slots, k + 1, spec.hidden_size),
+                (slots, rows, spec.hidden_size),
                 dtype,
                 "verified",
                 CommitWrite("target_features", "start"),
             ),
-            State("mtp_tokens", (slots, k + 1), torch.int64, "verified", CommitWrite("tokens", "start")),
+            State("mtp_tokens", (slots, rows), torch.int64, "verified", CommitWrite("tokens", "start")),
             State("mtp_start", (slots, 1), torch.int64, "verified", CommitWrite("committed_len", "start")),
         )
+
+    def layer(
+        self,
+        params: dict[str, Tensor] | None,
+        index: int,
+        tokens: Tensor,
+        hidden: Tensor,
+        kv_start: Tensor,
+        slot_ids: Tensor,
+        cache: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """MTP layer `index` over the pairs (tokens[t], hidden[t]), KV at kv_start + t: traced with the
+        step's params, or (params None) eagerly on the head's own weights, writing the cache in place."""
+        args = (index, tokens, hidden, kv_start, slot_ids, cache, cos, sin)
+        if params is None:
+            return self.head(*args, in_place=True)
+        return torch.func.functional_call(self.head, params, args)
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
         k, inputs = step.k, step.inputs
         length, slot_ids = inputs["committed_len"], inputs["slot_ids"]  # L [B]
         cache = state["mtp_cache"]
+        depth = cache.shape[0]
+        width = k + depth
         rows = torch.arange(length.shape[0], device=length.device)
-        offsets = torch.arange(k + 1, device=length.device)
-        hidden = state["mtp_hidden"].index_select(0, slot_ids)  # [B, K+1, H]
-        start = state["mtp_start"].index_select(0, slot_ids)[:, 0]  # [B]: position of tokens[:, 0]
+        hidden = state["mtp_hidden"].index_select(0, slot_ids)  # [B, K+d, H]
+        tokens = state["mtp_tokens"].index_select(0, slot_ids)
+        start = state["mtp_start"].index_select(0, slot_ids)[:, 0]  # [B]: position of the verify's first token
         accepted = (length - 1 - start).clamp(min=0, max=k)  # the previous step's accepted count
-        # Rows past it are dead; give them a valid token id (an embedding lookup must stay in range).
-        tokens = torch.where(offsets <= accepted[:, None], state["mtp_tokens"].index_select(0, slot_ids), 0)
+        first = start - depth  # the window's first hidden position
+        if depth > 1:  # window order: prior rows, then verify rows; from position 0 if it starts before
+            hidden, tokens = (torch.cat((x[:, k + 1 :], x[:, : k + 1]), 1) for x in (hidden, tokens))
+            skip = (-first).clamp(min=0, max=depth - 1)
+            hidden, tokens = window_from(hidden, skip), window_from(tokens, skip)
+            first = first + skip
+            draft_row = accepted + depth - 1 - skip  # the row at position L - 2, whose outputs predict drafts
+        else:
+            draft_row = accepted
         # Clamped so even a never-written slot (padding rows read the spare one) writes inside the cache.
-        kv_start = (start - 1).clamp(min=0, max=cache.shape[4] - (k + 1))
-        positions = torch.cat((kv_start[:, None] + 1 + offsets, length[:, None] + offsets[: k - 1]), dim=1)
-        cos, sin = self.target.rope(positions, params["inv_freq"])  # [B, 2K, D]: catch-up rows, then chain
-
-        def head(tokens: Tensor, hidden: Tensor, kv: Tensor, cache: Tensor, rows: slice) -> tuple[Tensor, Tensor]:
-            args = (0, tokens, hidden, kv, slot_ids, cache, cos[:, rows], sin[:, rows])
-            return torch.func.functional_call(self.head, params, args)
-
-        # 1. Catch-up over the previous verify's rows; the accepted row's output predicts d1.
-        out, cache = head(tokens, hidden, kv_start, cache, slice(0, k + 1))  # [B, K+1, H]
-        chained = out[rows, accepted]  # [B, H]
-        logits = self.draft_logits(params, chained)  # [B, V]
-        proposals, proposal_logits = [step.pick(logits, 0)], [logits]
-        # 2. Drafts 2..K: d_{i-1} at position L + i - 2 (KV entry one before) with the head's own output.
-        for index in range(1, k):
-            kv = (length + index - 2).clamp(min=0)
-            out, cache = head(proposals[-1][:, None], chained[:, None], kv, cache, slice(k + index, k + index + 1))
+        kv_start = first.clamp(min=0, max=cache.shape[4] - width)
+        columns = torch.arange(width + depth - 1, device=length.device)
+        # seq[c]: the token at position kv_start + 1 + c: committed up to draft_row (past it: dead rows
+        # get a valid id, an embedding lookup must stay in range), then each layer's draft once drawn.
+        seq = torch.cat((tokens, tokens.new_zeros(tokens.shape[0], depth - 1)), 1)
+        seq = torch.where(columns <= draft_row[:, None], seq, 0)
+        chain = torch.arange(depth, k, device=length.device)
+        positions = torch.cat((kv_start[:, None] + 1 + columns, length[:, None] - 1 + chain), dim=1)
+        cos, sin = self.target.rope(positions, params["inv_freq"])  # [B, width + d - 1 + K - d, D]
+        proposals: list[Tensor] = []
+        proposal_logits: list[Tensor] = []
+        out = hidden
+        # 1. Catch-up: layer j over the window; its output at draft_row predicts draft j + 1.
+        for index in range(depth):
+            span = slice(index, index + width)
+            out, cache = self.layer(
+                params, index, seq[:, span], out, kv_start, slot_ids, cache, cos[:, span], sin[:, span]
+            )
+            chained = out[rows, draft_row]  # [B, H]
+            logits = self.draft_logits(params, chained)  # [B, V]
+            proposals.append(step.pick(logits, index))
+            proposal_logits.append(logits)
+            if index < depth - 1:
+                seq = torch.where(columns == (draft_row + 1 + index)[:, None], proposals[-1][:, None], seq)
+        # 2. Drafts d+1..K chain on the last layer: d_{i-1} at position L + i - 2, KV one before, with the
+        # head's own output.
+        for index in range(depth, k):
+            kv = (length + index - 1 - depth).clamp(min=0)
+            at = slice(width + depth - 1 + index - depth, width + index)
+            out, cache = self.layer(
+                params, depth - 1, proposals[-1][:, None], chained[:, None], kv, slot_ids, cache, cos[:, at], sin[:, at]
+            )
             chained = out[:, 0]
             logits = self.draft_logits(params, chained)
             proposals.append(step.pick(logits, index))
             proposal_logits.append(logits)
         states = {"mtp_cache": cache, **{name: state[name] for name in ("mtp_hidden", "mtp_tokens", "mtp_start")}}
+        if depth > 1:  # the next step's prior rows: positions L - d .. L - 2 (committed whatever verify accepts)
+            prior = (draft_row[:, None] - depth + 2 + torch.arange(depth - 1, device=length.device)).clamp(min=0)
+            after = torch.full_like(start, k + 1)
+            states["mtp_hidden"] = ops.slot_update(state["mtp_hidden"], slot_ids, after, hidden[rows[:, None], prior])
+            states["mtp_tokens"] = ops.slot_update(state["mtp_tokens"], slot_ids, after, seq[rows[:, None], prior])
         return Proposal(torch.stack(proposals, dim=1), states, logits=torch.stack(proposal_logits, dim=1))
 
     def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:
         tokens, hidden, slots, lengths = prompt.tokens, prompt.hidden, prompt.slot_ids, prompt.lengths
-        if tokens.shape[1] > 1:  # pairs (x_t, h_{t-1}) for t = 1 .. T-1; right padding writes dead KV
-            kv_start = torch.zeros_like(lengths)
-            positions = 1 + torch.arange(tokens.shape[1] - 1, device=tokens.device).expand(tokens.shape[0], -1)
+        depth = state["mtp_cache"].shape[0]
+        # Pairs (x_{t+1}, h_t) for t = 0 .. T-1 (x_T unknown: 0); right padding writes dead KV, and so do
+        # layer j's last j rows, whose tokens lie past the prompt (the first step's window rewrites them).
+        seq = torch.cat((tokens[:, 1:], tokens.new_zeros(tokens.shape[0], depth)), 1)
+        if tokens.shape[1] > 1:
+            pairs = tokens.shape[1] - 1
+            positions = 1 + torch.arange(pairs + depth - 1, device=tokens.device).expand(tokens.shape[0], -1)
             cos, sin = self.target.rope(positions, self.head.inv_freq)
-            cache = state["mtp_cache"][..., : tokens.shape[1] - 1, :]  # a view cut to the pairs, as the target's
-            self.head(0, tokens[:, 1:], hidden[:, :-1], kv_start, slots, cache, cos, sin, in_place=True)
+            kv_start = torch.zeros_like(lengths)
+            cache = state["mtp_cache"][..., :pairs, :]  # a view cut to the pairs, as the target's
+            out = hidden[:, :-1]
+            for index in range(depth):
+                span = slice(index, index + pairs)
+                out, _ = self.layer(None, index, seq[:, span], out, kv_start, slots, cache, cos[:, span], sin[:, span])
+        if depth > 1:  # positions P - d .. P - 1 where prefill_finish looks for them (as prefill_chunk leaves them)
+            last = (lengths[:, None] - depth + torch.arange(depth, device=tokens.device)).clamp(min=0)
+            rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
+            k = state["mtp_hidden"].shape[1] - depth
+            state["mtp_hidden"][slots, k:] = hidden[rows, last].to(state["mtp_hidden"].dtype)
+            state["mtp_tokens"][slots, k:] = seq[rows, last]
         self.prefill_finish(prompt.end(), state)
 
     def prefill_chunk(
@@ -277,17 +353,64 @@ class Mtp(Drafter):
         # Pairs (x_{p+1}, h_p) for the chunk's positions p, KV at p, rotary at p + 1 (as prefill() above).
         # The pair of the prompt's last position (its x is the first token, unknown yet) and those past
         # it write dead KV: the first step's catch-up rewrites the entry at L - 1 before reading it.
-        positions = chunk.start_pos[:, None] + 1 + torch.arange(chunk.tokens.shape[1], device=chunk.tokens.device)
-        cos, sin = self.target.rope(positions, params["inv_freq"])
-        args = (0, chunk.next_tokens, chunk.hidden, chunk.start_pos, chunk.slot_ids, state["mtp_cache"], cos, sin)
-        _, cache = torch.func.functional_call(self.head, params, args)
-        return {"mtp_cache": cache, **{name: state[name] for name in ("mtp_hidden", "mtp_tokens", "mtp_start")}}
+        cache, depth = state["mtp_cache"], state["mtp_cache"].shape[0]
+        names = ("mtp_hidden", "mtp_tokens", "mtp_start")
+        if depth == 1:
+            positions = chunk.start_pos[:, None] + 1 + torch.arange(chunk.tokens.shape[1], device=chunk.tokens.device)
+            cos, sin = self.target.rope(positions, params["inv_freq"])
+            args = (0, chunk.next_tokens, chunk.hidden, chunk.start_pos, chunk.slot_ids, cache, cos, sin)
+            _, cache = torch.func.functional_call(self.head, params, args)
+            return {"mtp_cache": cache, **{name: state[name] for name in names}}
+        # Several layers: the window is the d - 1 positions before the chunk (carried in the prior rows)
+        # and the chunk's, so layers >= 1 rewrite the rows whose tokens lay past the last chunk.
+        k = state["mtp_hidden"].shape[1] - depth
+        width = chunk.tokens.shape[1] + depth - 1
+        rows = torch.arange(chunk.tokens.shape[0], device=chunk.tokens.device)
+        hidden = state["mtp_hidden"].index_select(0, chunk.slot_ids)[:, k + 1 :]
+        hidden = torch.cat((hidden, chunk.hidden.to(hidden.dtype)), 1)
+        tokens = torch.cat((state["mtp_tokens"].index_select(0, chunk.slot_ids)[:, k + 1 :], chunk.next_tokens), 1)
+        first = chunk.start_pos - depth + 1
+        skip = (-first).clamp(min=0, max=depth - 1)
+        hidden, tokens, kv_start = window_from(hidden, skip), window_from(tokens, skip), first + skip
+        columns = torch.arange(width + depth - 1, device=chunk.tokens.device)
+        seq = torch.cat((tokens, tokens.new_zeros(tokens.shape[0], depth - 1)), 1)
+        cos, sin = self.target.rope(kv_start[:, None] + 1 + columns, params["inv_freq"])
+        out = hidden
+        for index in range(depth):
+            span = slice(index, index + width)
+            out, cache = self.layer(
+                params, index, seq[:, span], out, kv_start, chunk.slot_ids, cache, cos[:, span], sin[:, span]
+            )
+        # Positions e - d .. e - 1 (e: one past the row's last position here) for the next chunk, or for
+        # prefill_finish once the prompt has ended.
+        # Window row of position e - d + i: last_index + i (skip rows fewer when it started at position 0).
+        last = (chunk.last_index - skip)[:, None] + torch.arange(depth, device=chunk.tokens.device)
+        last = last.clamp(min=0)  # positions before 0 carry filler, which no window reads
+        at = torch.full_like(chunk.start_pos, k)
+        states = {"mtp_cache": cache, "mtp_start": state["mtp_start"]}
+        states["mtp_hidden"] = ops.slot_update(state["mtp_hidden"], chunk.slot_ids, at, hidden[rows[:, None], last])
+        states["mtp_tokens"] = ops.slot_update(state["mtp_tokens"], chunk.slot_ids, at, tokens[rows[:, None], last])
+        return states
 
     def prefill_finish(self, end: PrefillEnd, state: dict[str, Tensor]) -> None:
+        depth = state["mtp_cache"].shape[0]
+        if (
+            depth > 1
+        ):  # prefill left positions P - d .. P - 1 in rows K .. K+d-1; the step's prior rows are P - d .. P - 2
+            k = state["mtp_hidden"].shape[1] - depth
+            for name in ("mtp_hidden", "mtp_tokens"):
+                state[name][end.slot_ids, k + 1 :] = state[name][end.slot_ids, k:-1].clone()
         # The first step's catch-up row 0: the first token (at position L) with the prompt's last hidden.
         state["mtp_tokens"][end.slot_ids, 0] = end.first
         state["mtp_hidden"][end.slot_ids, 0] = end.last_hidden.to(state["mtp_hidden"].dtype)
         state["mtp_start"][end.slot_ids, 0] = end.lengths
+
+
+def window_from(rows: Tensor, skip: Tensor) -> Tensor:
+    """rows [B, W, ...] moved up by skip[b] rows (the last row repeated at the end): a window whose first
+    rows lie before position 0 starts at position 0 instead."""
+    index = (torch.arange(rows.shape[1], device=rows.device) + skip[:, None]).clamp(max=rows.shape[1] - 1)
+    return rows.gather(1, index.view(*index.shape, *(1,) * (rows.dim() - 2)).expand(-1, -1, *rows.shape[2:]))
 
 
 def plan_head(
@@ -303,6 +426,11 @@ def plan_head(
         check_head_config(path, config, target.spec)
     files, available = checkpoint_tensors(path)
     layout = detect_layout(path, available, first_layer)
+    if count > 1 and layout != "deepseek_v3":
+        raise InputError(
+            f"{path} declares {count} MTP layers in the Qwen3-Next layout (mtp.*), which holds one (a single "
+            f"fc and norms); several MTP layers are read from the DeepSeek-V3 layout (model.layers.{{L + i}}.*)"
+        )
     head = MtpHead(target, count)
     own = [name for name in checkpoint_state(head) if name.startswith("layers.")]
     names: dict[str, str] = {}
@@ -321,8 +449,6 @@ def check_mtp(path: Path, config: Any, spec: ModelSpec) -> int:
             f"draft='mtp' needs MTP weights, but {path}'s config declares no MTP layers (num_mtp_layers, "
             f"num_nextn_predict_layers or mtp_num_hidden_layers); use a draft model or 'ngram'"
         )
-    if count > 1:
-        raise InputError(f"{path} has {count} MTP layers; graphspec runs checkpoints with one MTP layer so far")
     return count
 
 

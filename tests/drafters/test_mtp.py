@@ -91,6 +91,65 @@ def test_one_step_drafts_equal_a_full_sequence_transformers_forward(mtp_case, k)
         ids, pairs_hidden = torch.cat((ids, draft[:, None]), 1), torch.cat((pairs_hidden, out[:, -1:]), 1)
 
 
+@pytest.fixture(scope="module", params=[2, 3], ids=["2_layers", "3_layers"])
+def deep_case(request, tmp_path_factory):
+    """A DeepSeek-V3-layout checkpoint with several MTP layers (model.layers.{L + i}.*)."""
+    layers = request.param
+    directory = make_mtp_checkpoint(tmp_path_factory.mktemp(f"mtp_{layers}"), "deepseek_v3", seed=5, mtp_layers=layers)
+    hf_target, hf_mtp = load_hf_mtp(directory)
+    target = load_model(directory)
+    return layers, Mtp(target, torch.float32, "cpu"), hf_target, hf_mtp
+
+
+@pytest.mark.parametrize("length", [11, 2])  # 2: fewer prompt positions than the window reaches back
+@pytest.mark.parametrize("extra", [-1, 0, 2])  # K = layers - 1, layers, layers + 2
+def test_several_layers_draft_as_transformers_mtp_model_then_chain_the_last(deep_case, extra, length):
+    """After prefill, the first K <= n drafts are transformers' MtpModel.forward (layer j pairs the
+    tokens shifted j + 1 ahead, the last ones its earlier drafts, with layer j-1's outputs); drafts past
+    n chain on the last layer, each with the head's own output for the draft before (pinned against
+    that layer over the whole pair sequence, no cache)."""
+    layers, drafter, hf_target, hf_mtp = deep_case
+    k = layers + extra
+    assert drafter.describe() == {"kind": "mtp", "layers": layers, "layout": "deepseek_v3"}
+    generator = torch.Generator().manual_seed(length + k)
+    prompt = torch.randint(0, 128, (1, length), generator=generator)
+    with torch.no_grad():
+        outputs = hf_target(prompt, output_hidden_states=True)
+    hidden, first = outputs.hidden_states[-1], outputs.logits[:, -1].argmax(-1)
+    states = drafter.states(SLOTS, MAX_SEQ, k, torch.float32)
+    assert states[0].shape[0] == min(k, layers)  # the cache holds the layers a step runs
+    state = {s.name: s.allocate("cpu") for s in states}
+    slots, lengths = torch.tensor([1]), torch.tensor([length])
+    drafter.prefill(PrefillView(prompt, slots, lengths, hidden, first, hidden), state)
+    inputs = {"committed_len": lengths + 1, "slot_ids": slots, "last_tokens": torch.stack((prompt[:, -1], first), 1)}
+    proposal = drafter.propose(drafter.params(), StepView(inputs, k, lambda logits, index: logits.argmax(-1)), state)
+
+    ids, positions = torch.cat((prompt[:, 1:], first[:, None]), 1), torch.arange(1, length + 1)[None]
+    with torch.no_grad():
+        drafts, logits, _ = hf_mtp(ids, hidden, None, positions, None)  # transformers' own n drafts
+    shown = min(k, layers)
+    torch.testing.assert_close(proposal.logits[:, :shown], logits[:, :shown], rtol=1e-4, atol=1e-4)
+    assert torch.equal(proposal.tokens[:, :shown], drafts[:, :shown])
+    # The chain: the last layer over its whole pair sequence, one pair longer per draft past n.
+    tokens = torch.cat((ids, drafts), 1)
+    with torch.no_grad():
+        layer_in = hidden
+        for index in range(layers - 1):  # the inputs of the last layer, as MtpModel.forward computes them
+            layer_in = hf_mtp.forward_layer(
+                index, layer_in, positions + index, None, input_ids=tokens[:, index:][:, :length]
+            )
+        chain_ids, chain_positions = tokens[:, layers - 1 :][:, :length], positions + layers - 1
+        out = hf_mtp.forward_layer(layers - 1, layer_in, chain_positions, None, input_ids=chain_ids)
+        for index in range(layers, k):
+            chain_ids = torch.cat((chain_ids, proposal.tokens[:, index - 1 : index]), 1)
+            layer_in = torch.cat((layer_in, out[:, -1:]), 1)
+            chain_positions = torch.cat((chain_positions, chain_positions[:, -1:] + 1), 1)
+            out = hf_mtp.forward_layer(layers - 1, layer_in, chain_positions, None, input_ids=chain_ids)
+            logits = hf_mtp._project_to_logits(out[:, -1])
+            torch.testing.assert_close(proposal.logits[:, index], logits, rtol=1e-4, atol=1e-4)
+            assert torch.equal(proposal.tokens[:, index], logits.argmax(-1))
+
+
 def test_mis_shaped_mtp_tensor_is_refused_before_any_weight_is_read(tmp_path, monkeypatch):
     directory = make_mtp_checkpoint(tmp_path / "bad", "deepseek_v3", seed=4)
     state = load_file(directory / "model.safetensors")

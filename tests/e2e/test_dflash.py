@@ -122,6 +122,8 @@ def test_dead_context_rows_are_never_read(dflash_runtime):
     with between_steps(runtime, poison):
         poisoned = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
     assert [r.token_ids for r in poisoned] == [r.token_ids for r in clean]
+    # Greedy verify would emit the same tokens from any drafts: the drafts themselves must not change.
+    assert [r.stats.accepted_per_step for r in poisoned] == [r.stats.accepted_per_step for r in clean]
 
 
 def test_all_padding_step_runs(dflash_runtime):

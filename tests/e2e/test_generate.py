@@ -95,6 +95,8 @@ def test_kv_rollback_survives_poisoned_dead_slots(runtime_for):
     with between_steps(runtime, poison):
         poisoned = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
     assert [r.token_ids for r in poisoned] == [r.token_ids for r in clean]
+    # Greedy verify would emit the same tokens from any drafts: the drafts themselves must not change.
+    assert [r.stats.accepted_per_step for r in poisoned] == [r.stats.accepted_per_step for r in clean]
 
 
 def test_sampling_is_reproducible_per_seed_and_batch_independent(runtime_for):

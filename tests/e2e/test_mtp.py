@@ -108,10 +108,17 @@ def test_accepted_counts_equal_transformers_mtp_generation(mtp_dir, mtp_runtime,
     assert total > 0  # some drafts were accepted, so the comparison is not all zeros
 
 
+# Dead verify rows get finite garbage, not NaN: the catch-up runs them beside the live rows, and though
+# a live row gives their keys exactly zero attention weight, zero times NaN is NaN; finite garbage that
+# a live row read would still change its drafts, which the tests compare.
+GARBAGE = 1e4
+
+
 def test_dead_head_state_is_never_read(mtp_runtime):
     """After every step: NaN into the head's KV at and past each row's committed length - 1 (its valid
-    entries end one before the tokens') and into the verify rows past the accepted count, ids no model
-    has into their tokens, and NaN (wrong ids for tokens) into the spare slot: the output is unchanged."""
+    entries end one before the tokens'), garbage into the verify rows past the accepted count, ids no
+    model has into their tokens, and NaN (wrong ids for tokens) into the spare slot: the output and
+    every step's accepted count are unchanged."""
     runtime = mtp_runtime(4)
     batch = prompts(seed=3, lengths=[4, 17, 2])
     clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
@@ -122,7 +129,7 @@ def test_dead_head_state_is_never_read(mtp_runtime):
         for slot, length in zip(slots, lengths, strict=True):
             accepted = length - 1 - int(state["mtp_start"][slot, 0])
             state["mtp_cache"][:, :, slot, :, length - 1 :] = float("nan")
-            state["mtp_hidden"][slot, accepted + 1 :] = float("nan")
+            state["mtp_hidden"][slot, accepted + 1 :] = GARBAGE
             state["mtp_tokens"][slot, accepted + 1 :] = 10**9
         for name in ("mtp_cache", "mtp_hidden"):
             state[name].select(2 if name == "mtp_cache" else 0, -1).fill_(float("nan"))
@@ -131,6 +138,8 @@ def test_dead_head_state_is_never_read(mtp_runtime):
     with between_steps(runtime, poison):
         poisoned = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
     assert [r.token_ids for r in poisoned] == [r.token_ids for r in clean]
+    # Greedy verify would emit the same tokens from any drafts: the drafts themselves must not change.
+    assert [r.stats.accepted_per_step for r in poisoned] == [r.stats.accepted_per_step for r in clean]
 
 
 def test_sampling_is_reproducible_and_greedy_at_top_k_1(mtp_runtime):
@@ -174,6 +183,148 @@ def test_nextn_head_directory_is_lossless_and_round_trips(mtp_dir, tmp_path):
     for prompt, result in zip(batch, results, strict=True):
         assert result.token_ids == hf_greedy(model, prompt, 20)
     assert sum(a for r in results for a in r.stats.accepted_per_step) > 0
+
+
+# --- several MTP layers (DeepSeek-V3 layout, model.layers.{L + i}.*) ----------------------------------
+
+DEEP = 2  # MTP layers
+
+
+@pytest.fixture(scope="module")
+def deep_dir(tmp_path_factory):
+    return make_mtp_checkpoint(
+        tmp_path_factory.mktemp("mtp_deep"), "deepseek_v3", seed=9, mtp_layers=DEEP, vocab_size=8
+    )
+
+
+@pytest.fixture(scope="module")
+def deep_runtime(deep_dir):
+    cache = {}
+
+    def make(k: int) -> graphspec.Runtime:
+        # 16 prefill tokens per chunk: prompts cross chunk boundaries, where the window's prior rows carry over.
+        if k not in cache:
+            cache[k] = graphspec.Runtime.from_pretrained(
+                deep_dir, "mtp", k=k, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+                modes=("greedy",), prefill_tokens=16,
+            )  # fmt: skip
+        return cache[k]
+
+    return make
+
+
+@pytest.mark.parametrize("k", [1, DEEP, DEEP + 3])  # fewer drafts than layers, one per layer, a chain past them
+def test_several_layers_are_lossless_against_transformers(deep_dir, deep_runtime, k):
+    runtime = deep_runtime(k)
+    assert runtime.drafter.describe() == {"kind": "mtp", "layers": DEEP, "layout": "deepseek_v3"}
+    model = load_hf(deep_dir)
+    batch = prompts(seed=50 + k, lengths=[1, *LENGTHS])
+    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        assert result.token_ids == hf_greedy(model, prompt, 24)
+    assert sum(a for r in results for a in r.stats.accepted_per_step) > 0
+
+
+def test_several_layers_accept_as_transformers_mtp_generation(deep_dir, deep_runtime, monkeypatch):
+    """transformers' MTP generation drafts one token per layer (K = layers); after a step that accepted
+    fewer than layers - 1 it crops every layer's cache and recomputes. graphspec's window recomputes the
+    same rows every step: the accepted count per step must be transformers' at every step."""
+    from transformers.generation.candidate_generator import MTPCandidateGenerator
+
+    layers = [rf"model\.layers\.{2 + index}\..*" for index in range(DEEP)]
+    monkeypatch.setattr(transformers.Qwen3ForCausalLM, "_keys_to_ignore_on_load_unexpected", layers)
+    model = load_hf(deep_dir)
+    trace: list[int] = []
+    monkeypatch.setattr(
+        MTPCandidateGenerator,
+        "update_candidate_strategy",
+        lambda self, ids, logits, n: trace.append(int(n)),
+        raising=False,
+    )
+    runtime = deep_runtime(DEEP)
+    accepted = []
+    # No 1-token prompt: transformers 5.24's recompute branch then slices fewer hidden rows than tokens
+    # and raises (graphspec's window starts at position 0 there: the lossless test above runs one).
+    for prompt in prompts(seed=22, lengths=[6, 19, 11, 3, 2]):
+        trace.clear()
+        expected = hf_greedy(model, prompt, 30, use_mtp=True)
+        result = runtime.generate([prompt], max_new_tokens=30, stop_token_ids=[])[0]
+        assert result.token_ids == expected
+        # As at one layer: transformers' first iteration drafts nothing, and its last runs short of
+        # max_new_tokens, so the last step is left out.
+        assert trace[0] == 0
+        steps = len(result.stats.accepted_per_step)
+        assert result.stats.accepted_per_step[:-1] == trace[1:steps]
+        accepted += trace[1:steps]
+    # Both branches of transformers' cache handling ran: steps that accepted fewer than layers - 1
+    # drafts (it crops and recomputes) and steps that accepted more.
+    assert min(accepted) < DEEP - 1 <= max(accepted)
+
+
+def test_several_layers_never_read_dead_state(deep_runtime):
+    """After every step: NaN into every layer's KV from the next window's first position on (start -
+    layers, start being where the last verify began: the window rewrites all of it before reading),
+    garbage into the verify rows past the accepted count, ids no model has into their tokens, and NaN
+    into the spare slot: the output and every step's accepted count are unchanged. One entry earlier
+    is read (poisoning it changes the drafts), and so are the prior rows."""
+    runtime = deep_runtime(DEEP + 3)
+    k = runtime.k
+    batch = prompts(seed=3, lengths=[4, 17, 1])
+    clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    state = runtime.state
+
+    def poison(slots: list[int], lengths: list[int]) -> None:
+        for slot, length in zip(slots, lengths, strict=True):
+            start = int(state["mtp_start"][slot, 0])
+            accepted = length - 1 - start
+            state["mtp_cache"][:, :, slot, :, max(start - DEEP, 0) :] = float("nan")  # the window's first row on
+            state["mtp_hidden"][slot, accepted + 1 : k + 1] = GARBAGE
+            state["mtp_tokens"][slot, accepted + 1 : k + 1] = 10**9
+        for name in ("mtp_cache", "mtp_hidden"):
+            state[name].select(2 if name == "mtp_cache" else 0, -1).fill_(float("nan"))
+        state["mtp_tokens"][-1] = 5  # padding rows embed these: wrong but valid ids
+
+    with between_steps(runtime, poison):
+        poisoned = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    assert [r.token_ids for r in poisoned] == [r.token_ids for r in clean]
+    # Greedy verify would emit the same tokens from any drafts: the drafts themselves must not change.
+    assert [r.stats.accepted_per_step for r in poisoned] == [r.stats.accepted_per_step for r in clean]
+
+
+def test_several_layers_round_trip_an_artifact(deep_dir, deep_runtime, tmp_path):
+    graphspec.compile(
+        deep_dir, "mtp", k=3, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        modes=("greedy",), prefill_tokens=16, out=tmp_path / "art",
+    )  # fmt: skip
+    loaded = graphspec.Runtime.load(tmp_path / "art")
+    assert loaded.drafter.describe() == {"kind": "mtp", "layers": DEEP, "layout": "deepseek_v3"}
+    assert loaded.state["mtp_cache"].shape[0] == DEEP and loaded.state["mtp_hidden"].shape[1] == 3 + DEEP
+    batch = prompts(seed=61)
+    got = loaded.generate(batch, max_new_tokens=16, stop_token_ids=[])
+    expected = deep_runtime(3).generate(batch, max_new_tokens=16, stop_token_ids=[])
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected]
+    assert [r.stats.accepted_per_step for r in got] == [r.stats.accepted_per_step for r in expected]
+
+
+@pytest.mark.gpu
+def test_captured_gpu_steps_with_several_layers_are_lossless(deep_dir):
+    """On the GPU (fp32, Triton kernels, CUDA graphs), two MTP layers and a chain past them: greedy
+    output equals transformers' greedy generate on the same device, with padding rows."""
+    runtime = graphspec.Runtime.from_pretrained(
+        deep_dir, "mtp", k=DEEP + 2, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ,
+        modes=("greedy", "sample"), prefill_tokens=16,
+    )  # fmt: skip
+    assert_gpu_run_is_lossless(runtime, deep_dir, prompts(seed=43, lengths=[1, *LENGTHS]), vocab=8)
+
+
+def test_qwen3_next_layout_with_several_layers_is_refused(tmp_path):
+    directory = make_mtp_checkpoint(tmp_path / "next", "qwen3_next", seed=2)
+    raw = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(
+        json.dumps({**raw, "num_mtp_layers": 2, "mtp_layer_types": ["full_attention"] * 2})
+    )
+    with pytest.raises(graphspec.errors.InputError, match=r"2 MTP layers in the Qwen3-Next layout"):
+        graphspec.compile(directory, "mtp", k=2, dtype="float32", device="cpu", max_seq_len=64)
 
 
 # --- a reduced ("hot") draft vocabulary: drafters/token_map.py ---------------------------------------

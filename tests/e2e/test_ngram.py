@@ -95,6 +95,8 @@ def test_dead_history_is_never_read(ngram_runtime):
     with between_steps(runtime, poison):
         poisoned = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
     assert [r.token_ids for r in poisoned] == [r.token_ids for r in clean]
+    # Greedy verify would emit the same tokens from any drafts: the drafts themselves must not change.
+    assert [r.stats.accepted_per_step for r in poisoned] == [r.stats.accepted_per_step for r in clean]
 
 
 def test_sampling_is_reproducible_and_greedy_at_top_k_1(ngram_runtime):

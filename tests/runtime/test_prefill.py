@@ -45,9 +45,12 @@ def ngram_runtime(checkpoint_factory) -> graphspec.Runtime:
     return compile_pair(checkpoint_factory("llama", 0), "ngram")
 
 
-@pytest.fixture(scope="module")
-def mtp_runtime(tmp_path_factory) -> graphspec.Runtime:
-    return compile_pair(make_mtp_checkpoint(tmp_path_factory.mktemp("mtp_prefill"), "deepseek_v3", seed=7), "mtp")
+@pytest.fixture(scope="module", params=[1, 2], ids=["1_layer", "2_layers"])
+def mtp_runtime(request, tmp_path_factory) -> graphspec.Runtime:
+    directory = make_mtp_checkpoint(
+        tmp_path_factory.mktemp("mtp_prefill"), "deepseek_v3", seed=7, mtp_layers=request.param
+    )
+    return compile_pair(directory, "mtp")
 
 
 @pytest.fixture(scope="module")
@@ -191,20 +194,30 @@ def test_ngram_history_matches_reference(ngram_runtime):
 
 
 def test_mtp_head_state_matches_reference(mtp_runtime):
-    """The MTP head's pairs (x_{p+1}, h_p) across chunk boundaries (its cache holds L - 1 live entries:
-    the pair of the last position waits for the first token) and the first step's catch-up row."""
-    prompts = random_prompts([6, 1, 13], mtp_runtime.vocab_size, seed=7)
-    slots = [1, 0, 2]
+    """The MTP head's pairs across chunk boundaries (layer j's cache holds L - 1 - j live entries: its
+    pair at position p takes the token at p + j + 1, and the last ones wait for the first token and the
+    drafts), the first step's catch-up row, and with several layers the prior rows (positions L - n ..
+    L - 2) that the first step's window starts from."""
+    prompts = random_prompts([6, 1, 13, 2], mtp_runtime.vocab_size, seed=7)
+    slots = [1, 0, 2, 3]
     first, state, reference_first, reference_state = run_both(mtp_runtime, prompts, slots)
     assert first.tolist() == reference_first.tolist()
+    layers = state["mtp_cache"].shape[0]
+    verify_rows = state["mtp_hidden"].shape[1] - (layers - 1)
     for slot, prompt in zip(slots, prompts, strict=True):
-        for name, live in ((TARGET_CACHE, len(prompt)), ("mtp_cache", len(prompt) - 1)):
-            compiled, reference = live_kv(state[name], slot, live), live_kv(reference_state[name], slot, live)
+        live = [(TARGET_CACHE, slice(None), len(prompt))]
+        live += [("mtp_cache", slice(j, j + 1), max(len(prompt) - 1 - j, 0)) for j in range(layers)]
+        for name, layer, length in live:
+            compiled = live_kv(state[name][layer], slot, length)
+            reference = live_kv(reference_state[name][layer], slot, length)
             assert torch.isfinite(compiled).all(), f"{name} slot {slot}: a live entry was not written"
             torch.testing.assert_close(compiled, reference, rtol=1e-5, atol=1e-5, msg=f"{name} slot {slot}")
-        for name in ("mtp_tokens", "mtp_start"):
-            assert torch.equal(state[name][slot, 0], reference_state[name][slot, 0]), name
-        torch.testing.assert_close(state["mtp_hidden"][slot, 0], reference_state["mtp_hidden"][slot, 0])
+        prior = [verify_rows + i for i in range(layers - 1) if len(prompt) - layers + i >= 0]
+        rows = [0, *prior]
+        assert torch.equal(state["mtp_start"][slot], reference_state["mtp_start"][slot])
+        assert torch.equal(state["mtp_tokens"][slot, rows], reference_state["mtp_tokens"][slot, rows])
+        assert torch.isfinite(state["mtp_hidden"][slot, rows]).all()
+        torch.testing.assert_close(state["mtp_hidden"][slot, rows], reference_state["mtp_hidden"][slot, rows])
 
 
 def test_dflash_context_matches_reference(dflash_runtime):
