@@ -132,3 +132,29 @@ def load_oracle(directory: Path) -> transformers.MuseGlimmerAssistantModel:
     state = {MUSE_NAMES.get(name, name): tensor for name, tensor in load_file(directory / "model.safetensors").items()}
     model.load_state_dict(state)
     return model.eval()
+
+
+@torch.no_grad()
+def oracle_generation(
+    hf_target, oracle, layer_ids, mask: int, prompt: list[int], block: int, new_tokens: int
+) -> tuple[list[int], list[int]]:
+    """DFlash greedy speculative decoding written with transformers' target (full forwards, no cache, so it
+    also serves targets transformers' assisted generation refuses, like stateful hybrids) and its DFlash
+    assistant: each step's block [last token, MASK x (block-1)] attends to the committed positions'
+    hidden_states[i + 1] of layer_ids, as DFlashTokenCandidateGenerator builds it. (emitted tokens,
+    accepted count per step)."""
+    sequence = list(prompt)
+    sequence.append(int(hf_target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    counts: list[int] = []
+    while len(sequence) - len(prompt) < new_tokens:
+        states = hf_target(torch.tensor([sequence[:-1]]), output_hidden_states=True).hidden_states
+        context = torch.cat([states[i + 1] for i in layer_ids], dim=-1)
+        noise = hf_target.model.embed_tokens(torch.tensor([[sequence[-1]] + [mask] * (block - 1)]))
+        positions = torch.arange(len(sequence) - 1 + block)[None]
+        hidden = oracle(noise_embeds=noise, context_hidden_states=context, position_ids=positions).last_hidden_state
+        drafts = hf_target.lm_head(hidden[0, 1:]).argmax(-1).tolist()
+        verify = hf_target(torch.tensor([sequence + drafts])).logits[0, len(sequence) - 1 :].argmax(-1).tolist()
+        accepted = next((i for i in range(block - 1) if drafts[i] != verify[i]), block - 1)
+        sequence += [*drafts[:accepted], verify[accepted]]
+        counts.append(accepted)
+    return sequence[len(prompt) :], counts

@@ -139,3 +139,40 @@ def full_vocab(logits: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Ten
     full = logits.new_full((*logits.shape[:-1], vocab), float("-inf"))
     full[..., ids] = logits
     return full
+
+
+@torch.no_grad()
+def oracle_drafts(oracle_pair, sequence: list[int], k: int, vocab: int) -> tuple[list[int], list[torch.Tensor]]:
+    """The K greedy drafts (and their target-vocabulary logits) of the oracle head after `sequence`,
+    recomputed from scratch: pairs (x_{t+1}, fc(f_t)) over the whole sequence with transformers' target
+    features f, then K-1 drafts chained on the pre-norm output."""
+    hf_target, oracle, ids, layers = oracle_pair
+    states = hf_target(torch.tensor([sequence]), output_hidden_states=True).hidden_states
+    features = torch.cat([states[i] for i in layers], dim=-1)  # [1, L, F]
+    tokens, hidden = torch.tensor([sequence[1:]]), oracle.fc(features[:, :-1])
+    drafts, logits = [], []
+    for _ in range(k):
+        out, prenorm = oracle(oracle.embed_tokens(tokens), hidden, torch.arange(tokens.shape[1])[None])
+        logits.append(full_vocab(oracle.lm_head(out[0, -1]), ids, vocab))
+        drafts.append(int(logits[-1].argmax()))
+        tokens = torch.cat((tokens, torch.tensor([[drafts[-1]]])), 1)
+        hidden = torch.cat((hidden, prenorm[:, -1:]), 1)
+    return drafts, logits
+
+
+@torch.no_grad()
+def oracle_generation(
+    oracle_pair, prompt: list[int], k: int, new_tokens: int, vocab: int
+) -> tuple[list[int], list[int]]:
+    """EAGLE-3 greedy speculative decoding with transformers' target (full forwards, no cache) and the
+    oracle head: (emitted tokens, accepted count per step)."""
+    hf_target = oracle_pair[0]
+    sequence, counts = list(prompt), []
+    sequence.append(int(hf_target(torch.tensor([sequence])).logits[0, -1].argmax()))
+    while len(sequence) - len(prompt) < new_tokens:
+        drafts, _ = oracle_drafts(oracle_pair, sequence, k, vocab)
+        verify = hf_target(torch.tensor([sequence + drafts])).logits[0, len(sequence) - 1 :].argmax(-1).tolist()
+        accepted = next((i for i in range(k) if drafts[i] != verify[i]), k)
+        sequence += [*drafts[:accepted], verify[accepted]]
+        counts.append(accepted)
+    return sequence[len(prompt) :], counts

@@ -50,9 +50,6 @@ NO_TOKEN_MAP = {
     "ngram": "n-gram drafts are copied from the history, no logits are computed",
     "eagle3": "an EAGLE-3 head carries its own reduced vocabulary (d2t in its checkpoint)",
 }
-# Kinds not wired to hybrid targets yet (EAGLE-3 and DFlash heads are trained and tested for attention-only
-# targets so far).
-HYBRID_UNSUPPORTED = ("eagle3", "dflash")
 
 
 def directory_kind(path: str | Path) -> str:
@@ -118,11 +115,6 @@ def check_drafter(
     if kind == "ngram":
         return NGram(**settings)
     target_spec = ModelSpec.from_config(target_config)
-    if target_spec.linear is not None and kind in HYBRID_UNSUPPORTED:
-        raise InputError(
-            f"drafter {kind!r} does not support hybrid (Gated DeltaNet) targets like {target} yet; "
-            f"use one of: draft_model, ngram, mtp"
-        )
     if settings.get("token_map") is not None:  # the file, before any weight is read
         read_token_map(settings["token_map"], target_spec.vocab_size)
     if kind == "mtp":  # names and shapes from the headers, against a meta-device target

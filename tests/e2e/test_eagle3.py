@@ -8,6 +8,7 @@ import torch
 import graphspec
 from tests.checkpoints import load_hf
 from tests.e2e.test_mtp import assert_gpu_run_is_lossless, hf_greedy, prompts
+from tests.eagle3_oracle import oracle_drafts, oracle_generation
 from tests.engine_hooks import between_steps
 
 MAX_SEQ = 128
@@ -64,43 +65,6 @@ def oracle_pair(target_dir, head_dir):
     return hf_target, oracle, ids, layers
 
 
-@torch.no_grad()
-def oracle_drafts(oracle_pair, sequence: list[int], k: int) -> tuple[list[int], list[torch.Tensor]]:
-    """The K greedy drafts (and their target-vocabulary logits) of the oracle head after `sequence`,
-    recomputed from scratch: pairs (x_{t+1}, fc(f_t)) over the whole sequence with transformers' target
-    features f, then K-1 drafts chained on the pre-norm output."""
-    from tests.eagle3_oracle import full_vocab
-
-    hf_target, oracle, ids, layers = oracle_pair
-    states = hf_target(torch.tensor([sequence]), output_hidden_states=True).hidden_states
-    features = torch.cat([states[i] for i in layers], dim=-1)  # [1, L, F]
-    tokens, hidden = torch.tensor([sequence[1:]]), oracle.fc(features[:, :-1])
-    drafts, logits = [], []
-    for _ in range(k):
-        out, prenorm = oracle(oracle.embed_tokens(tokens), hidden, torch.arange(tokens.shape[1])[None])
-        logits.append(full_vocab(oracle.lm_head(out[0, -1]), ids, VOCAB))
-        drafts.append(int(logits[-1].argmax()))
-        tokens = torch.cat((tokens, torch.tensor([[drafts[-1]]])), 1)
-        hidden = torch.cat((hidden, prenorm[:, -1:]), 1)
-    return drafts, logits
-
-
-@torch.no_grad()
-def oracle_generation(oracle_pair, prompt: list[int], k: int, new_tokens: int) -> tuple[list[int], list[int]]:
-    """EAGLE-3 greedy speculative decoding with transformers' target (full forwards, no cache) and the
-    oracle head: (emitted tokens, accepted count per step)."""
-    hf_target = oracle_pair[0]
-    sequence, counts = list(prompt), []
-    sequence.append(int(hf_target(torch.tensor([sequence])).logits[0, -1].argmax()))
-    while len(sequence) - len(prompt) < new_tokens:
-        drafts, _ = oracle_drafts(oracle_pair, sequence, k)
-        verify = hf_target(torch.tensor([sequence + drafts])).logits[0, len(sequence) - 1 :].argmax(-1).tolist()
-        accepted = next((i for i in range(k) if drafts[i] != verify[i]), k)
-        sequence += [*drafts[:accepted], verify[accepted]]
-        counts.append(accepted)
-    return sequence[len(prompt) :], counts
-
-
 def test_accepted_counts_equal_an_oracle_speculative_loop(oracle_pair, eagle3_runtime):
     """Lossless output alone would not notice a drafter that drafts wrongly: every step's accepted count
     must equal that of EAGLE-3 decoding written with transformers' target and the oracle head."""
@@ -109,7 +73,7 @@ def test_accepted_counts_equal_an_oracle_speculative_loop(oracle_pair, eagle3_ru
     results = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
     total = 0
     for prompt, result in zip(batch, results, strict=True):
-        tokens, counts = oracle_generation(oracle_pair, prompt, 4, 30)
+        tokens, counts = oracle_generation(oracle_pair, prompt, 4, 30, VOCAB)
         assert result.token_ids == tokens[:30]
         assert result.stats.accepted_per_step == counts
         total += sum(counts)
@@ -152,7 +116,7 @@ def test_head_state_after_every_step_drafts_as_a_fresh_oracle_forward(oracle_pai
             continue  # the row finished in this step: nothing is drafted from its state
         step = StepView(inputs, k, lambda logits, index: logits.argmax(-1))
         proposal = drafter.propose(drafter.params(), step, state)
-        drafts, logits = oracle_drafts(oracle_pair, committed, k)
+        drafts, logits = oracle_drafts(oracle_pair, committed, k, VOCAB)
         assert proposal.tokens[0].tolist() == drafts
         torch.testing.assert_close(proposal.logits[0], torch.stack(logits), rtol=1e-4, atol=1e-4)
         checked += 1

@@ -3,7 +3,9 @@ Qwen3_5ForCausalLM as the oracle): for every accepted count 0..K the state the a
 equals the state transformers reaches feeding the accepted tokens one by one; NaN in the snapshots the
 selection does not pick changes nothing; padded rows write only the spare slot; compiled chunked prefill
 leaves the reference prefill's state; greedy output is lossless against transformers' greedy generate
-with the draft-model and n-gram drafters; sampled output follows transformers' distribution (G-test)."""
+with the draft-model, n-gram, MTP, EAGLE-3 and DFlash drafters (the heads' features equal transformers'
+hidden states, and their accepted counts an oracle loop's at every step); sampled output follows
+transformers' distribution (G-test)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,9 @@ from graphspec import checks, ops, pipeline, trace
 from graphspec.config import PassContext
 from graphspec.drafters.base import Drafter, PrefillChunk, PrefillView, Proposal, State, StepView
 from graphspec.drafters.mtp import Mtp
-from graphspec.errors import InputError
 from graphspec.models import load_model
 from graphspec.models.hybrid import CONV_STATE, RECURRENT_STATE
-from graphspec.models.target import target_forward
+from graphspec.models.target import target_forward, target_states
 from graphspec.reference import reference_generate
 from tests.checkpoints import load_hf, load_hf_mtp, make_checkpoint, make_hybrid_checkpoint, make_hybrid_mtp_checkpoint
 from tests.test_ops import g_test_p_value
@@ -311,13 +312,85 @@ def test_compiled_chunked_prefill_state_equals_reference_prefill(runtimes):
         torch.testing.assert_close(state[name], reference_state[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
-def test_head_drafters_not_wired_to_hybrid_targets_are_refused(target_dir, kind):
-    with pytest.raises(InputError, match=rf"drafter '{kind}' does not support hybrid"):
-        graphspec.compile(
-            target_dir, target_dir, drafter=kind, k=K, batch_sizes=(1,), dtype="float32", device="cpu",
-            max_seq_len=MAX_SEQ,
-        )  # fmt: skip
+# --- heads that read the target's hidden states: EAGLE-3 and DFlash --------------------------------------
+
+HEAD_VOCAB, DFLASH_LAYERS, DFLASH_MASK, EAGLE3_LAYERS = 12, (1, 3), 2, (1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    """A small-vocabulary hybrid target (so random heads get drafts accepted), transformers' model of it,
+    and a runtime per head kind with the head's oracle: DFlash block K+1 over layer outputs 1 and 3,
+    EAGLE-3 over layer inputs 1, 2, 3."""
+    from tests import dflash_oracle, eagle3_oracle
+
+    root = tmp_path_factory.mktemp("hybrid_heads")
+    target_dir = make_hybrid_checkpoint(root / "target", "qwen3_5_text", seed=3, vocab_size=HEAD_VOCAB)
+    hf_target = load_hf(target_dir)
+    dflash = dflash_oracle.make_dflash_drafter(
+        root / "dflash", target_dir, seed=8, block_size=K + 1, layer_ids=DFLASH_LAYERS, mask_token_id=DFLASH_MASK
+    )
+    eagle3 = eagle3_oracle.make_eagle3_head(
+        root / "eagle3", target_dir, seed=8, draft_vocab=8, aux_layers=EAGLE3_LAYERS
+    )
+    oracle, ids, layers = eagle3_oracle.load_oracle(eagle3, hf_target.config)
+    oracle.embed_tokens = hf_target.model.embed_tokens
+    options = dict(k=K, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=64, prefill_tokens=8)
+    options["modes"] = ("greedy",)
+    return hf_target, {
+        "dflash": (graphspec.Runtime.from_pretrained(target_dir, dflash, **options), dflash_oracle.load_oracle(dflash)),
+        "eagle3": (graphspec.Runtime.from_pretrained(target_dir, eagle3, **options), (hf_target, oracle, ids, layers)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_head_features_are_transformers_hidden_states(heads, kind):
+    """DFlash reads layer outputs (transformers' hidden_states[i + 1], the last one normed), EAGLE-3
+    layer inputs (hidden_states[i]); the hybrid target's forward captures them at every position."""
+    hf_target, runtimes = heads
+    runtime = runtimes[kind][0]
+    tokens = torch.randint(0, HEAD_VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        states = hf_target(tokens, output_hidden_states=True).hidden_states
+    model = runtime.compiled.target.model
+    cache = {s.name: s.allocate("cpu") for s in target_states(model, 3, 16, K, torch.float32)}
+    (_, features), _ = target_forward(
+        model, None, tokens, torch.zeros(2, dtype=torch.int64), torch.arange(2), cache, "hidden_and_features",
+        runtime.drafter.target_features,
+    )  # fmt: skip
+    indices = [i + 1 for i in DFLASH_LAYERS] if kind == "dflash" else list(EAGLE3_LAYERS)
+    torch.testing.assert_close(features, torch.cat([states[i] for i in indices], -1), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_head_drafters_are_lossless_and_accept_as_an_oracle_loop(heads, kind):
+    """Greedy output equals transformers' greedy generate (a batch with padding rows, prompts across
+    prefill chunks), and every step's accepted count equals speculative decoding written with
+    transformers' target and the head's oracle (transformers' own assisted generation refuses stateful
+    targets), so the snapshot rollback is exercised at the accepted counts the drafts really get."""
+    from tests import dflash_oracle, eagle3_oracle
+
+    hf_target, runtimes = heads
+    runtime, oracle = runtimes[kind]
+    generator = torch.Generator().manual_seed(4)
+    batch = [torch.randint(3, HEAD_VOCAB, (n,), generator=generator).tolist() for n in (2, 9, 21, 5, 13)]
+    results = runtime.generate(batch, max_new_tokens=20, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        if kind == "dflash":
+            tokens, counts = dflash_oracle.oracle_generation(
+                hf_target, oracle, DFLASH_LAYERS, DFLASH_MASK, prompt, K + 1, 20
+            )
+        else:
+            tokens, counts = eagle3_oracle.oracle_generation(oracle, prompt, K, 20, HEAD_VOCAB)
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            greedy = hf_target.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)[
+                0, len(prompt) :
+            ]
+        assert result.token_ids == greedy.tolist() == tokens[:20]
+        # The oracle's last step may run past 20 tokens; graphspec's last step is cut the same way.
+        assert result.stats.accepted_per_step[:-1] == counts[: len(result.stats.accepted_per_step) - 1]
+    assert sum(a for r in results for a in r.stats.accepted_per_step) > 0
 
 
 @pytest.fixture(scope="module")
@@ -377,13 +450,21 @@ def test_reference_generate_equals_transformers_generate(target_dir, hf):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("drafter", ["draft_model", "ngram"])
+@pytest.mark.parametrize("drafter", ["draft_model", "ngram", "dflash", "eagle3"])
 def test_gpu_step_with_snapshot_kernels_is_lossless(target_dir, tmp_path_factory, drafter):
     """On CUDA (fp32, captured CUDA graphs, Triton kernels lowered for the GDN verify ops): greedy output
     equals plain decoding of the same target on the same device."""
-    draft = "ngram"
-    if drafter == "draft_model":
-        draft = make_checkpoint(tmp_path_factory.mktemp("hybrid_gpu_draft"), "qwen3", seed=1, num_hidden_layers=1)
+    from tests import dflash_oracle, eagle3_oracle
+
+    root = tmp_path_factory.mktemp(f"hybrid_gpu_{drafter}")
+    draft = {
+        "draft_model": lambda: make_checkpoint(root, "qwen3", seed=1, num_hidden_layers=1),
+        "ngram": lambda: "ngram",
+        "dflash": lambda: dflash_oracle.make_dflash_drafter(root, target_dir, seed=8, block_size=K + 1),
+        "eagle3": lambda: eagle3_oracle.make_eagle3_head(
+            root, target_dir, seed=8, draft_vocab=64, aux_layers=[1, 2, 3]
+        ),
+    }[drafter]()
     runtime = graphspec.Runtime.from_pretrained(
         target_dir, draft, k=K, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=64, modes=("greedy",)
     )
