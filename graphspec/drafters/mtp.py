@@ -44,6 +44,7 @@ emits the target's token wherever it lies; acceptance drops where that token is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -239,24 +240,39 @@ class Mtp(Drafter):
             State("mtp_start", (slots, 1), torch.int64, "verified", CommitWrite("committed_len", "start")),
         )
 
-    def layer(
+    def run(self, params: dict[str, Tensor] | None, *args: Tensor | int) -> tuple[Tensor, Tensor]:
+        """MtpHead.forward(*args): traced with the step's params, or (params None) eagerly on the head's own
+        weights, writing the cache in place."""
+        if params is None:
+            return self.head(*args, in_place=True)
+        return torch.func.functional_call(self.head, params, args)
+
+    def catch_up(
         self,
         params: dict[str, Tensor] | None,
-        index: int,
-        tokens: Tensor,
+        seq: Tensor,
         hidden: Tensor,
         kv_start: Tensor,
         slot_ids: Tensor,
         cache: Tensor,
         cos: Tensor,
         sin: Tensor,
+        after_layer: Callable[[int, Tensor], Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """MTP layer `index` over the pairs (tokens[t], hidden[t]), KV at kv_start + t: traced with the
-        step's params, or (params None) eagerly on the head's own weights, writing the cache in place."""
-        args = (index, tokens, hidden, kv_start, slot_ids, cache, cos, sin)
-        if params is None:
-            return self.head(*args, in_place=True)
-        return torch.func.functional_call(self.head, params, args)
+        """Every layer of the cache over a window of W = hidden.shape[1] rows, row t's hidden at position
+        kv_start + t: layer j pairs seq[:, t + j] (the token j + 1 positions on) with layer j-1's output
+        for row t (layer 0: `hidden`), rotary cos/sin[:, t + j], KV at kv_start + t. after_layer(j, out)
+        returns seq with what layer j drafted written in for the layers after it. Returns the last
+        layer's output and the cache."""
+        width, out = hidden.shape[1], hidden
+        for index in range(cache.shape[0]):
+            span = slice(index, index + width)
+            out, cache = self.run(
+                params, index, seq[:, span], out, kv_start, slot_ids, cache, cos[:, span], sin[:, span]
+            )
+            if after_layer is not None:
+                seq = after_layer(index, out)
+        return out, cache
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
         k, inputs = step.k, step.inputs
@@ -283,34 +299,34 @@ class Mtp(Drafter):
         columns = torch.arange(width + depth - 1, device=length.device)
         # seq[c]: the token at position kv_start + 1 + c: committed up to draft_row (past it: dead rows
         # get a valid id, an embedding lookup must stay in range), then each layer's draft once drawn.
-        seq = torch.cat((tokens, tokens.new_zeros(tokens.shape[0], depth - 1)), 1)
-        seq = torch.where(columns <= draft_row[:, None], seq, 0)
-        chain = torch.arange(depth, k, device=length.device)
-        positions = torch.cat((kv_start[:, None] + 1 + columns, length[:, None] - 1 + chain), dim=1)
+        seq = torch.where(columns <= draft_row[:, None], padded(tokens, depth - 1), 0)
+        chain = torch.arange(depth - 1, k - 1, device=length.device)  # draft i > d: position L + i - 2
+        positions = torch.cat((kv_start[:, None] + 1 + columns, length[:, None] + chain), dim=1)
         cos, sin = self.target.rope(positions, params["inv_freq"])  # [B, width + d - 1 + K - d, D]
         proposals: list[Tensor] = []
         proposal_logits: list[Tensor] = []
-        out = hidden
-        # 1. Catch-up: layer j over the window; its output at draft_row predicts draft j + 1.
-        for index in range(depth):
-            span = slice(index, index + width)
-            out, cache = self.layer(
-                params, index, seq[:, span], out, kv_start, slot_ids, cache, cos[:, span], sin[:, span]
-            )
-            chained = out[rows, draft_row]  # [B, H]
-            logits = self.draft_logits(params, chained)  # [B, V]
-            proposals.append(step.pick(logits, index))
-            proposal_logits.append(logits)
+        outputs: list[Tensor] = []
+
+        def draft(index: int, out: Tensor) -> Tensor:
+            """Layer `index`'s output at draft_row predicts draft index + 1; the layers after it pair it."""
+            nonlocal seq
+            outputs.append(out[rows, draft_row])  # [B, H]
+            proposal_logits.append(self.draft_logits(params, outputs[-1]))  # [B, V]
+            proposals.append(step.pick(proposal_logits[-1], index))
             if index < depth - 1:
                 seq = torch.where(columns == (draft_row + 1 + index)[:, None], proposals[-1][:, None], seq)
+            return seq
+
+        # 1. Catch-up: every layer over the window.
+        _, cache = self.catch_up(params, seq, hidden, kv_start, slot_ids, cache, cos, sin, draft)
         # 2. Drafts d+1..K chain on the last layer: d_{i-1} at position L + i - 2, KV one before, with the
         # head's own output.
+        chained = outputs[-1]
         for index in range(depth, k):
-            kv = (length + index - 1 - depth).clamp(min=0)
+            kv = (length + (index - 1 - depth)).clamp(min=0)
             at = slice(width + depth - 1 + index - depth, width + index)
-            out, cache = self.layer(
-                params, depth - 1, proposals[-1][:, None], chained[:, None], kv, slot_ids, cache, cos[:, at], sin[:, at]
-            )
+            args = (depth - 1, proposals[-1][:, None], chained[:, None], kv, slot_ids, cache, cos[:, at], sin[:, at])
+            out, cache = self.run(params, *args)
             chained = out[:, 0]
             logits = self.draft_logits(params, chained)
             proposals.append(step.pick(logits, index))
@@ -328,17 +344,14 @@ class Mtp(Drafter):
         depth = state["mtp_cache"].shape[0]
         # Pairs (x_{t+1}, h_t) for t = 0 .. T-1 (x_T unknown: 0); right padding writes dead KV, and so do
         # layer j's last j rows, whose tokens lie past the prompt (the first step's window rewrites them).
-        seq = torch.cat((tokens[:, 1:], tokens.new_zeros(tokens.shape[0], depth)), 1)
+        seq = padded(tokens[:, 1:], depth)
         if tokens.shape[1] > 1:
             pairs = tokens.shape[1] - 1
             positions = 1 + torch.arange(pairs + depth - 1, device=tokens.device).expand(tokens.shape[0], -1)
             cos, sin = self.target.rope(positions, self.head.inv_freq)
             kv_start = torch.zeros_like(lengths)
             cache = state["mtp_cache"][..., :pairs, :]  # a view cut to the pairs, as the target's
-            out = hidden[:, :-1]
-            for index in range(depth):
-                span = slice(index, index + pairs)
-                out, _ = self.layer(None, index, seq[:, span], out, kv_start, slots, cache, cos[:, span], sin[:, span])
+            self.catch_up(None, seq, hidden[:, :-1], kv_start, slots, cache, cos, sin)
         if depth > 1:  # positions P - d .. P - 1 where prefill_finish looks for them (as prefill_chunk leaves them)
             last = (lengths[:, None] - depth + torch.arange(depth, device=tokens.device)).clamp(min=0)
             rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
@@ -354,42 +367,30 @@ class Mtp(Drafter):
         # The pair of the prompt's last position (its x is the first token, unknown yet) and those past
         # it write dead KV: the first step's catch-up rewrites the entry at L - 1 before reading it.
         cache, depth = state["mtp_cache"], state["mtp_cache"].shape[0]
-        names = ("mtp_hidden", "mtp_tokens", "mtp_start")
-        if depth == 1:
-            positions = chunk.start_pos[:, None] + 1 + torch.arange(chunk.tokens.shape[1], device=chunk.tokens.device)
-            cos, sin = self.target.rope(positions, params["inv_freq"])
-            args = (0, chunk.next_tokens, chunk.hidden, chunk.start_pos, chunk.slot_ids, cache, cos, sin)
-            _, cache = torch.func.functional_call(self.head, params, args)
-            return {"mtp_cache": cache, **{name: state[name] for name in names}}
-        # Several layers: the window is the d - 1 positions before the chunk (carried in the prior rows)
-        # and the chunk's, so layers >= 1 rewrite the rows whose tokens lay past the last chunk.
-        k = state["mtp_hidden"].shape[1] - depth
-        width = chunk.tokens.shape[1] + depth - 1
-        rows = torch.arange(chunk.tokens.shape[0], device=chunk.tokens.device)
-        hidden = state["mtp_hidden"].index_select(0, chunk.slot_ids)[:, k + 1 :]
-        hidden = torch.cat((hidden, chunk.hidden.to(hidden.dtype)), 1)
-        tokens = torch.cat((state["mtp_tokens"].index_select(0, chunk.slot_ids)[:, k + 1 :], chunk.next_tokens), 1)
-        first = chunk.start_pos - depth + 1
-        skip = (-first).clamp(min=0, max=depth - 1)
-        hidden, tokens, kv_start = window_from(hidden, skip), window_from(tokens, skip), first + skip
-        columns = torch.arange(width + depth - 1, device=chunk.tokens.device)
-        seq = torch.cat((tokens, tokens.new_zeros(tokens.shape[0], depth - 1)), 1)
-        cos, sin = self.target.rope(kv_start[:, None] + 1 + columns, params["inv_freq"])
-        out = hidden
-        for index in range(depth):
-            span = slice(index, index + width)
-            out, cache = self.layer(
-                params, index, seq[:, span], out, kv_start, chunk.slot_ids, cache, cos[:, span], sin[:, span]
-            )
-        # Positions e - d .. e - 1 (e: one past the row's last position here) for the next chunk, or for
-        # prefill_finish once the prompt has ended.
-        # Window row of position e - d + i: last_index + i (skip rows fewer when it started at position 0).
-        last = (chunk.last_index - skip)[:, None] + torch.arange(depth, device=chunk.tokens.device)
-        last = last.clamp(min=0)  # positions before 0 carry filler, which no window reads
-        at = torch.full_like(chunk.start_pos, k)
-        states = {"mtp_cache": cache, "mtp_start": state["mtp_start"]}
-        states["mtp_hidden"] = ops.slot_update(state["mtp_hidden"], chunk.slot_ids, at, hidden[rows[:, None], last])
-        states["mtp_tokens"] = ops.slot_update(state["mtp_tokens"], chunk.slot_ids, at, tokens[rows[:, None], last])
+        states = {name: state[name] for name in ("mtp_hidden", "mtp_tokens", "mtp_start")}
+        hidden, tokens, kv_start = chunk.hidden, chunk.next_tokens, chunk.start_pos
+        if depth > 1:
+            # Several layers: the window is the d - 1 positions before the chunk (carried in the prior
+            # rows) and the chunk's, so layers >= 1 rewrite the rows whose tokens lay past the last chunk.
+            k = state["mtp_hidden"].shape[1] - depth
+            prior = state["mtp_hidden"].index_select(0, chunk.slot_ids)[:, k + 1 :]
+            hidden = torch.cat((prior, hidden.to(prior.dtype)), 1)
+            tokens = torch.cat((state["mtp_tokens"].index_select(0, chunk.slot_ids)[:, k + 1 :], tokens), 1)
+            first = kv_start - depth + 1
+            skip = (-first).clamp(min=0, max=depth - 1)
+            hidden, tokens, kv_start = window_from(hidden, skip), window_from(tokens, skip), first + skip
+        seq = padded(tokens, depth - 1)
+        positions = kv_start[:, None] + 1 + torch.arange(seq.shape[1], device=seq.device)
+        cos, sin = self.target.rope(positions, params["inv_freq"])
+        _, states["mtp_cache"] = self.catch_up(params, seq, hidden, kv_start, chunk.slot_ids, cache, cos, sin)
+        if depth > 1:
+            # Positions e - d .. e - 1 (e: one past the row's last position here) for the next chunk, or
+            # for prefill_finish once the prompt has ended: window rows last_index + i (skip fewer when
+            # the window started at position 0; rows before position 0 carry filler no window reads).
+            last = ((chunk.last_index - skip)[:, None] + torch.arange(depth, device=seq.device)).clamp(min=0)
+            rows, at = torch.arange(seq.shape[0], device=seq.device)[:, None], torch.full_like(kv_start, k)
+            states["mtp_hidden"] = ops.slot_update(state["mtp_hidden"], chunk.slot_ids, at, hidden[rows, last])
+            states["mtp_tokens"] = ops.slot_update(state["mtp_tokens"], chunk.slot_ids, at, tokens[rows, last])
         return states
 
     def prefill_finish(self, end: PrefillEnd, state: dict[str, Tensor]) -> None:
@@ -404,6 +405,11 @@ class Mtp(Drafter):
         state["mtp_tokens"][end.slot_ids, 0] = end.first
         state["mtp_hidden"][end.slot_ids, 0] = end.last_hidden.to(state["mtp_hidden"].dtype)
         state["mtp_start"][end.slot_ids, 0] = end.lengths
+
+
+def padded(tokens: Tensor, columns: int) -> Tensor:
+    """tokens [B, T] with `columns` zero columns after (valid ids for dead rows' embedding lookups)."""
+    return tokens if columns == 0 else torch.cat((tokens, tokens.new_zeros(tokens.shape[0], columns)), 1)
 
 
 def window_from(rows: Tensor, skip: Tensor) -> Tensor:
