@@ -1,7 +1,8 @@
 """The MTP drafter end to end on a tiny Qwen3 target with an MTP head (CPU, fp32): lossless against
 transformers' greedy generate, transformers' own MTP assisted generation accepting exactly as much
-at every step (K = 1, its only K), dead head state never read, and an artifact round trip; the same
-with a reduced draft vocabulary (a token map), whose copy the artifact carries."""
+at every step (K = the number of MTP layers: one, and two), dead head state never read (tightly: one
+entry more is read), and an artifact round trip; the same with a reduced draft vocabulary (a token
+map), whose copy the artifact carries."""
 
 import json
 import shutil
@@ -31,19 +32,24 @@ def mtp_dir(tmp_path_factory):
     return make_mtp_checkpoint(tmp_path_factory.mktemp("mtp_e2e"), "deepseek_v3", seed=7, vocab_size=8)
 
 
-@pytest.fixture(scope="module")
-def mtp_runtime(mtp_dir):
+def runtimes_by_k(directory, **options):
+    """make(k): the MTP runtime over `directory` for K = k (buckets 1 and 4, fp32, CPU), built once per k."""
     cache = {}
 
     def make(k: int) -> graphspec.Runtime:
         if k not in cache:
             cache[k] = graphspec.Runtime.from_pretrained(
-                mtp_dir, "mtp", k=k, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
-                modes=("greedy", "sample"),
+                directory, "mtp", k=k, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+                **options,
             )  # fmt: skip
         return cache[k]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def mtp_runtime(mtp_dir):
+    return runtimes_by_k(mtp_dir, modes=("greedy", "sample"))
 
 
 def hf_greedy(model, prompt: list[int], new_tokens: int, **options) -> list[int]:
@@ -108,40 +114,6 @@ def test_accepted_counts_equal_transformers_mtp_generation(mtp_dir, mtp_runtime,
     assert total > 0  # some drafts were accepted, so the comparison is not all zeros
 
 
-# Dead verify rows get finite garbage, not NaN: the catch-up runs them beside the live rows, and though
-# a live row gives their keys exactly zero attention weight, zero times NaN is NaN; finite garbage that
-# a live row read would still change its drafts, which the tests compare.
-GARBAGE = 1e4
-
-
-def test_dead_head_state_is_never_read(mtp_runtime):
-    """After every step: NaN into the head's KV at and past each row's committed length - 1 (its valid
-    entries end one before the tokens'), garbage into the verify rows past the accepted count, ids no
-    model has into their tokens, and NaN (wrong ids for tokens) into the spare slot: the output and
-    every step's accepted count are unchanged."""
-    runtime = mtp_runtime(4)
-    batch = prompts(seed=3, lengths=[4, 17, 2])
-    clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
-    assert any(0 < a for r in clean for a in r.stats.accepted_per_step)
-    state = runtime.state
-
-    def poison(slots: list[int], lengths: list[int]) -> None:
-        for slot, length in zip(slots, lengths, strict=True):
-            accepted = length - 1 - int(state["mtp_start"][slot, 0])
-            state["mtp_cache"][:, :, slot, :, length - 1 :] = float("nan")
-            state["mtp_hidden"][slot, accepted + 1 :] = GARBAGE
-            state["mtp_tokens"][slot, accepted + 1 :] = 10**9
-        for name in ("mtp_cache", "mtp_hidden"):
-            state[name].select(2 if name == "mtp_cache" else 0, -1).fill_(float("nan"))
-        state["mtp_tokens"][-1] = 5  # padding rows embed these: wrong but valid ids
-
-    with between_steps(runtime, poison):
-        poisoned = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
-    assert [r.token_ids for r in poisoned] == [r.token_ids for r in clean]
-    # Greedy verify would emit the same tokens from any drafts: the drafts themselves must not change.
-    assert [r.stats.accepted_per_step for r in poisoned] == [r.stats.accepted_per_step for r in clean]
-
-
 def test_sampling_is_reproducible_and_greedy_at_top_k_1(mtp_runtime):
     runtime = mtp_runtime(2)
     batch = prompts(seed=4, lengths=[6, 9, 3])
@@ -199,18 +171,8 @@ def deep_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def deep_runtime(deep_dir):
-    cache = {}
-
-    def make(k: int) -> graphspec.Runtime:
-        # 16 prefill tokens per chunk: prompts cross chunk boundaries, where the window's prior rows carry over.
-        if k not in cache:
-            cache[k] = graphspec.Runtime.from_pretrained(
-                deep_dir, "mtp", k=k, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
-                modes=("greedy",), prefill_tokens=16,
-            )  # fmt: skip
-        return cache[k]
-
-    return make
+    # 16 prefill tokens per chunk: prompts cross chunk boundaries, where the window's prior rows carry over.
+    return runtimes_by_k(deep_dir, modes=("greedy",), prefill_tokens=16)
 
 
 @pytest.mark.parametrize("k", [1, DEEP, DEEP + 3])  # fewer drafts than layers, one per layer, a chain past them
@@ -261,23 +223,31 @@ def test_several_layers_accept_as_transformers_mtp_generation(deep_dir, deep_run
     assert min(accepted) < DEEP - 1 <= max(accepted)
 
 
-def test_several_layers_never_read_dead_state(deep_runtime):
-    """After every step: NaN into every layer's KV from the next window's first position on (start -
-    layers, start being where the last verify began: the window rewrites all of it before reading),
-    garbage into the verify rows past the accepted count, ids no model has into their tokens, and NaN
-    into the spare slot: the output and every step's accepted count are unchanged. One entry earlier
-    is read (poisoning it changes the drafts), and so are the prior rows."""
-    runtime = deep_runtime(DEEP + 3)
+# Dead verify rows get finite garbage, not NaN: the catch-up runs them beside the live rows, and though
+# a live row gives their keys exactly zero attention weight, zero times NaN is NaN; finite garbage that
+# a live row read would still change its drafts, which the test compares.
+GARBAGE = 1e4
+
+
+@pytest.mark.parametrize("layers", [1, DEEP], ids=["1_layer", f"{DEEP}_layers"])
+def test_dead_head_state_is_never_read(request, layers):
+    """After every step: NaN into every layer's KV from the next catch-up window's first position on
+    (start - layers, start being where the last verify began: the window rewrites all of it before
+    reading, and poisoning one entry earlier changes the drafts), garbage into the verify rows past
+    the accepted count, ids no model has into their tokens, and NaN into the spare slot: the output and
+    every step's accepted count are unchanged. (With several layers the prior rows are live.)"""
+    runtime = request.getfixturevalue("mtp_runtime" if layers == 1 else "deep_runtime")(layers + 3)
     k = runtime.k
     batch = prompts(seed=3, lengths=[4, 17, 1])
     clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
+    assert any(0 < a for r in clean for a in r.stats.accepted_per_step)
     state = runtime.state
 
     def poison(slots: list[int], lengths: list[int]) -> None:
         for slot, length in zip(slots, lengths, strict=True):
             start = int(state["mtp_start"][slot, 0])
             accepted = length - 1 - start
-            state["mtp_cache"][:, :, slot, :, max(start - DEEP, 0) :] = float("nan")  # the window's first row on
+            state["mtp_cache"][:, :, slot, :, max(start - layers, 0) :] = float("nan")
             state["mtp_hidden"][slot, accepted + 1 : k + 1] = GARBAGE
             state["mtp_tokens"][slot, accepted + 1 : k + 1] = 10**9
         for name in ("mtp_cache", "mtp_hidden"):
