@@ -15,7 +15,9 @@ TARGET_CACHE = "target_cache"  # [L, 2, SLOTS, Hkv, S, D]: the target's KV cache
 # - "length": position-indexed per slot; entries at or past a row's committed length are dead, and the
 #   step rewrites every entry before it reads it (KV caches, token history).
 # - "verified": one row per position of the last verify (K+1 per slot); rows past that step's accepted
-#   count are dead, and the drafter reads only the accepted ones (feature rows for heads).
+#   count are dead, and the drafter reads only the accepted ones (feature rows for heads). Rows after
+#   the K+1 are the drafter's own, written in its proposal and live (a several-layer MTP head keeps there
+#   the committed positions its next catch-up window starts from).
 # - "snapshot": a whole state per slot that every position advances (Gated DeltaNet conv and recurrent
 #   state, [L, SLOTS, ...]). The verify forward does not advance it: it returns the state after each of
 #   its K+1 positions (snapshot_name(name), [L, B, K+1, ...]) and the accept region writes each row's
