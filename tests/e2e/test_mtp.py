@@ -261,6 +261,28 @@ def test_dead_head_state_is_never_read(request, layers):
     assert [r.stats.accepted_per_step for r in poisoned] == [r.stats.accepted_per_step for r in clean]
 
 
+def test_several_layers_keep_each_request_its_tokens_as_requests_come_and_go(deep_runtime):
+    """Twelve requests of mixed lengths through four slots: requests join (prefilled beside running
+    ones) and leave between steps, and slots are reused, so prior rows and head KV of one request sit
+    where the next one starts. Each gets exactly the tokens (and accepted counts) it gets alone."""
+    from graphspec.runtime.requests import SamplingParams
+
+    runtime = deep_runtime(DEEP + 1)
+    generator = torch.Generator().manual_seed(70)
+    lengths = torch.randint(1, 30, (12,), generator=generator).tolist()
+    batch = prompts(seed=70, lengths=lengths)
+    params = [
+        SamplingParams(max_tokens=int(n), stop_token_ids=()) for n in torch.randint(2, 25, (12,), generator=generator)
+    ]
+    alone = [runtime.engine.submit(prompt, p).result() for prompt, p in zip(batch, params, strict=True)]
+    handles = runtime.engine.submit_all(
+        [(prompt, p, i) for i, (prompt, p) in enumerate(zip(batch, params, strict=True))]
+    )
+    together = [handle.result() for handle in handles]
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert [r.stats.accepted_per_step for r in together] == [r.stats.accepted_per_step for r in alone]
+
+
 def test_several_layers_round_trip_an_artifact(deep_dir, deep_runtime, tmp_path):
     graphspec.compile(
         deep_dir, "mtp", k=3, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
