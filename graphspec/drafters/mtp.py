@@ -395,9 +395,8 @@ class Mtp(Drafter):
 
     def prefill_finish(self, end: PrefillEnd, state: dict[str, Tensor]) -> None:
         depth = state["mtp_cache"].shape[0]
-        if (
-            depth > 1
-        ):  # prefill left positions P - d .. P - 1 in rows K .. K+d-1; the step's prior rows are P - d .. P - 2
+        # Prefill left positions P - d .. P - 1 in rows K .. K+d-1; the first step's prior rows are P - d .. P - 2.
+        if depth > 1:
             k = state["mtp_hidden"].shape[1] - depth
             for name in ("mtp_hidden", "mtp_tokens"):
                 state[name][end.slot_ids, k + 1 :] = state[name][end.slot_ids, k:-1].clone()
@@ -448,7 +447,7 @@ def plan_head(
 
 
 def check_mtp(path: Path, config: Any, spec: ModelSpec) -> int:
-    """The number of MTP layers `path` declares; refuses a checkpoint without (or with unsupported) ones."""
+    """The number of MTP layers `path` declares; refuses a checkpoint that declares none."""
     count = mtp_layer_count(config)
     if count == 0:
         raise InputError(
