@@ -102,9 +102,10 @@ def test_accepted_counts_equal_transformers_dflash_generate(target_dir, drafter_
 
 
 def test_dead_context_rows_are_never_read(dflash_runtime):
-    """After every step: NaN into the drafter's cache at and past each row's committed length - 1 (context
-    is valid up to L - 2), into the feature rows past the accepted count, and into the spare slot: the
-    output is unchanged."""
+    """After every step: NaN into the drafter's cache from each row's start - 1 on (the step rewrites the
+    context of the last verify's rows, from position start - 1, before the block reads it; poisoning one
+    entry earlier changes the drafts), into the feature rows past the accepted count, and into the spare
+    slot: the output and every step's accepted count are unchanged."""
     runtime = dflash_runtime(4)
     batch = prompts(seed=3, lengths=[4, 17, 2], vocab=VOCAB)
     clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
@@ -113,8 +114,9 @@ def test_dead_context_rows_are_never_read(dflash_runtime):
 
     def poison(slots: list[int], lengths: list[int]) -> None:  # on the engine thread, between two steps
         for slot, length in zip(slots, lengths, strict=True):
-            accepted = length - 1 - int(state["dflash_start"][slot, 0])
-            state["dflash_cache"][:, :, slot, :, length - 1 :] = float("nan")
+            start = int(state["dflash_start"][slot, 0])
+            accepted = length - 1 - start
+            state["dflash_cache"][:, :, slot, :, max(start - 1, 0) :] = float("nan")
             state["dflash_features"][slot, accepted + 1 :] = float("nan")
         state["dflash_cache"][:, :, -1] = float("nan")
         state["dflash_features"][-1] = float("nan")

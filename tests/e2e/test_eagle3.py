@@ -144,10 +144,10 @@ GARBAGE = 1e4
 
 
 def test_dead_head_state_is_never_read(eagle3_runtime):
-    """After every step: NaN into the head's KV at and past each row's committed length - 1 (its valid
-    entries end one before the tokens'), garbage into the feature rows past the accepted count, ids no
-    model has into their tokens, and NaN (wrong ids for tokens) into the spare slot: the output and
-    every step's accepted count are unchanged."""
+    """After every step: NaN into the head's KV from each row's start - 1 on (the catch-up rewrites it
+    from the last verify's first row before reading; poisoning one entry earlier changes the drafts),
+    garbage into the feature rows past the accepted count, ids no model has into their tokens, and NaN
+    (wrong ids for tokens) into the spare slot: the output and every step's accepted count are unchanged."""
     runtime = eagle3_runtime(4)
     batch = prompts(seed=3, lengths=[4, 17, 2], vocab=VOCAB)
     clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
@@ -156,8 +156,9 @@ def test_dead_head_state_is_never_read(eagle3_runtime):
 
     def poison(slots: list[int], lengths: list[int]) -> None:  # on the engine thread, between two steps
         for slot, length in zip(slots, lengths, strict=True):
-            accepted = length - 1 - int(state["eagle3_start"][slot, 0])
-            state["eagle3_cache"][:, :, slot, :, length - 1 :] = float("nan")
+            start = int(state["eagle3_start"][slot, 0])
+            accepted = length - 1 - start
+            state["eagle3_cache"][:, :, slot, :, max(start - 1, 0) :] = float("nan")
             state["eagle3_features"][slot, accepted + 1 :] = GARBAGE
             state["eagle3_tokens"][slot, accepted + 1 :] = 10**9
         for name in ("eagle3_cache", "eagle3_features"):

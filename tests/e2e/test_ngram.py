@@ -80,8 +80,10 @@ def test_accepted_counts_equal_transformers_prompt_lookup_at_every_step(ngram_ru
 
 
 def test_dead_history_is_never_read(ngram_runtime):
-    """After every step, every history entry at or past a row's committed length (and the whole spare
-    slot) gets ids no model has: the output is unchanged, so nothing reads dead history."""
+    """After every step, every history entry from a row's committed length - 2 on (the step rewrites the
+    last two committed tokens from its inputs before matching; poisoning one entry earlier changes the
+    drafts) and the whole spare slot get ids no model has: the output and every step's accepted count
+    are unchanged, so nothing reads dead history."""
     runtime = ngram_runtime(4)
     batch = prompts(seed=3, lengths=[4, 17, 2])
     clean = runtime.generate(batch, max_new_tokens=30, stop_token_ids=[])
@@ -89,7 +91,7 @@ def test_dead_history_is_never_read(ngram_runtime):
 
     def poison(slots: list[int], lengths: list[int]) -> None:
         for slot, length in zip(slots, lengths, strict=True):
-            history[slot, length:] = 10**9 + slot
+            history[slot, length - 2 :] = 10**9 + slot
         history[-1] = -(10**9)
 
     with between_steps(runtime, poison):
