@@ -18,7 +18,7 @@ from graphspec.drafters.eagle3 import Eagle3
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.loading import load_model
 from tests.checkpoints import load_hf
-from tests.drafters.rejection import sample_and_verify
+from tests.drafters.rejection import assert_drafts_follow_their_logits, sample_and_verify
 from tests.eagle3_oracle import full_vocab, load_oracle, make_eagle3_head
 from tests.test_ops import g_test_p_value
 
@@ -134,6 +134,20 @@ def test_one_step_drafts_equal_a_full_sequence_oracle_forward(case, k):
             draft = proposal.tokens[:, index]
             assert torch.equal(draft, logits.argmax(-1)) and bool(torch.isin(draft, ids).all())
             tokens, pair_hidden = torch.cat((tokens, draft[:, None]), 1), torch.cat((pair_hidden, prenorm[:, -1:]), 1)
+
+
+def test_chained_drafts_follow_the_distribution_their_proposal_reports(case):
+    """Draft 2 feeds draft 1 back into the head: each draft must follow the distribution (over the target
+    vocabulary, 0 off the head's ids) its proposal reports (rejection.assert_drafts_follow_their_logits)."""
+    _, drafter, hf_target, _, _, layers = case
+    prompt = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        outputs = hf_target(prompt, output_hidden_states=True)
+    features = torch.cat([outputs.hidden_states[i] for i in layers], dim=-1)
+    hidden, first = outputs.hidden_states[-1], outputs.logits[:, -1].argmax(-1)
+    state = {s.name: s.allocate("cpu") for s in drafter.states(1, MAX_SEQ, 2, torch.float32)}
+    drafter.prefill(PrefillView(prompt, torch.tensor([0]), torch.tensor([9]), hidden, first, features), state)
+    assert_drafts_follow_their_logits(drafter, state, torch.stack((prompt[0, -1], first[0])), 10, k=2, temperature=1.0)
 
 
 # One head layout: q is full_logits (lm_head and the id map), which no layout variant touches, so the

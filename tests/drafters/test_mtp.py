@@ -11,14 +11,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import graphspec
-from graphspec import ops
 from graphspec.drafters import drafter_kind
 from graphspec.drafters.base import PrefillView, StepView
 from graphspec.drafters.mtp import Mtp
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.loading import load_model
 from tests.checkpoints import load_hf_mtp, make_mtp_checkpoint, split_nextn_head
-from tests.test_ops import g_test_p_value
+from tests.drafters.rejection import assert_drafts_follow_their_logits
 
 SLOTS, MAX_SEQ = 3, 64
 
@@ -153,47 +152,17 @@ def test_several_layers_draft_as_transformers_mtp_model_then_chain_the_last(deep
 
 
 def test_several_layers_report_the_distribution_each_draft_was_sampled_from(deep_case):
-    """Rejection sampling is exact only if q, the logits a proposal reports for draft i, is what draft i
-    was drawn from. With several layers, draft 2's logits depend on the sampled draft 1 (layer 1 pairs
-    it). 8,000 rows in their own slots share one prompt's state and sample with the step's sampler
-    (ops.sample on the draft lanes, a seed per row): draft 1 must follow its reported distribution over
-    all rows (G-test), and draft 2 its reported one within every group of rows that drew the same draft 1."""
+    """Draft 2's logits depend on the sampled draft 1 (layer 1 pairs it); each draft must follow the
+    distribution its proposal reports (rejection.assert_drafts_follow_their_logits). Reporting draft 1's
+    logits for draft 2, or sampling at another temperature than reported, fails this."""
     _, drafter, hf_target, _ = deep_case
-    k, rows, temperature = 2, 8_000, 0.1  # a low temperature, so that a few draft-1 groups are large
     prompt = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         outputs = hf_target(prompt, output_hidden_states=True)
     hidden, first = outputs.hidden_states[-1], outputs.logits[:, -1].argmax(-1)
-    state = {s.name: s.allocate("cpu") for s in drafter.states(1, MAX_SEQ, k, torch.float32)}
+    state = {s.name: s.allocate("cpu") for s in drafter.states(1, MAX_SEQ, 2, torch.float32)}
     drafter.prefill(PrefillView(prompt, torch.tensor([0]), torch.tensor([9]), hidden, first, hidden), state)
-    # Every slot a copy of slot 0 (the cache's slot dimension is its third).
-    state = {name: tensor.expand(-1, -1, rows, *tensor.shape[3:]).clone() if name == "mtp_cache" else
-             tensor.expand(rows, *tensor.shape[1:]).clone() for name, tensor in state.items()}  # fmt: skip
-    slots = torch.arange(rows)
-    inputs = {
-        "committed_len": torch.full((rows,), 10),
-        "slot_ids": slots,
-        "last_tokens": torch.stack((prompt[0, -1].expand(rows), first.expand(rows)), 1),
-    }
-    zeros = torch.zeros(rows, dtype=torch.int64)
-    params = (torch.full((rows,), temperature), zeros, torch.ones(rows), slots, zeros)  # T, top-k, top-p, seed, step
-
-    def pick(logits: torch.Tensor, index: int) -> torch.Tensor:
-        return ops.sample(logits, *params, ops.DRAFT_LANE + index)
-
-    proposal = drafter.propose(drafter.params(), StepView(inputs, k, pick), state)
-    drafts, q = proposal.tokens, torch.softmax(proposal.logits.double() / temperature, -1)
-    assert torch.allclose(q[:, 0], q[:1, 0])  # one distribution for draft 1
-    assert g_test_p_value(torch.bincount(drafts[:, 0], minlength=128), q[0, 0]) > 1e-3
-    groups = 0
-    for token in drafts[:, 0].unique():
-        members = drafts[:, 0] == token
-        if members.sum() < 300:
-            continue
-        assert torch.allclose(q[members, 1], q[members, 1][:1])
-        assert g_test_p_value(torch.bincount(drafts[members, 1], minlength=128), q[members, 1][0]) > 1e-3
-        groups += 1
-    assert groups >= 2  # draft 2's distribution was checked under different draft 1s
+    assert_drafts_follow_their_logits(drafter, state, torch.stack((prompt[0, -1], first[0])), 10, k=2)
 
 
 def test_mis_shaped_mtp_tensor_is_refused_before_any_weight_is_read(tmp_path, monkeypatch):
