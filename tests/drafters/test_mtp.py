@@ -151,11 +151,8 @@ def test_several_layers_draft_as_transformers_mtp_model_then_chain_the_last(deep
             assert torch.equal(proposal.tokens[:, index], logits.argmax(-1))
 
 
-def test_several_layers_report_the_distribution_each_draft_was_sampled_from(deep_case):
-    """Draft 2's logits depend on the sampled draft 1 (layer 1 pairs it); each draft must follow the
-    distribution its proposal reports (rejection.assert_drafts_follow_their_logits). Reporting draft 1's
-    logits for draft 2, or sampling at another temperature than reported, fails this."""
-    _, drafter, hf_target, _ = deep_case
+def assert_sampled_drafts_follow_reported_logits(drafter, hf_target) -> None:
+    """After prefilling a 9-token prompt into slot 0, rejection.assert_drafts_follow_their_logits at K = 2."""
     prompt = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         outputs = hf_target(prompt, output_hidden_states=True)
@@ -163,6 +160,21 @@ def test_several_layers_report_the_distribution_each_draft_was_sampled_from(deep
     state = {s.name: s.allocate("cpu") for s in drafter.states(1, MAX_SEQ, 2, torch.float32)}
     drafter.prefill(PrefillView(prompt, torch.tensor([0]), torch.tensor([9]), hidden, first, hidden), state)
     assert_drafts_follow_their_logits(drafter, state, torch.stack((prompt[0, -1], first[0])), 10, k=2)
+
+
+def test_chained_drafts_follow_the_distribution_their_proposal_reports(mtp_case):
+    """Draft 2 feeds draft 1 back into the one layer: each draft must follow the distribution its
+    proposal reports (rejection.assert_drafts_follow_their_logits)."""
+    _, _, drafter, hf_target, _ = mtp_case
+    assert_sampled_drafts_follow_reported_logits(drafter, hf_target)
+
+
+def test_several_layers_report_the_distribution_each_draft_was_sampled_from(deep_case):
+    """Draft 2's logits depend on the sampled draft 1 (layer 1 pairs it): each draft must follow the
+    distribution its proposal reports. Reporting draft 1's logits for draft 2, or sampling at another
+    temperature than reported, fails this."""
+    _, drafter, hf_target, _ = deep_case
+    assert_sampled_drafts_follow_reported_logits(drafter, hf_target)
 
 
 def test_mis_shaped_mtp_tensor_is_refused_before_any_weight_is_read(tmp_path, monkeypatch):
