@@ -79,6 +79,7 @@ def test_greedy_is_lossless_against_transformers(mtp_dir, mtp_runtime, k):
     results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
     for prompt, result in zip(batch, results, strict=True):
         assert result.token_ids == hf_greedy(model, prompt, 24)
+    assert sum(a for r in results for a in r.stats.accepted_per_step) > 0  # drafts were accepted, and rolled back
 
 
 def test_accepted_counts_equal_transformers_mtp_generation(mtp_dir, mtp_runtime, monkeypatch):
