@@ -193,14 +193,11 @@ def test_ngram_history_matches_reference(ngram_runtime):
     assert_prefills_equal(ngram_runtime, prompts, [0, 2, 1])
 
 
-def test_mtp_head_state_matches_reference(mtp_runtime):
-    """The MTP head's pairs across chunk boundaries (layer j's cache holds L - 1 - j live entries: its
-    pair at position p takes the token at p + j + 1, and the last ones wait for the first token and the
-    drafts), the first step's catch-up row, and with several layers the prior rows (positions L - n ..
-    L - 2) that the first step's window starts from."""
-    prompts = random_prompts([6, 1, 13, 2], mtp_runtime.vocab_size, seed=7)
-    slots = [1, 0, 2, 3]
-    first, state, reference_first, reference_state = run_both(mtp_runtime, prompts, slots)
+def assert_mtp_prefills_equal(runtime: graphspec.Runtime, prompts: list[list[int]], slots: list[int]) -> None:
+    """The MTP head's state after the compiled prefill equals the reference prefill's on every live entry:
+    layer j's KV of the pairs whose tokens the prompt holds (L - 1 - j of them), the first step's
+    catch-up row, and with several layers the prior rows (positions L - n .. L - 2)."""
+    first, state, reference_first, reference_state = run_both(runtime, prompts, slots)
     assert first.tolist() == reference_first.tolist()
     layers = state["mtp_cache"].shape[0]
     verify_rows = state["mtp_hidden"].shape[1] - (layers - 1)
@@ -218,6 +215,17 @@ def test_mtp_head_state_matches_reference(mtp_runtime):
         assert torch.equal(state["mtp_tokens"][slot, rows], reference_state["mtp_tokens"][slot, rows])
         assert torch.isfinite(state["mtp_hidden"][slot, rows]).all()
         torch.testing.assert_close(state["mtp_hidden"][slot, rows], reference_state["mtp_hidden"][slot, rows])
+
+
+def test_mtp_head_state_matches_reference(mtp_runtime):
+    """Across chunk boundaries (bucket 4, 4 positions per chunk), with a one-token prompt."""
+    assert_mtp_prefills_equal(mtp_runtime, random_prompts([6, 1, 13, 2], mtp_runtime.vocab_size, seed=7), [1, 0, 2, 3])
+
+
+def test_mtp_head_state_matches_reference_for_a_prompt_filling_the_cache(mtp_runtime):
+    """The longest prompt a step still fits after, alone: its last chunk (and with several layers the
+    window reaching past it) ends at the cache's end."""
+    assert_mtp_prefills_equal(mtp_runtime, random_prompts([MAX_SEQ_LEN - K - 1], mtp_runtime.vocab_size, seed=2), [1])
 
 
 def test_dflash_context_matches_reference(dflash_runtime):
