@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from graphspec import ops
+from graphspec.drafters.base import StepView
+from tests.test_ops import g_test_p_value
 
 
 def sample_and_verify(draft_logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -33,9 +35,6 @@ def assert_drafts_follow_their_logits(
     so that some draft-1 groups are large, and a seed per row). Draft 1 must follow its reported
     distribution over all rows (G-test), and draft 2 its reported one within each of the (up to three)
     largest groups of rows, at least 300 each, that drew the same draft 1."""
-    from graphspec.drafters.base import StepView
-    from tests.test_ops import g_test_p_value
-
     rows = 8_000
     # Copies of slot 0 in every slot: KV caches ([L, 2, SLOTS, ...]) keep slots in their third dimension.
     state = {
