@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 
 
@@ -29,3 +30,11 @@ class Counters:
 
 # One process-wide instance: compile() and Runtime add to it; tests reset it.
 COUNTERS = Counters()
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process (torch._dynamo's own count, recompiles
+    included); 0 while torch._dynamo is not imported: only Runtime(compile_cpu=True) uses it, and
+    nothing else may import it (seconds of start-up)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return 0 if utils is None else utils.counters["stats"]["unique_graphs"]

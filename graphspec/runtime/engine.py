@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from graphspec import ops
-from graphspec.counters import COUNTERS
+from graphspec.counters import COUNTERS, compiled_graphs
 from graphspec.errors import InputError
 from graphspec.inputs import check_prompts, token_id
 from graphspec.runtime.buffers import pick_bucket
@@ -224,7 +224,7 @@ class Engine:
                     newcomers.append(self._waiting.popleft())
                     admitted += not newcomers[-1].cancelled.is_set()  # cancelled ones leave without a slot
             # Start-up compiles and captures everything; any the requests cause are counted (Runtime.stats).
-            compiles, captures = TRITON_COMPILES.count, COUNTERS.captures
+            compiles, cpu_compiles, captures = TRITON_COMPILES.count, compiled_graphs(), COUNTERS.captures
             try:
                 self._drop_cancelled()
                 self._admit(newcomers)
@@ -241,6 +241,7 @@ class Engine:
             finally:
                 stats = self.runtime.stats
                 stats.triton_compiles_during_requests += TRITON_COMPILES.count - compiles
+                stats.cpu_compiles_during_requests += compiled_graphs() - cpu_compiles
                 stats.captures_during_requests += COUNTERS.captures - captures
 
     def _release(self, request: Request) -> None:

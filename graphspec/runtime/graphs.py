@@ -29,7 +29,8 @@ from __future__ import annotations
 import copy
 import logging
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -207,6 +208,19 @@ def capture_mode(gm: fx.GraphModule, capture: bool) -> str:
     return "piecewise" if any(eager for _, eager in pieces(gm)) else "full"
 
 
+@contextmanager
+def every_row_invalid(buffers: StepBuffers) -> Iterator[None]:
+    """Mark every row of the bucket invalid for a warm-up or compile run, then restore the flags: an
+    invalid row writes only the spare cache slot, so such a run changes no request's state."""
+    valid = buffers.inputs["row_valid"]
+    saved = valid.clone()
+    valid.zero_()
+    try:
+        yield
+    finally:
+        valid.copy_(saved)
+
+
 class StepGraph:
     """One compiled step bound to its bucket's buffers and the shared state (KV caches, drafter state).
 
@@ -297,13 +311,22 @@ class StepGraph:
 
     # ---------------------------------------------------------------------------------------------
 
+    @property
+    def awaits_cpu_compile(self) -> bool:
+        """compile_cpu asked for an Inductor compilation of this CPU step, and it has not been made."""
+        return self.compile_cpu and self._on_cpu_table and self._compiled is None
+
+    def compile_on_cpu(self) -> None:
+        """Compile this CPU step with Inductor now (compile_cpu) by running it once with every row
+        invalid, so that no request pays the compile. It runs as every later call does (inference
+        mode): a call in another grad mode would fail torch.compile's guards and compile again."""
+        with every_row_invalid(self.buffers):
+            self._run_eager()
+
     def warm_up_and_capture(self) -> None:
         """Warm up on a side stream, then capture, both with every row invalid; then restore row_valid.
         Triton JIT, cuBLAS handle and workspace setup all happen in the warm-up, never in a replay."""
-        valid = self.buffers.inputs["row_valid"]
-        saved = valid.clone()
-        valid.zero_()
-        try:
+        with every_row_invalid(self.buffers):
             if self.on_cuda:
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
@@ -323,8 +346,6 @@ class StepGraph:
             if self.compiles_during_capture:
                 bucket, count = self.buffers.bucket, self.compiles_during_capture
                 log.warning("bucket %d: %d Triton compiles during capture (warm-up missed them)", bucket, count)
-        finally:
-            valid.copy_(saved)
 
     def _capture_pieces(self) -> None:
         """Walk the split graph once: capture each non-attention piece, run attention pieces eagerly.
@@ -429,12 +450,15 @@ class StepGraph:
             COUNTERS.cpu_compiles += 1
         return self._compiled
 
+    def _run_eager(self) -> Any:
+        # Nothing here needs autograd; inference mode skips its per-op bookkeeping (version counters,
+        # view tracking), which on the CPU is a sixth of a small model's step.
+        with torch.inference_mode():
+            return self._eager()(*self.args)
+
     def __call__(self) -> dict[str, torch.Tensor]:
         if not self.capture:
-            # Nothing here needs autograd; inference mode skips its per-op bookkeeping (version
-            # counters, view tracking), which on the CPU is a sixth of a small model's step.
-            with torch.inference_mode():
-                outputs = self._eager()(*self.args)
+            outputs = self._run_eager()
             COUNTERS.eager_steps += 1
         else:
             if not self.recorders:

@@ -44,6 +44,7 @@ class RuntimeStats:
     # Work that belongs to start-up but happened inside generate()/stream() calls (both must stay 0:
     # the Runtime warms up and captures every step and prefill program when it is built).
     triton_compiles_during_requests: int = 0
+    cpu_compiles_during_requests: int = 0  # torch.compile graphs (compile_cpu)
     captures_during_requests: int = 0
     accepted_histogram: list[int] = field(default_factory=list)  # [K+1]: row-steps that accepted n
 
@@ -85,13 +86,14 @@ class Runtime:
     beside it (greedy: the same tokens; sampling: the same tokens for the same seed).
 
     compile_cpu=True runs CPU steps through torch.compile (Inductor; see runtime/graphs.py): each
-    (mode, bucket) step compiles on its first call, once per process (cached on disk across
-    processes), and is then about 1.5x faster on the shipped demo pair. It changes no token.
+    (mode, bucket) step is compiled once per process (Inductor caches on disk across processes), and
+    is then about 1.5x faster on the shipped demo pair. It changes no token.
 
     Start-up does the compiling: on CUDA (capture on) building the Runtime warms up and captures every
-    (mode, bucket) step and every prefill chunk program, with a progress bar, so no request
-    compiles a Triton kernel or captures a graph (RuntimeStats counts any that do). warm_up=False
-    leaves it to each program's first call (tests, or a caller that warms up later with warm_up())."""
+    (mode, bucket) step and every prefill chunk program, and on the CPU with compile_cpu it compiles
+    every step, with a progress bar, so no request compiles a Triton kernel or a CPU step or captures
+    a graph (RuntimeStats counts any that do). warm_up=False leaves it to each program's first call
+    (tests, a one-off call that uses one bucket, or a caller that warms up later with warm_up())."""
 
     def __init__(self, compiled: Compiled, compile_cpu: bool = False, warm_up: bool = True) -> None:
         began = time.perf_counter()
@@ -141,17 +143,21 @@ class Runtime:
             self.startup_seconds["warm_up_and_capture"] = time.perf_counter() - warming
 
     def warm_up(self) -> None:
-        """Warm up and capture every step and prefill program that has not been yet (CUDA graphs on;
-        elsewhere there is nothing to capture and programs run as they are)."""
-        pending = [graph for graph in self.graphs.values() if graph.capture and not graph.captured]
+        """Warm up and capture every step and prefill program that has not been yet (CUDA graphs on), or
+        compile every CPU step with Inductor (compile_cpu); elsewhere programs run as they are."""
+        graphs = self.graphs.values()
+        pending = [graph.warm_up_and_capture for graph in graphs if graph.capture and not graph.captured]
         if self.prefiller is not None:
-            pending += [p for p in self.prefiller.programs.values() if p.capture and p.recorder is None]
+            programs = self.prefiller.programs.values()
+            pending += [p.warm_up_and_capture for p in programs if p.capture and p.recorder is None]
+        pending += [graph.compile_on_cpu for graph in graphs if graph.awaits_cpu_compile]
         if not pending:
             return
         from tqdm.auto import tqdm  # here: importing graphspec should not pull it in
 
-        for program in tqdm(pending, desc="graphspec: warm-up and capture", unit="graph"):
-            program.warm_up_and_capture()
+        what = "warm-up and capture" if self.device.startswith("cuda") else "compile CPU steps"
+        for prepare in tqdm(pending, desc=f"graphspec: {what}", unit="graph"):
+            prepare()
         if self.device.startswith("cuda"):
             self._first_requests()
 

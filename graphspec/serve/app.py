@@ -50,7 +50,7 @@ def create_app(
     """The app serving `runtime` as model `model_name`. markers: split chat output into reasoning,
     content and tool calls with these marker strings (None: all output is content)."""
     app = FastAPI(title="graphspec", version="0.1.0")
-    metrics = Metrics(runtime.k, model_name, lambda: runtime.engine.load)
+    metrics = Metrics(runtime.k, model_name, lambda: runtime.engine.load, lambda: runtime.stats)
     runtime.engine.listeners.append(metrics)
     app.state.metrics = metrics
     sample_default = "sample" in runtime.engine.modes

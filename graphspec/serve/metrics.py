@@ -14,7 +14,7 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 class Metrics:
     """An engine listener (on_step, on_finish) plus the request-side histograms."""
 
-    def __init__(self, k: int, model: str, load: Any) -> None:
+    def __init__(self, k: int, model: str, load: Any, stats: Any) -> None:
         self.registry = CollectorRegistry()
         labels = {"model_name": model}
         names = list(labels)
@@ -51,6 +51,15 @@ class Metrics:
         waiting = Gauge("graphspec:num_requests_waiting", "Requests waiting for a slot", names, registry=self.registry)
         running.labels(**labels).set_function(lambda: load()[0])
         waiting.labels(**labels).set_function(lambda: load()[1])
+        # Start-up compiles and captures everything; what a request had to do instead (alert above 0).
+        late = Gauge(
+            "graphspec:startup_work_during_requests",
+            "Triton compiles, CPU step compiles and CUDA graph captures that happened inside requests",
+            [*names, "work"],
+            registry=self.registry,
+        )
+        for work in ("triton_compiles", "cpu_compiles", "captures"):
+            late.labels(**labels, work=work).set_function(lambda w=work: getattr(stats(), f"{w}_during_requests"))
 
     # Engine listener: called on the engine's loop thread.
     def on_step(self, buffers: Any, rows: int, accepted: list[int]) -> None:

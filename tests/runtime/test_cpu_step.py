@@ -7,6 +7,7 @@ import torch
 
 import graphspec
 from graphspec import ops
+from graphspec.counters import compiled_graphs
 
 
 def test_cpu_step_runs_the_cpu_table_copy_and_keeps_the_compiled_graph(checkpoint_factory) -> None:
@@ -27,3 +28,31 @@ def test_cpu_step_runs_the_cpu_table_copy_and_keeps_the_compiled_graph(checkpoin
     graph.cpu_gm, graph._on_cpu_table = None, False  # the compiled graph itself: the reference ops
     reference = [r.token_ids for r in runtime.generate(prompts, max_new_tokens=12, stop_token_ids=())]
     assert fast == reference
+
+
+def test_compile_cpu_compiles_every_step_at_start_up_and_none_during_requests(checkpoint_factory) -> None:
+    target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
+    options = dict(k=2, batch_sizes=(1, 2), dtype="float32", device="cpu", max_seq_len=64, modes=("greedy",))
+    before = compiled_graphs()
+    compiled = graphspec.Runtime.from_pretrained(target, draft, compile_cpu=True, **options)
+    assert compiled_graphs() - before == 2  # one Inductor graph per (mode, bucket) step, at start-up
+    assert not any(graph.awaits_cpu_compile for graph in compiled.graphs.values())
+    eager = graphspec.Runtime.from_pretrained(target, draft, **options)
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    for batch in (prompts, prompts[:1]):  # both buckets
+        got = [r.token_ids for r in compiled.generate(batch, max_new_tokens=10, stop_token_ids=())]
+        assert got == [r.token_ids for r in eager.generate(batch, max_new_tokens=10, stop_token_ids=())]
+    assert compiled.stats.cpu_compiles_during_requests == 0
+
+
+def test_a_cpu_step_compiled_inside_a_request_is_counted(checkpoint_factory) -> None:
+    target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
+    runtime = graphspec.Runtime.from_pretrained(
+        target, draft, k=2, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=64, modes=("greedy",),
+        compile_cpu=True, warm_up=False,
+    )  # fmt: skip
+    assert runtime.graphs[("greedy", 1)].awaits_cpu_compile
+    runtime.generate([[1, 2, 3]], max_new_tokens=4)
+    assert runtime.stats.cpu_compiles_during_requests == 1
+    runtime.generate([[1, 2, 3]], max_new_tokens=4)
+    assert runtime.stats.cpu_compiles_during_requests == 1  # compiled once, replayed after

@@ -168,7 +168,7 @@ def test_chat_logprobs_are_the_engines(client, runtime):
     assert all(entry.logprob <= 0 for entry in chat.choices[0].logprobs.content)
 
 
-def test_models_health_and_metrics(client, base_url):
+def test_models_health_and_metrics(client, base_url, runtime):
     assert [model.id for model in client.models.list()] == [MODEL]
     greedy_completion(client, max_tokens=12)
     assert httpx.get(f"{base_url}/health").json()["status"] == "ok"
@@ -185,6 +185,18 @@ def test_models_health_and_metrics(client, base_url):
     for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "spec_decode_tokens_per_step"):
         count = [s for s in families[f"graphspec:{histogram}"].samples if s.name.endswith("_count")]
         assert count and count[0].value > 0, histogram
+    assert late_work(base_url) == {"triton_compiles": 0, "cpu_compiles": 0, "captures": 0}
+    runtime.stats.cpu_compiles_during_requests += 2  # the gauge reads the runtime's own count
+    try:
+        assert late_work(base_url)["cpu_compiles"] == 2
+    finally:
+        runtime.stats.cpu_compiles_during_requests -= 2
+
+
+def late_work(base_url: str) -> dict[str, float]:
+    """graphspec:startup_work_during_requests by its `work` label."""
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{base_url}/metrics").text)}
+    return {s.labels["work"]: s.value for s in families["graphspec:startup_work_during_requests"].samples}
 
 
 # --------------------------------------------------------------------------------------------------
