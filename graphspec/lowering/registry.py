@@ -490,7 +490,9 @@ def fits_on_cpu(node: fx.Node) -> bool:
 # are the reference's arithmetic as composites of torch ops, which the Inductor CPU step (compile_cpu)
 # fuses with their neighbours (a reference op is one opaque call to it). sample and verify_rejection skip
 # the reference's full-vocabulary sort where each row's top candidates settle its cuts
-# (kernels/sampling_cpu.py). Other ops called once per step stay references.
+# (kernels/sampling_cpu.py). mm runs a projection through a oneDNN copy of its weight packed once
+# (kernels/mm_cpu.py; MKL's sgemm repacks the weight on every call). Other ops called once per step stay
+# references.
 CPU = "cpu"
 CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "attention": fits_attention_cpu,
@@ -502,6 +504,7 @@ CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "argmax": fits_on_cpu,
     "sample": fits_on_cpu,  # the sort-free path where the candidates settle the batch, else the reference
     "verify_rejection": fits_on_cpu,
+    "mm": fits_on_cpu,
 }
 
 

@@ -193,6 +193,22 @@ def cpu_table_copy(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     return table_copy, lower_kernels.lower_for_cpu(table_copy)
 
 
+def pack_mm_weights(gm: fx.GraphModule, params: Sequence[torch.Tensor]) -> list[Any]:
+    """Pack, for the CPU table's mm kernel (kernels/mm_cpu.py), every weight whose transpose an mm of a
+    CPU-table copy reads (its first len(params) placeholders are the weights). The caller keeps the
+    returned entries: the packed copies are used as long as it does."""
+    from graphspec.kernels import mm_cpu  # on first use, as the CPU table imports its kernels
+
+    weights = dict(zip(gm.graph.find_nodes(op="placeholder"), params, strict=False))
+    entries = {}
+    for node in gm.graph.find_nodes(op="call_function", target=mm_cpu.mm_cpu):
+        operand = node.args[1]
+        if isinstance(operand, fx.Node) and operand.target == torch.ops.aten.t.default and operand.args[0] in weights:
+            weight = weights[operand.args[0]]
+            entries[id(weight)] = entries.get(id(weight)) or mm_cpu.pack(weight)
+    return [entry for entry in entries.values() if entry is not None]
+
+
 def pieces(gm: fx.GraphModule) -> list[tuple[str, bool]]:
     """(submodule name, runs eagerly) for each piece the top-level graph calls; [] for a flat graph."""
     return [
@@ -259,6 +275,7 @@ class StepGraph:
         # Made on the first call (cpu_step): a Runtime builds a StepGraph per (mode, bucket) up front.
         self.cpu_gm: fx.GraphModule | None = None
         self.cpu_kernels = 0
+        self.packed_weights: list[Any] = []  # the CPU mm kernel's packed weights, alive while this step is
         self._on_cpu_table = not self.on_cuda and not pieces(gm)
         if capture and recorder is None and not self.on_cuda:
             raise ValueError("CUDA-graph capture needs CUDA tensors; pass recorder=HostRecorder to emulate it")
@@ -434,6 +451,7 @@ class StepGraph:
         """The CPU-table copy of a flat step on the CPU (made on first use), None elsewhere."""
         if self.cpu_gm is None and self._on_cpu_table:
             self.cpu_gm, self.cpu_kernels = cpu_table_copy(self.gm)
+            self.packed_weights = pack_mm_weights(self.cpu_gm, self.params)
         return self.cpu_gm
 
     def _eager(self) -> Callable[..., Any]:

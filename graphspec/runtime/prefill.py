@@ -25,7 +25,15 @@ from graphspec import ops
 from graphspec.counters import COUNTERS
 from graphspec.drafters.base import Drafter, PrefillEnd
 from graphspec.runtime.buffers import pick_bucket
-from graphspec.runtime.graphs import TRITON_COMPILES, WARM_UP_RUNS, CudaGraphRecorder, Recorder, cpu_table_copy, pieces
+from graphspec.runtime.graphs import (
+    TRITON_COMPILES,
+    WARM_UP_RUNS,
+    CudaGraphRecorder,
+    Recorder,
+    cpu_table_copy,
+    pack_mm_weights,
+    pieces,
+)
 from graphspec.trace_prefill import FEATURE_OUTPUT, PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
 
 # Rows of the per-chunk table uploaded once per group of prompts: [chunks, len(ROW_TABLE), bucket].
@@ -53,8 +61,10 @@ class PrefillProgram:
         # (runtime/graphs.py): prefill attention over each row's visible prefix instead of the whole
         # cache, the small ops as composites of torch ops. A piecewise program keeps its references.
         self.cpu_kernels = 0
+        self.packed_weights: list[Any] = []  # the CPU mm kernel's packed weights, alive while this program is
         if device.type == "cpu" and not pieces(gm):
             gm, self.cpu_kernels = cpu_table_copy(gm)
+            self.packed_weights = pack_mm_weights(gm, params)
         self.gm = gm
         self.inputs = new_prefill_inputs(bucket, chunk, device)
         names = [node.meta["gs_input"] for node in gm.graph.find_nodes(op="placeholder")][len(params) :]
