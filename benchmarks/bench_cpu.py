@@ -251,7 +251,7 @@ def compare_drafters(args: argparse.Namespace, hf: Transformers) -> list[dict]:
         try:
             runtime = graphspec.Runtime.from_pretrained(
                 DEMO_TARGET, draft, k=args.k, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=512,
-                modes=("greedy",), compile_cpu=not args.eager,
+                modes=("greedy",), compile_cpu=not args.eager, warm_up=False,
             )  # fmt: skip
         except GraphspecError as error:  # reported as a row; main() exits 1 so a script notices
             rows.append(dict(drafter=name, error=f"{type(error).__name__}: {error}"))
@@ -264,7 +264,7 @@ def compare_drafters(args: argparse.Namespace, hf: Transformers) -> list[dict]:
             steps["steps"] = sum(r.stats.steps for r in results)
             return [r.token_ids for r in results]
 
-        run()  # warm-up (the Runtime compiled its one step when it was built)
+        run()  # warm-up: compiles the step on its first call (compile_cpu)
         setup_s = time.perf_counter() - start
         seconds, output = best_of(args.rounds, {name: run})[name]
         tokens = sum(len(t) for t in output)
