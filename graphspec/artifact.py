@@ -1131,7 +1131,8 @@ def _load_prefill(
             )
         graphs[(bucket, chunk)] = gm
         records[name] = [PassRecord(**fields) for fields in entry.get("passes", [])]
-    wanted = {(b, c) for b in config.batch_sizes for c in chunk_sizes(b, config.max_seq_len, config.prefill_tokens)}
+    sizes = {b: chunk_sizes(b, config.max_seq_len, config.prefill_tokens, config.device) for b in config.batch_sizes}
+    wanted = {(b, c) for b, chunks in sizes.items() for c in chunks}
     if set(graphs) != wanted:
         raise ArtifactError(
             f"{path / MANIFEST}: prefill programs (bucket, chunk) {sorted(graphs)}, but buckets "

@@ -465,7 +465,8 @@ def run_compile(args: argparse.Namespace) -> int:
     # --max-seq-len the chunk sizes are known only once compile has sized the context: no total.
     buckets, total = set(args.batch_sizes), None
     if args.max_seq_len is not None:
-        prefill = sum(len(chunk_sizes(bucket, args.max_seq_len, args.prefill_tokens)) for bucket in buckets)
+        sizes = [chunk_sizes(b, args.max_seq_len, args.prefill_tokens, args.device) for b in buckets]
+        prefill = sum(len(chunks) for chunks in sizes)
         total = len(buckets) * len(set(args.modes)) + prefill
     if args.out is not None:
         check_out(args.out)  # refused before any work, as compile(out=...) would

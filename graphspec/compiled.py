@@ -40,7 +40,8 @@ class Compiled:
 
     def prefill_chunks(self, bucket: int) -> tuple[int, ...]:
         """Positions per row of the bucket's prefill chunk programs, largest first."""
-        return trace_prefill.chunk_sizes(bucket, self.config.max_seq_len, self.config.prefill_tokens)
+        config = self.config
+        return trace_prefill.chunk_sizes(bucket, config.max_seq_len, config.prefill_tokens, config.device)
 
     @property
     def slots(self) -> int:

@@ -161,7 +161,7 @@ def compile(
             records[name] = result.records
     prefill_graphs = {}
     for bucket in config.batch_sizes:
-        for chunk in trace_prefill.chunk_sizes(bucket, max_seq_len, config.prefill_tokens):
+        for chunk in trace_prefill.chunk_sizes(bucket, max_seq_len, config.prefill_tokens, device):
             name = prefill_graph_name(bucket, chunk)
             progress(f"tracing {name}")
             inputs = trace_prefill.example_prefill_inputs(

@@ -77,14 +77,19 @@ def chunk_size(bucket: int, max_seq_len: int, prefill_tokens: int) -> int:
 SIZES = 3
 SIZE_STEP = 8
 MIN_CHUNK = 16
+# On the CPU a chunk's padded positions cost their arithmetic (nothing is launch-bound), so the sizes step
+# by 4: four 17-token prompts prefill 4 x 32 positions instead of 4 x 64 (docs/BENCHMARKS.md, CPU results).
+CPU_SIZE_STEP = 4
 
 
-def chunk_sizes(bucket: int, max_seq_len: int, prefill_tokens: int) -> tuple[int, ...]:
-    """The bucket's chunk programs, largest first: chunk_size() and its 1/8 and 1/64 where those are
-    whole and at least MIN_CHUNK positions. Each divides the next larger, so all divide max_seq_len."""
+def chunk_sizes(bucket: int, max_seq_len: int, prefill_tokens: int, device: str) -> tuple[int, ...]:
+    """The bucket's chunk programs, largest first: chunk_size() and its 1/8 and 1/64 (on the CPU its 1/4
+    and 1/16) where those are whole and at least MIN_CHUNK positions. Each divides the next larger, so
+    all divide max_seq_len."""
+    step = CPU_SIZE_STEP if str(device).startswith("cpu") else SIZE_STEP
     sizes = [chunk_size(bucket, max_seq_len, prefill_tokens)]
-    while len(sizes) < SIZES and sizes[-1] % SIZE_STEP == 0 and sizes[-1] // SIZE_STEP >= MIN_CHUNK:
-        sizes.append(sizes[-1] // SIZE_STEP)
+    while len(sizes) < SIZES and sizes[-1] % step == 0 and sizes[-1] // step >= MIN_CHUNK:
+        sizes.append(sizes[-1] // step)
     return tuple(sizes)
 
 

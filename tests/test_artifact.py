@@ -151,7 +151,7 @@ def test_a_loaded_runtime_says_where_its_start_up_went(compiled):
 
 def test_loaded_prefill_programs_are_the_compiled_ones(compiled):
     loaded = load_artifact(compiled[1])
-    assert set(loaded.prefill_graphs) == set(compiled[0].prefill_graphs) == {(1, 64), (2, 64)}
+    assert set(loaded.prefill_graphs) == set(compiled[0].prefill_graphs) == {(1, 64), (1, 16), (2, 64), (2, 16)}
     for key, gm in compiled[0].prefill_graphs.items():
         assert loaded.prefill_graphs[key].code == gm.code, key
     runtime = Runtime(loaded)
@@ -177,7 +177,8 @@ def test_refuses_a_prefill_chunk_the_config_disagrees_with(compiled, tmp_path):
     """A prefill_tokens edit in the manifest would give bucket 2 another chunk than its program runs."""
     artifact = damaged(compiled, tmp_path)
     edit_manifest(artifact, lambda m: m["config"].update(prefill_tokens=8))
-    with pytest.raises(ArtifactError, match=r"prefill programs \(bucket, chunk\) \[\(1, 64\), \(2, 64\)\], but"):
+    programs = r"\[\(1, 16\), \(1, 64\), \(2, 16\), \(2, 64\)\]"
+    with pytest.raises(ArtifactError, match=rf"prefill programs \(bucket, chunk\) {programs}, but"):
         load_artifact(artifact)
 
 
@@ -219,7 +220,9 @@ def test_kernel_choices_are_saved_and_restored(compiled, tmp_path):
         "step_b1_greedy": {attention.name: "attention_sm90"},
         "step_b2_greedy": {},
         "prefill_b1_c64": {},  # CPU: the prefill programs keep their reference ops too
+        "prefill_b1_c16": {},
         "prefill_b2_c64": {},
+        "prefill_b2_c16": {},
     }
     loaded = load_artifact(tmp_path / "art").graphs[("greedy", 1)]
     assert {n.name: n.meta["gs_kernel"] for n in loaded.graph.nodes if "gs_kernel" in n.meta} == {

@@ -130,18 +130,18 @@ def test_compiled_prefill_logits_match_reference(runtime):
 
 @pytest.fixture(scope="module")
 def sized_runtime(checkpoint_factory) -> graphspec.Runtime:
-    """Bucket 1 with two chunk programs: 128 and 16 positions per row."""
+    """Bucket 1 with two chunk programs: 128 and 32 positions per row (on the CPU sizes step by 4)."""
     target, draft = checkpoint_factory("llama", 0), checkpoint_factory("qwen3", 1, num_hidden_layers=1)
     return graphspec.Runtime.from_pretrained(
         target, draft, k=K, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=256, prefill_tokens=128
     )
 
 
-@pytest.mark.parametrize("length", [150, 20])
+@pytest.mark.parametrize("length", [200, 40])
 def test_compiled_prefill_mixes_chunk_sizes(sized_runtime, length):
-    """150 positions: one 128-position chunk, then two of 16 (from position 128 on); 20: two of 16."""
-    assert sized_runtime.compiled.prefill_chunks(1) == (128, 16)
-    assert trace_prefill.chunk_plan(length, (128, 16)) == {150: [128, 16, 16], 20: [16, 16]}[length]
+    """200 positions: one 128-position chunk, then three of 32 (from position 128 on); 40: two of 32."""
+    assert sized_runtime.compiled.prefill_chunks(1) == (128, 32)
+    assert trace_prefill.chunk_plan(length, (128, 32)) == {200: [128, 32, 32, 32], 40: [32, 32]}[length]
     assert_prefills_equal(sized_runtime, random_prompts([length], sized_runtime.vocab_size, seed=length), [0])
 
 
@@ -154,10 +154,17 @@ def test_chunk_plan_whole_chunks_then_the_tail_in_the_largest_size_that_fits(pos
 
 
 def test_chunk_sizes_are_eighths_down_to_16_positions():
-    assert trace_prefill.chunk_sizes(1, 8192, 4096) == (4096, 512, 64)
-    assert trace_prefill.chunk_sizes(8, 8192, 4096) == (512, 64)
-    assert trace_prefill.chunk_sizes(4, 64, 16) == (4,)
-    assert trace_prefill.chunk_sizes(1, 1000, 512) == (500,)  # 500 is not a multiple of 8
+    assert trace_prefill.chunk_sizes(1, 8192, 4096, "cuda") == (4096, 512, 64)
+    assert trace_prefill.chunk_sizes(8, 8192, 4096, "cuda:1") == (512, 64)
+    assert trace_prefill.chunk_sizes(4, 64, 16, "cuda") == (4,)
+    assert trace_prefill.chunk_sizes(1, 1000, 512, "cuda") == (500,)  # 500 is not a multiple of 8
+
+
+def test_chunk_sizes_on_the_cpu_are_quarters_down_to_16_positions():
+    assert trace_prefill.chunk_sizes(1, 8192, 4096, "cpu") == (4096, 1024, 256)
+    assert trace_prefill.chunk_sizes(4, 512, 2048, "cpu") == (512, 128, 32)
+    assert trace_prefill.chunk_sizes(8, 512, 2048, "cpu") == (256, 64, 16)
+    assert trace_prefill.chunk_sizes(1, 96, 2048, "cpu") == (96, 24)  # a quarter of 24 is under 16
 
 
 def test_compiled_prefill_one_token_prompt(runtime):
