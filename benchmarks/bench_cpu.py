@@ -64,6 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--eager", action="store_true", help="run graphspec's CPU step eagerly (default: Runtime(compile_cpu=True))"
     )
+    parser.add_argument(
+        "--draft-bf16",
+        action="store_true",
+        help="graphspec's drafter multiplies bfloat16 copies of its weights (Runtime(cpu_draft_dtype='bfloat16')); "
+        "transformers' assisted generation keeps its float32 draft",
+    )
     parser.add_argument("--quick", action="store_true", help="batch 1, greedy only, 2 rounds (the quickstart)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument(
@@ -139,6 +145,11 @@ class Transformers:
         return dict(options, do_sample=False)
 
 
+def runtime_options(args: argparse.Namespace) -> dict[str, object]:
+    """The Runtime's own options (not the compiler's) that the flags choose."""
+    return {"compile_cpu": not args.eager, "cpu_draft_dtype": "bfloat16" if args.draft_bf16 else "float32"}
+
+
 def buckets(batch_sizes: tuple[int, ...]) -> tuple[int, ...]:
     """The Runtime's buckets: the batch sizes asked for and every power of two below the largest, so a
     batch whose rows finish at different steps runs its last rows in a smaller bucket, as a server's would."""
@@ -166,13 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if args.artifact:
         # warm_up=False: each (mode, batch) below times its step's first call, which compiles it (compile_cpu).
-        runtime = graphspec.Runtime.load(args.artifact, compile_cpu=not args.eager, warm_up=False)
+        runtime = graphspec.Runtime.load(args.artifact, warm_up=False, **runtime_options(args))
         how = f"loaded {args.artifact}"
     else:
         modes = ("greedy",) if args.no_sampling else ("greedy", "sample")
         runtime = graphspec.Runtime.from_pretrained(
             DEMO_TARGET, DEMO_DRAFT, k=args.k, batch_sizes=buckets(args.batch_sizes), dtype="float32", device="cpu",
-            max_seq_len=512, modes=modes, compile_cpu=not args.eager, warm_up=False,
+            max_seq_len=512, modes=modes, warm_up=False, **runtime_options(args),
         )  # fmt: skip
         how = "compiled the demo pair"
     setup_s = time.perf_counter() - start
@@ -180,11 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     hf = Transformers(runtime.tokenizer, eos)
     step = "eager CPU step" if args.eager else "CPU step compiled by Inductor on first use"
     print(
-        f"graphspec {how} in {setup_s:.1f} s ({step}); k={runtime.k}, fp32, {args.threads} torch thread(s), "
+        f"graphspec {how} in {setup_s:.1f} s ({step}); k={runtime.k}, fp32"
+        f"{' (the drafter multiplies bf16 weights)' if args.draft_bf16 else ''}, {args.threads} torch thread(s), "
         f"{args.new_tokens} new tokens, best of {args.rounds} interleaved rounds",
         flush=True,
     )
-    rows, record = [], {"threads": args.threads, "new_tokens": args.new_tokens, "k": runtime.k, "results": []}
+    record = {"threads": args.threads, "new_tokens": args.new_tokens, "k": runtime.k, "draft_bf16": args.draft_bf16}
+    rows, record["results"] = [], []
     modes = ["greedy"] + ([] if args.no_sampling else ["sample"])
     for mode in modes:
         sampling = SAMPLING if mode == "sample" else {}
@@ -258,7 +271,7 @@ def compare_drafters(args: argparse.Namespace, hf: Transformers) -> list[dict]:
         try:
             runtime = graphspec.Runtime.from_pretrained(
                 DEMO_TARGET, draft, k=args.k, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=512,
-                modes=("greedy",), compile_cpu=not args.eager, warm_up=False,
+                modes=("greedy",), warm_up=False, **runtime_options(args),
             )  # fmt: skip
         except GraphspecError as error:  # reported as a row; main() exits 1 so a script notices
             rows.append(dict(drafter=name, error=f"{type(error).__name__}: {error}"))

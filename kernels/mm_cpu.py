@@ -37,7 +37,8 @@ CONFIGS: dict[str, dict[str, int]] = {"cpu": {}}
 
 @dataclass
 class PackedWeight:
-    """A weight's oneDNN-packed copy; valid while `source` is alive at `address`."""
+    """A weight's oneDNN-packed copy (in its own dtype, float32 or bfloat16); valid while `source` is
+    alive at `address`."""
 
     source: weakref.ref[Tensor]
     address: int
@@ -59,14 +60,15 @@ def packable(weight: Tensor) -> bool:
     )
 
 
-def pack(weight: Tensor) -> PackedWeight | None:
+def pack(weight: Tensor, dtype: torch.dtype = torch.float32) -> PackedWeight | None:
     """Pack `weight` for mm_cpu and register it; the caller keeps the returned entry alive for as
-    long as the packed copy should be used (None: this weight is not packable)."""
+    long as the packed copy should be used (None: this weight is not packable). dtype bfloat16 packs a
+    bfloat16 copy: mm_cpu then multiplies in bfloat16 (fp32 accumulation) and returns fp32."""
     if not packable(weight):
         return None
     entry = _PACKED.get(weight.data_ptr())
-    if entry is None or entry.source() is not weight:
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    if entry is None or entry.source() is not weight or entry.packed.dtype != dtype:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype))
         entry = PackedWeight(weakref.ref(weight), weight.data_ptr(), packed)
         _PACKED[weight.data_ptr()] = entry
     return entry
@@ -80,7 +82,11 @@ def mm(x: Tensor, mat2: Tensor) -> Tensor:
     if entry is not None and x.dtype == torch.float32 and weight.is_contiguous():
         source = entry.source()
         if source is not None and source.data_ptr() == entry.address and source.shape == weight.shape:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), entry.packed, None, "none", [None], "")
+            packed = entry.packed
+            if packed.dtype == torch.float32:
+                return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [None], "")
+            product = torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, None, "none", [None], "")
+            return product.float()
     return torch.mm(x, mat2)
 
 

@@ -193,10 +193,13 @@ def cpu_table_copy(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     return table_copy, lower_kernels.lower_for_cpu(table_copy)
 
 
-def pack_mm_weights(gm: fx.GraphModule, params: Sequence[torch.Tensor]) -> list[Any]:
+def pack_mm_weights(
+    gm: fx.GraphModule, params: Sequence[torch.Tensor], draft_dtype: torch.dtype = torch.float32
+) -> list[Any]:
     """Pack, for the CPU table's mm kernel (kernels/mm_cpu.py), every weight whose transpose an mm of a
-    CPU-table copy reads (its first len(params) placeholders are the weights). The caller keeps the
-    returned entries: the packed copies are used as long as it does."""
+    CPU-table copy reads (its first len(params) placeholders are the weights): the drafter's own in
+    `draft_dtype`, the target's in float32. The caller keeps the returned entries: the packed copies are
+    used as long as it does."""
     from graphspec.kernels import mm_cpu  # on first use, as the CPU table imports its kernels
 
     weights = dict(zip(gm.graph.find_nodes(op="placeholder"), params, strict=False))
@@ -204,8 +207,9 @@ def pack_mm_weights(gm: fx.GraphModule, params: Sequence[torch.Tensor]) -> list[
     for node in gm.graph.find_nodes(op="call_function", target=mm_cpu.mm_cpu):
         operand = node.args[1]
         if isinstance(operand, fx.Node) and operand.target == torch.ops.aten.t.default and operand.args[0] in weights:
-            weight = weights[operand.args[0]]
-            entries[id(weight)] = entries.get(id(weight)) or mm_cpu.pack(weight)
+            placeholder = operand.args[0]
+            dtype = draft_dtype if placeholder.meta["gs_input"].startswith("draft.") else torch.float32
+            entries[placeholder] = entries.get(placeholder) or mm_cpu.pack(weights[placeholder], dtype)
     return [entry for entry in entries.values() if entry is not None]
 
 
@@ -255,9 +259,11 @@ class StepGraph:
         pool: object | None = None,
         recorder: Callable[[object | None], Recorder] | None = None,
         compile_cpu: bool = False,
+        cpu_draft_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.gm = gm
         self.compile_cpu = compile_cpu and not capture
+        self.cpu_draft_dtype = cpu_draft_dtype  # what the CPU mm kernel packs the drafter's weights in
         self._compiled: Callable[..., Any] | None = None
         self.params = params
         self.buffers = buffers
@@ -300,7 +306,7 @@ class StepGraph:
         same way (captured or eager, same recorder) but captured on its own, into its own pool."""
         return StepGraph(
             gm, self.params, self.buffers, self.state, self.capture, recorder=self.new_recorder,
-            compile_cpu=self.compile_cpu,
+            compile_cpu=self.compile_cpu, cpu_draft_dtype=self.cpu_draft_dtype,
         )  # fmt: skip
 
     @property
@@ -451,7 +457,7 @@ class StepGraph:
         """The CPU-table copy of a flat step on the CPU (made on first use), None elsewhere."""
         if self.cpu_gm is None and self._on_cpu_table:
             self.cpu_gm, self.cpu_kernels = cpu_table_copy(self.gm)
-            self.packed_weights = pack_mm_weights(self.cpu_gm, self.params)
+            self.packed_weights = pack_mm_weights(self.cpu_gm, self.params, self.cpu_draft_dtype)
         return self.cpu_gm
 
     def _eager(self) -> Callable[..., Any]:

@@ -54,6 +54,7 @@ class PrefillProgram:
         capture: bool,
         pool: object | None = None,
         recorder: Callable[[object | None], Recorder] | None = None,
+        cpu_draft_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.chunk, self.bucket, self.spare_slot = chunk, bucket, spare_slot
         device = state[next(iter(state))].device
@@ -64,7 +65,7 @@ class PrefillProgram:
         self.packed_weights: list[Any] = []  # the CPU mm kernel's packed weights, alive while this program is
         if device.type == "cpu" and not pieces(gm):
             gm, self.cpu_kernels = cpu_table_copy(gm)
-            self.packed_weights = pack_mm_weights(gm, params)
+            self.packed_weights = pack_mm_weights(gm, params, cpu_draft_dtype)
         self.gm = gm
         self.inputs = new_prefill_inputs(bucket, chunk, device)
         names = [node.meta["gs_input"] for node in gm.graph.find_nodes(op="placeholder")][len(params) :]

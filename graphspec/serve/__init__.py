@@ -16,15 +16,16 @@ def serve(
     chat_template: str | None = None,
     markers: Any = None,
     allow_mismatch: bool = False,
-    compile_cpu: bool = False,
+    runtime_options: dict[str, Any] | None = None,
 ) -> None:
-    """Load the artifact (compiling or capturing every step before it listens) and serve it until interrupted."""
+    """Load the artifact (compiling or capturing every step before it listens) and serve it until
+    interrupted. runtime_options: Runtime's own (compile_cpu, cpu_draft_dtype)."""
     import uvicorn
 
     from graphspec.runtime.runtime import Runtime
     from graphspec.serve.app import create_app
 
-    runtime = Runtime.load(artifact, allow_mismatch=allow_mismatch, compile_cpu=compile_cpu)
+    runtime = Runtime.load(artifact, allow_mismatch=allow_mismatch, **(runtime_options or {}))
     phases = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in runtime.startup_seconds.items())
     print(f"graphspec serve: {artifact} ready ({phases})", flush=True)
     name = model_name or Path(artifact).resolve().name

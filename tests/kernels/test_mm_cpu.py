@@ -12,7 +12,7 @@ from graphspec.kernels import mm_cpu as kernel
 
 import graphspec
 from graphspec.runtime.graphs import pack_mm_weights
-from tests.kernels.helpers import generator, rel_error
+from tests.kernels.helpers import TOLERANCE, generator, rel_error
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 20, 300])
@@ -73,3 +73,16 @@ def test_a_cpu_step_packs_the_weights_of_its_projections(checkpoint_factory) -> 
     assert projections and all(node.op == "placeholder" for node in weights)
     assert len(graph.packed_weights) == len(weights)
     assert pack_mm_weights(step, graph.params[:0]) == []  # nothing to pack without the weights
+
+
+def test_mm_cpu_over_a_bfloat16_copy_multiplies_in_bfloat16_and_returns_fp32() -> None:
+    g = generator(3)
+    weight, x = torch.randn(96, 40, generator=g), torch.randn(5, 40, generator=g)
+    entry = kernel.pack(weight, torch.bfloat16)
+    assert entry is not None and entry.packed.dtype == torch.bfloat16
+    out = kernel.mm_cpu(x, weight.t())
+    assert out.dtype == torch.float32
+    exact = x.double() @ weight.double().t()
+    assert 1e-5 < rel_error(out, exact) < TOLERANCE[torch.bfloat16]  # bf16 products: not the fp32 result
+    assert kernel.pack(weight).packed.dtype == torch.float32  # packing again in fp32 replaces the copy
+    assert rel_error(kernel.mm_cpu(x, weight.t()), exact) < 1e-6

@@ -3,11 +3,13 @@ the reference ops (the oracle), and both give the same step results."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import graphspec
 from graphspec import ops
 from graphspec.counters import compiled_graphs
+from graphspec.errors import InputError
 
 
 def test_cpu_step_runs_the_cpu_table_copy_and_keeps_the_compiled_graph(checkpoint_factory) -> None:
@@ -56,3 +58,33 @@ def test_a_cpu_step_compiled_inside_a_request_is_counted(checkpoint_factory) -> 
     assert runtime.stats.cpu_compiles_during_requests == 1
     runtime.generate([[1, 2, 3]], max_new_tokens=4)
     assert runtime.stats.cpu_compiles_during_requests == 1  # compiled once, replayed after
+
+
+def test_a_bfloat16_drafter_packs_only_its_own_weights_and_changes_no_token(checkpoint_factory) -> None:
+    target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
+    options = dict(k=3, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=64, modes=("greedy",))
+    fast = graphspec.Runtime.from_pretrained(target, draft, cpu_draft_dtype="bfloat16", **options)
+    graph = fast.graphs[("greedy", 2)]
+    step = graph.cpu_step()
+    weights = dict(zip(step.graph.find_nodes(op="placeholder"), graph.params, strict=False))
+    packed = {id(entry.source()): entry.packed.dtype for entry in graph.packed_weights}
+    dtypes: dict[str, set[torch.dtype]] = {}
+    for node in step.graph.find_nodes(op="call_function", target=torch.ops.graphspec.mm_cpu.default):
+        placeholder = node.args[1].args[0]  # mm(x, t(weight))
+        role = placeholder.meta["gs_input"].split(".")[0]
+        dtypes.setdefault(role, set()).add(packed[id(weights[placeholder])])
+    assert dtypes == {"draft": {torch.bfloat16}, "target": {torch.float32}}
+    exact = graphspec.Runtime.from_pretrained(target, draft, **options)
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    got = [r.token_ids for r in fast.generate(prompts, max_new_tokens=16, stop_token_ids=())]
+    assert got == [r.token_ids for r in exact.generate(prompts, max_new_tokens=16, stop_token_ids=())]
+
+
+def test_cpu_draft_dtype_is_refused_where_it_does_not_apply(checkpoint_factory) -> None:
+    target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
+    options = dict(k=2, batch_sizes=(1,), device="cpu", max_seq_len=64, modes=("greedy",))
+    with pytest.raises(InputError, match="cpu_draft_dtype must be one of float32, bfloat16, got 'float16'"):
+        graphspec.Runtime.from_pretrained(target, draft, cpu_draft_dtype="float16", dtype="float32", **options)
+    compiled = graphspec.compile(target, draft, dtype="bfloat16", **options)
+    with pytest.raises(InputError, match=r"is for float32 artifacts on the CPU .*; this one is bfloat16 on cpu"):
+        graphspec.Runtime(compiled, cpu_draft_dtype="bfloat16")
