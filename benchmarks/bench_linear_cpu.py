@@ -5,7 +5,8 @@ Shapes are the demo pair's (graphspec/examples/demo_pair) projections at the row
 1 (a draft token), 2 (the draft's catch-up), 5 (a K=4 verify block), 20 (batch 4's verify block). Each
 measurement cycles through enough distinct weights (--rotation-mb) that they stream from memory, not
 from the last-level cache, as one step's weights do. Prints us per call, GB/s of weight read, the
-speedup, and the larger relative error of the two results against fp64.
+speedup, the larger relative error of the two results against fp64, and mm_cpu over a bfloat16 copy of
+the same weights (what a drafter's projections run with cpu_draft_dtype="bfloat16").
 
     python benchmarks/bench_linear_cpu.py [--rows 1,2,5,20] [--threads 1] [--rotation-mb 128]
 """
@@ -60,17 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     rows_list = [int(r) for r in args.rows.split(",")]
     print(f"torch {torch.__version__}, {args.threads} thread(s), fp32; us per call (GB/s of weight read)")
     header = f"{'projection':<16} {'N x K':>11} {'M':>3} {'torch.mm':>18} {'mm_cpu (packed)':>18} {'speedup':>8}"
-    print(f"{header} {'err fp64':>9}")
+    print(f"{header} {'err fp64':>9} {'bf16 packed':>12}")
     total_mm = total_packed = 0.0
     for name, n, k in SHAPES:
         count = max(2, args.rotation_mb * 2**20 // (n * k * 4))
         weights = [torch.randn(n, k) for _ in range(count)]
         entries = [mm_cpu.pack(w) for w in weights]  # kept alive: the packed copies live as long as these
+        # The same values packed as bfloat16 (Runtime(cpu_draft_dtype="bfloat16") packs a drafter's so).
+        halves = [w.clone() for w in weights]
+        entries += [mm_cpu.pack(w, torch.bfloat16) for w in halves]
         assert all(entries)
         for rows in rows_list:
             x = torch.randn(rows, k)
             plain = time_calls(lambda i, x=x, w=weights: torch.mm(x, w[i].t()), count)
             packed = time_calls(lambda i, x=x, w=weights: mm_cpu.mm_cpu(x, w[i].t()), count)
+            half = time_calls(lambda i, x=x, w=halves: mm_cpu.mm_cpu(x, w[i].t()), count)
             exact = torch.mm(x.double(), weights[0].double().t())
             error = max(
                 ((torch.mm(x, weights[0].t()) - exact).norm() / exact.norm()).item(),
@@ -80,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             total_mm, total_packed = total_mm + plain, total_packed + packed
             print(
                 f"{name:<16} {f'{n}x{k}':>11} {rows:>3} {plain * 1e6:9.1f} ({gbs / plain:5.1f}) "
-                f"{packed * 1e6:9.1f} ({gbs / packed:5.1f}) {plain / packed:7.2f}x {error:9.1e}"
+                f"{packed * 1e6:9.1f} ({gbs / packed:5.1f}) {plain / packed:7.2f}x {error:9.1e} {half * 1e6:9.1f} us"
             )
-        del entries
+        del entries, halves
     print(f"sum over the rows above: torch.mm {total_mm * 1e3:.2f} ms, mm_cpu {total_packed * 1e3:.2f} ms "
           f"({total_mm / total_packed:.2f}x)")  # fmt: skip
     return 0

@@ -11,5 +11,6 @@ def test_every_shape_gets_a_row_with_both_timings(capsys):
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in lines if line.startswith(("target", "draft"))]
     assert len(rows) == 2 * len(bench_linear_cpu.SHAPES)
-    assert all(float(row[-1]) < 1e-5 for row in rows)  # the larger relative error against fp64
+    assert all(float(row[-3]) < 1e-5 for row in rows)  # the larger relative error against fp64
+    assert all(row[-1] == "us" and float(row[-2]) > 0 for row in rows)  # the bfloat16 copy's time
     assert lines[-1].startswith("sum over the rows above")
