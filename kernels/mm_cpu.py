@@ -5,16 +5,19 @@ The step's projections are `aten.mm(x, aten.t(weight))` with a handful of rows (
 token, a prefill chunk). torch.mm hands those to MKL's sgemm, which packs the weight on every call: on
 the 2-core VM of docs/BENCHMARKS.md a [2048, 384] fp32 weight streams at 9 GB/s at 5 rows (14 GB/s at
 one row) of the 35 GB/s a core reads. oneDNN's linear over a weight reordered once into its blocked
-layout (torch.ops.mkldnn._reorder_linear_weight, what Inductor's freezing uses) reads it at 25-35 GB/s for
-1-20 rows: about 3x less time per projection at a verify block's 5 rows (`benchmarks/bench_linear_cpu.py`).
+layout (torch.ops.mkldnn._reorder_linear_weight, what Inductor's freezing uses) reads it at 20-36 GB/s for
+1-5 rows: 1.7-2.8x less time per projection at a verify block's 5 rows, 2.3x over the demo pair's
+projections at 1-20 rows (`benchmarks/bench_linear_cpu.py`, docs/BENCHMARKS.md).
 
 mm_cpu has aten.mm's schema, as every CPU table kernel has its reference's (lowering/registry.py,
 CPU_KERNELS). The packed copy is made when a CPU step is built (pack(), called by the runtime for every
-weight whose transpose an mm of its graph reads) and is found again by the weight's address. An entry also holds a weak
-reference to the weight it was made from and is used only while that weight is alive at that address:
-a weight freed and another allocated at its address can never meet a stale packed copy. A weight
-without a live entry, and every other mm (activations times activations, a graph run without the
-runtime), takes torch.mm itself. Results differ from torch.mm by fp32 rounding only.
+weight whose transpose an mm of its graph reads) and is found again by the weight's address. An entry
+also holds a weak reference to the weight it was made from and is used only while that weight is alive
+at that address: a weight freed and another allocated at its address can never meet a stale packed copy.
+A weight without a live entry, and every other mm (activations times activations, a graph run without
+the runtime), takes torch.mm itself. Results differ from torch.mm by fp32 rounding only, except over a
+copy packed as bfloat16 (a drafter's weights under Runtime(cpu_draft_dtype="bfloat16")): bf16 products,
+fp32 accumulation and an fp32 result.
 
 Registered through graphspec/library.py as an opaque op (a fake gives its shape), so Inductor keeps it
 one call. Imports torch only.

@@ -4,6 +4,7 @@ continuous-batching engine (runtime/engine.py), which owns the loop between grap
 
 from __future__ import annotations
 
+import inspect
 import queue
 import time
 from collections.abc import Iterator, Sequence
@@ -15,7 +16,6 @@ import torch
 from graphspec import ops
 from graphspec.compiled import Compiled
 from graphspec.compiler import compile
-from graphspec.config import SpecConfig
 from graphspec.counters import COUNTERS
 from graphspec.drafters.base import PrefillView
 from graphspec.errors import InputError
@@ -26,7 +26,7 @@ from graphspec.runtime.engine import Engine
 from graphspec.runtime.graphs import StepGraph
 from graphspec.runtime.prefill import Prefiller, PrefillProgram
 from graphspec.runtime.requests import Delta, GenerationResult, RequestStats, SamplingParams
-from graphspec.trace import TARGET_CACHE
+from graphspec.trace import TARGET_CACHE, model_inputs
 
 __all__ = ["GenerationResult", "RequestStats", "Runtime", "RuntimeStats", "SamplingParams"]
 
@@ -34,15 +34,15 @@ __all__ = ["GenerationResult", "RequestStats", "Runtime", "RuntimeStats", "Sampl
 CPU_DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def check_cpu_draft_dtype(value: str, config: SpecConfig | None = None) -> torch.dtype:
+def check_cpu_draft_dtype(value: str, device: str, dtype: str) -> torch.dtype:
     """The torch dtype of Runtime's cpu_draft_dtype, refused (before any work) unless it is one of
-    CPU_DRAFT_DTYPES and, with `config`, "bfloat16" is asked of a float32 artifact on the CPU."""
+    CPU_DRAFT_DTYPES and anything but "float32" is asked of a float32 artifact on the CPU."""
     if value not in CPU_DRAFT_DTYPES:
         raise InputError(f"cpu_draft_dtype must be one of {', '.join(CPU_DRAFT_DTYPES)}, got {value!r}")
-    if config is not None and value != "float32" and (config.device != "cpu" or config.dtype != "float32"):
+    if value != "float32" and (device != "cpu" or dtype != "float32"):
         raise InputError(
             f"cpu_draft_dtype={value!r} is for float32 artifacts on the CPU (it packs the drafter's weights "
-            f"for the CPU's matmul kernel); this one is {config.dtype} on {config.device}"
+            f"for the CPU's matmul kernel); this one is {dtype} on {device}"
         )
     return CPU_DRAFT_DTYPES[value]
 
@@ -121,7 +121,7 @@ class Runtime:
         self, compiled: Compiled, compile_cpu: bool = False, warm_up: bool = True, cpu_draft_dtype: str = "float32"
     ) -> None:
         began = time.perf_counter()
-        draft_dtype = check_cpu_draft_dtype(cpu_draft_dtype, compiled.config)
+        draft_dtype = check_cpu_draft_dtype(cpu_draft_dtype, compiled.config.device, compiled.config.dtype)
         self.compiled = compiled
         self.config = compiled.config
         self.k = compiled.config.k
@@ -136,6 +136,11 @@ class Runtime:
         self.state = compiled.new_state()
         self.target_state_names = target_state_names(self.target)
         self.params = compiled.weights()
+        if draft_dtype != torch.float32:
+            # Runtimes over one Compiled share its weights, and a weight has one packed copy (kernels/mm_cpu.py):
+            # this Runtime's drafter gets weights of its own to pack in draft_dtype.
+            own = len(model_inputs(self.target))
+            self.params = [*self.params[:own], *(weight.clone() for weight in self.params[own:])]
         capture = self.device.startswith("cuda") and compiled.config.capture != "none"
         pool = torch.cuda.graph_pool_handle() if capture else None
         self.buffers = {b: StepBuffers.allocate(b, self.device) for b in compiled.config.batch_sizes}
@@ -216,7 +221,9 @@ class Runtime:
         **options: object,
     ) -> Runtime:
         """compile(target, draft, **options) and a Runtime over the result, in one call."""
-        check_cpu_draft_dtype(cpu_draft_dtype)
+        defaults = inspect.signature(compile).parameters  # compile's own defaults, where options leave them
+        device, dtype = (options.get(name, defaults[name].default) for name in ("device", "dtype"))
+        check_cpu_draft_dtype(cpu_draft_dtype, str(device), str(dtype))
         compiled = compile(target, draft, **options)
         return cls(compiled, compile_cpu=compile_cpu, warm_up=warm_up, cpu_draft_dtype=cpu_draft_dtype)
 
@@ -230,9 +237,11 @@ class Runtime:
         cpu_draft_dtype: str = "float32",
     ) -> Runtime:
         """A Runtime over a `graphspec compile` artifact; verifies it before running anything."""
-        from graphspec.artifact import load_artifact
+        from graphspec.artifact import load_artifact, read_manifest
 
-        check_cpu_draft_dtype(cpu_draft_dtype)
+        if cpu_draft_dtype != "float32":  # refused before the weights are read, from what the manifest says
+            config = read_manifest(artifact_dir).get("config", {})
+            check_cpu_draft_dtype(cpu_draft_dtype, str(config.get("device")), str(config.get("dtype")))
         compiled = load_artifact(artifact_dir, allow_mismatch=allow_mismatch)
         return cls(compiled, compile_cpu=compile_cpu, warm_up=warm_up, cpu_draft_dtype=cpu_draft_dtype)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graphspec.kernels import mm_cpu
 
 import graphspec
 from graphspec import ops
-from graphspec.counters import compiled_graphs
+from graphspec.counters import COUNTERS, compiled_graphs
 from graphspec.errors import InputError
 
 
@@ -63,28 +64,44 @@ def test_a_cpu_step_compiled_inside_a_request_is_counted(checkpoint_factory) -> 
 def test_a_bfloat16_drafter_packs_only_its_own_weights_and_changes_no_token(checkpoint_factory) -> None:
     target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
     options = dict(k=3, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=64, modes=("greedy",))
-    fast = graphspec.Runtime.from_pretrained(target, draft, cpu_draft_dtype="bfloat16", **options)
-    graph = fast.graphs[("greedy", 2)]
+    compiled = graphspec.compile(target, draft, **options)
+    # Two Runtimes over one Compiled share its weights; each packs its drafter's as it was asked to.
+    fast = graphspec.Runtime(compiled, cpu_draft_dtype="bfloat16")
+    exact = graphspec.Runtime(compiled)
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    got = [r.token_ids for r in fast.generate(prompts, max_new_tokens=16, stop_token_ids=())]
+    assert got == [r.token_ids for r in exact.generate(prompts, max_new_tokens=16, stop_token_ids=())]
+    assert packed_dtypes(fast) == {"draft": {torch.bfloat16}, "target": {torch.float32}}
+    assert packed_dtypes(exact) == {"draft": {torch.float32}, "target": {torch.float32}}
+
+
+def packed_dtypes(runtime: graphspec.Runtime) -> dict[str, set[torch.dtype]]:
+    """The dtypes of the packed copies the bucket-2 step's projections multiply (what mm_cpu finds for
+    each weight's address), by role (target, draft)."""
+    graph = runtime.graphs[("greedy", 2)]
     step = graph.cpu_step()
     weights = dict(zip(step.graph.find_nodes(op="placeholder"), graph.params, strict=False))
-    packed = {id(entry.source()): entry.packed.dtype for entry in graph.packed_weights}
     dtypes: dict[str, set[torch.dtype]] = {}
     for node in step.graph.find_nodes(op="call_function", target=torch.ops.graphspec.mm_cpu.default):
         placeholder = node.args[1].args[0]  # mm(x, t(weight))
         role = placeholder.meta["gs_input"].split(".")[0]
-        dtypes.setdefault(role, set()).add(packed[id(weights[placeholder])])
-    assert dtypes == {"draft": {torch.bfloat16}, "target": {torch.float32}}
-    exact = graphspec.Runtime.from_pretrained(target, draft, **options)
-    prompts = [[1, 2, 3, 4], [5, 6, 7]]
-    got = [r.token_ids for r in fast.generate(prompts, max_new_tokens=16, stop_token_ids=())]
-    assert got == [r.token_ids for r in exact.generate(prompts, max_new_tokens=16, stop_token_ids=())]
+        dtypes.setdefault(role, set()).add(mm_cpu._PACKED[weights[placeholder].data_ptr()].packed.dtype)
+    return dtypes
 
 
-def test_cpu_draft_dtype_is_refused_where_it_does_not_apply(checkpoint_factory) -> None:
+def test_cpu_draft_dtype_is_refused_where_it_does_not_apply(checkpoint_factory, tmp_path, monkeypatch) -> None:
     target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
     options = dict(k=2, batch_sizes=(1,), device="cpu", max_seq_len=64, modes=("greedy",))
     with pytest.raises(InputError, match="cpu_draft_dtype must be one of float32, bfloat16, got 'float16'"):
         graphspec.Runtime.from_pretrained(target, draft, cpu_draft_dtype="float16", dtype="float32", **options)
-    compiled = graphspec.compile(target, draft, dtype="bfloat16", **options)
-    with pytest.raises(InputError, match=r"is for float32 artifacts on the CPU .*; this one is bfloat16 on cpu"):
+    wrong = r"is for float32 artifacts on the CPU .*; this one is bfloat16 on cpu"
+    COUNTERS.reset()
+    with pytest.raises(InputError, match=wrong):  # from compile's options, before it traces anything
+        graphspec.Runtime.from_pretrained(target, draft, cpu_draft_dtype="bfloat16", dtype="bfloat16", **options)
+    COUNTERS.expect(traces=0)
+    compiled = graphspec.compile(target, draft, dtype="bfloat16", out=tmp_path / "art", **options)
+    with pytest.raises(InputError, match=wrong):
         graphspec.Runtime(compiled, cpu_draft_dtype="bfloat16")
+    monkeypatch.setattr("graphspec.artifact.load_artifact", lambda *args, **kwargs: pytest.fail("loaded"))
+    with pytest.raises(InputError, match=wrong):  # from the manifest, before the artifact is loaded
+        graphspec.Runtime.load(tmp_path / "art", cpu_draft_dtype="bfloat16")
