@@ -7,9 +7,10 @@ Here the weights and order keys come from the reference's own functions on the s
 keys: exact, ties included, since keys order every float, -0.0 below +0.0):
   top-k: the top_k-th largest key is top key number top_k - 1, when top_k <= CAP;
   top-p: W_> of a candidate whose key is above the smallest candidate key (c_last) counts only
-    candidates (every other token's key is <= c_last); the cut is settled when the candidates above
-    c_last already weigh float64(top_p) * float64(Z) (Z: the exact full-vocab sum of the top-k kept
-    weights), since every token at or below c_last then has at least that W_> and is dropped.
+    candidates (every other token's key is <= c_last): a prefix sum over the sorted candidates. The cut
+    is settled when the candidates above c_last already weigh float64(top_p) * float64(Z) (Z: the exact
+    full-vocab sum of the top-k kept weights), since every token at or below c_last then has at least
+    that W_> and is dropped.
 The kept set is then every token with key >= the smallest kept candidate key, the reference's set.
 A batch with any row these checks do not settle (or with NaN or +inf logits) takes the reference: on
 the CPU there is no graph capture, so that host-side branch costs nothing but the check.
@@ -49,7 +50,7 @@ def decided_weights(
     total = weight.sum(-1, keepdim=True).to(torch.float64)  # Z_k, exact before the conversion
     # Top-p: W_> of each candidate from the candidates, valid above the smallest candidate key.
     top_weight = weight.gather(-1, top_index)  # [..., cap], 0 outside the top-k set
-    above = (top_weight.unsqueeze(-2) * (top_keys.unsqueeze(-2) > top_keys.unsqueeze(-1))).sum(-1)
+    above = weight_above(top_weight, top_keys)
     top_p = ops.per_row(top_p.to(torch.float32), logits).to(torch.float64)
     bound = top_p * total
     keep = (top_p >= 1.0) | (above.to(torch.float64) < bound)
@@ -63,6 +64,19 @@ def decided_weights(
         return None
     weight = torch.where(key >= threshold, weight, 0)
     return ops.greedy_rows_one_hot(weight, logits, temperature), decided
+
+
+def weight_above(top_weight: Tensor, top_keys: Tensor) -> Tensor:
+    """W_> of each candidate: the summed weight of the candidates whose key is strictly larger. top_keys
+    is sorted descending (topk's order; equal keys adjacent), so that is the weight of the candidates
+    before the first one of its group of equal keys: an exclusive prefix sum read at the group's first
+    index, O(cap) per row instead of comparing every pair (int64 sums: the same value either way)."""
+    exclusive = top_weight.cumsum(-1) - top_weight  # [..., cap]: the weight of the candidates before each
+    index = torch.arange(top_keys.shape[-1], device=top_keys.device)
+    starts = torch.ones_like(top_keys, dtype=torch.bool)  # where a group of equal keys begins
+    starts[..., 1:] = top_keys[..., 1:] != top_keys[..., :-1]
+    first = torch.where(starts, index, 0).cummax(-1).values  # each candidate's group's first index
+    return exclusive.gather(-1, first)
 
 
 def sampling_weights(

@@ -71,3 +71,12 @@ def test_verify_rejection_cpu_equals_the_reference(unsettled: bool) -> None:
     tokens, accepted = verify_rejection_cpu.verify_rejection_cpu(*args)
     expected_tokens, expected_accepted = ops.verify_rejection(*args)
     assert torch.equal(tokens, expected_tokens) and torch.equal(accepted, expected_accepted)
+
+
+@pytest.mark.parametrize("distinct", [2, 7, 1000])  # few distinct keys: long groups of ties
+def test_weight_above_is_the_weight_of_every_strictly_larger_candidate(distinct: int) -> None:
+    g = generator(distinct)
+    keys = torch.randint(0, distinct, (3, 4, 128), generator=g).sort(-1, descending=True).values
+    weights = torch.randint(0, 2**20, (3, 4, 128), generator=g) * (torch.rand(3, 4, 128, generator=g) > 0.2)
+    pairwise = (weights.unsqueeze(-2) * (keys.unsqueeze(-2) > keys.unsqueeze(-1))).sum(-1)
+    assert torch.equal(sampling_cpu.weight_above(weights, keys), pairwise)
