@@ -1,5 +1,6 @@
 """A CPU StepGraph runs its own copy of the step with the CPU table's kernels; the compiled graph keeps
-the reference ops (the oracle), and both give the same step results."""
+the reference ops (the oracle), and both give the same step results. compile_cpu compiles every step at
+start-up; cpu_draft_dtype packs only the drafter's weights in bfloat16 and changes no token."""
 
 from __future__ import annotations
 
@@ -37,15 +38,15 @@ def test_compile_cpu_compiles_every_step_at_start_up_and_none_during_requests(ch
     target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
     options = dict(k=2, batch_sizes=(1, 2), dtype="float32", device="cpu", max_seq_len=64, modes=("greedy",))
     before = compiled_graphs()
-    compiled = graphspec.Runtime.from_pretrained(target, draft, compile_cpu=True, **options)
+    inductor = graphspec.Runtime.from_pretrained(target, draft, compile_cpu=True, **options)
     assert compiled_graphs() - before == 2  # one Inductor graph per (mode, bucket) step, at start-up
-    assert not any(graph.awaits_cpu_compile for graph in compiled.graphs.values())
+    assert not any(graph.awaits_cpu_compile for graph in inductor.graphs.values())
     eager = graphspec.Runtime.from_pretrained(target, draft, **options)
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
     for batch in (prompts, prompts[:1]):  # both buckets
-        got = [r.token_ids for r in compiled.generate(batch, max_new_tokens=10, stop_token_ids=())]
+        got = [r.token_ids for r in inductor.generate(batch, max_new_tokens=10, stop_token_ids=())]
         assert got == [r.token_ids for r in eager.generate(batch, max_new_tokens=10, stop_token_ids=())]
-    assert compiled.stats.cpu_compiles_during_requests == 0
+    assert inductor.stats.cpu_compiles_during_requests == 0
 
 
 def test_a_cpu_step_compiled_inside_a_request_is_counted(checkpoint_factory) -> None:
