@@ -9,10 +9,11 @@ StepGraph.mode records what a bucket runs as:
 
 On the CPU a flat step (eager, or captured through HostRecorder) runs a copy of the graph with the
 CPU table's kernels in place of the reference ops (lowering/lower_kernels.py lower_for_cpu: attention
-over each row's visible prefix, the small ops as composites of torch ops). With
-compile_cpu=True an eager CPU step runs that copy through torch.compile (Inductor): elementwise ops
-and views fuse into a few C++ kernels around the GEMMs and the opaque attention ops; it compiles on
-the first call (Inductor's cache on disk makes later processes quicker) and gives the same tokens.
+over each row's visible prefix, the projections over weights packed once for oneDNN (pack_mm_weights,
+kernels/mm_cpu.py), the small ops as composites of torch ops). With compile_cpu=True an eager CPU step
+runs that copy through torch.compile (Inductor): elementwise ops and views fuse into a few C++ kernels
+around the GEMMs and the opaque attention ops; it compiles at start-up (Runtime.warm_up) or on its first
+call (Inductor's cache on disk makes later processes quicker) and gives the same tokens.
 
 What stays static across replays: the weights, the bucket's StepBuffers and the KV caches (the
 graph's placeholders: captured against their addresses and never copied), the outputs of every
