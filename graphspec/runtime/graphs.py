@@ -187,11 +187,16 @@ def is_attention_piece(module: torch.nn.Module) -> bool:
     return isinstance(module, fx.GraphModule) and any(is_attention(node) for node in module.graph.nodes)
 
 
-def cpu_table_copy(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
+def cpu_table_copy(
+    gm: fx.GraphModule, params: Sequence[torch.Tensor], draft_dtype: torch.dtype = torch.float32
+) -> tuple[fx.GraphModule, int, list[Any]]:
     """A copy of a flat graph that runs on the CPU with the CPU table's kernels in place of the reference
-    ops (module docstring), and how many it took; `gm`, what an artifact stores, keeps its references."""
+    ops (module docstring), how many it took, and the packed weights its mm kernels read (pack_mm_weights:
+    the caller keeps them for as long as it runs the copy); `gm`, what an artifact stores, keeps its
+    references."""
     table_copy = copy.deepcopy(gm)
-    return table_copy, lower_kernels.lower_for_cpu(table_copy)
+    lowered = lower_kernels.lower_for_cpu(table_copy)
+    return table_copy, lowered, pack_mm_weights(table_copy, params, draft_dtype)
 
 
 def pack_mm_weights(
@@ -457,8 +462,9 @@ class StepGraph:
     def cpu_step(self) -> fx.GraphModule | None:
         """The CPU-table copy of a flat step on the CPU (made on first use), None elsewhere."""
         if self.cpu_gm is None and self._on_cpu_table:
-            self.cpu_gm, self.cpu_kernels = cpu_table_copy(self.gm)
-            self.packed_weights = pack_mm_weights(self.cpu_gm, self.params, self.cpu_draft_dtype)
+            self.cpu_gm, self.cpu_kernels, self.packed_weights = cpu_table_copy(
+                self.gm, self.params, self.cpu_draft_dtype
+            )
         return self.cpu_gm
 
     def _eager(self) -> Callable[..., Any]:

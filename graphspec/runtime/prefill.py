@@ -31,7 +31,6 @@ from graphspec.runtime.graphs import (
     CudaGraphRecorder,
     Recorder,
     cpu_table_copy,
-    pack_mm_weights,
     pieces,
 )
 from graphspec.trace_prefill import FEATURE_OUTPUT, PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
@@ -60,12 +59,12 @@ class PrefillProgram:
         device = state[next(iter(state))].device
         # On the CPU the program runs its own copy with the CPU table's kernels, as a CPU step does
         # (runtime/graphs.py): prefill attention over each row's visible prefix instead of the whole
-        # cache, the small ops as composites of torch ops. A piecewise program keeps its references.
+        # cache, the projections over packed weights, the small ops as composites of torch ops. A piecewise
+        # program keeps its references.
         self.cpu_kernels = 0
         self.packed_weights: list[Any] = []  # the CPU mm kernel's packed weights, alive while this program is
         if device.type == "cpu" and not pieces(gm):
-            gm, self.cpu_kernels = cpu_table_copy(gm)
-            self.packed_weights = pack_mm_weights(gm, params, cpu_draft_dtype)
+            gm, self.cpu_kernels, self.packed_weights = cpu_table_copy(gm, params, cpu_draft_dtype)
         self.gm = gm
         self.inputs = new_prefill_inputs(bucket, chunk, device)
         names = [node.meta["gs_input"] for node in gm.graph.find_nodes(op="placeholder")][len(params) :]
