@@ -52,8 +52,9 @@ def write_shards(directory: Path, shards: int, gb_per_shard: float, device: torc
     return files
 
 
-def prefetch(files: list[Path], device: torch.device, threads: int) -> None:
+def prefetch(files: list[Path], device: torch.device, threads: int, switch_interval: float | None) -> None:
     loading._Prefetch.THREADS = threads
+    loading._Prefetch.SWITCH_INTERVAL = switch_interval
     prefetcher = loading._Prefetch(files, torch.bfloat16, device)
     for file in files:
         prefetcher.take(file, [], torch.bfloat16, device)  # waits for the file
@@ -110,13 +111,20 @@ def main() -> int:
         files = write_shards(Path(work), args.shards, args.gb_per_shard, device)
         gigabytes = sum(file.stat().st_size for file in files) / 1e9
         print(f"{gigabytes:.1f} GB of bf16 shards ({len(files)} files) to {common.device_name(args.device)}")
-        print(f"{'how':<46} {'threads':>7} {'beside':>12} {'seconds':>8} {'GB/s':>6}")
-        variants = (("prefetch (pinned staging, 32 MB buffers)", prefetch), ("safe_open + .to(device)", mapped_copies))
+        print(f"{'how':<50} {'threads':>7} {'beside':>12} {'seconds':>8} {'GB/s':>6}")
+        interval = loading._Prefetch.SWITCH_INTERVAL
+        ours = functools.partial(prefetch, switch_interval=interval)
+        stock = functools.partial(prefetch, switch_interval=None)
+        variants = (
+            (f"prefetch, {interval * 1e3:g} ms switch interval (the load's)", ours),
+            ("prefetch, the interpreter's switch interval", stock),
+            ("safe_open + .to(device)", mapped_copies),
+        )
         for label, run in variants:
             for threads, busy in ((1, False), (4, False), (4, True)):
                 seconds = timed(functools.partial(run, files, device, threads), device, busy)
                 beside = "busy thread" if busy else "-"
-                print(f"{label:<46} {threads:>7} {beside:>12} {seconds:>8.2f} {gigabytes / seconds:>6.1f}", flush=True)
+                print(f"{label:<50} {threads:>7} {beside:>12} {seconds:>8.2f} {gigabytes / seconds:>6.1f}", flush=True)
                 torch.cuda.empty_cache()
     return 0
 

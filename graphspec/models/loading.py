@@ -12,6 +12,7 @@ import contextvars
 import json
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -321,14 +322,19 @@ class _Prefetch:
     model's 16 GB in 0.96 s with four threads (3.2 s with one and 128 MB buffers). Through safe_open,
     each tensor a view of the mapped file that .to(device) copies from pageable memory, faulting its
     pages in as it goes, it took 3.4-3.6 s with one thread or four (docs/BENCHMARKS.md). The threads
-    need the interpreter briefly per buffer: beside a busy main thread they slow down many times over
-    (each wait lasts the GIL's switch interval), so loading waits for them before its long Python work."""
+    need the interpreter briefly per buffer: beside a busy main thread each such moment waits out the
+    GIL's switch interval (5 ms by default; 16 GB took 8.1 s instead of 0.96 s), so while a prefetch is
+    open the interval is SWITCH_INTERVAL, and restored when it closes."""
 
     THREADS = 4
     STAGING_BYTES = 32 << 20  # per buffer: large enough that each copy runs at full bandwidth
+    SWITCH_INTERVAL: float | None = 2e-4  # seconds; None leaves the interpreter's own
 
     def __init__(self, files: Iterable[Path], dtype: torch.dtype, device: torch.device) -> None:
         self.dtype, self.device = dtype, device
+        self._switch_interval = sys.getswitchinterval()
+        if self.SWITCH_INTERVAL is not None:
+            sys.setswitchinterval(min(self.SWITCH_INTERVAL, self._switch_interval))
         self._files = {Path(file).resolve(): threading.Event() for file in files}
         self._tensors: dict[Path, dict[str, torch.Tensor]] = {}
         self._stop = threading.Event()
@@ -386,6 +392,7 @@ class _Prefetch:
         for thread in self._threads:
             thread.join()
         self._tensors.clear()
+        sys.setswitchinterval(self._switch_interval)
 
 
 class _Staging:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -460,6 +461,16 @@ def test_prefetch_of_another_dtype_is_not_used(checkpoint: Path, monkeypatch) ->
         model = load_model(checkpoint, dtype="float32").model
     assert handed == [-1]
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_a_prefetch_shortens_the_switch_interval_while_open_and_restores_it(checkpoint: Path) -> None:
+    """Its threads need the interpreter for a moment per buffer; beside a busy main thread each such
+    moment waits out the switch interval, so the prefetch shortens it, and only while it is open."""
+    before = sys.getswitchinterval()
+    with loading.prefetched([checkpoint / "model.safetensors"], "float32", "cpu"):
+        shortened = sys.getswitchinterval()
+    assert shortened == pytest.approx(min(loading._Prefetch.SWITCH_INTERVAL, before)) and shortened < before
+    assert sys.getswitchinterval() == before
 
 
 def test_prefetch_of_a_corrupt_file_leaves_the_error_to_the_load(checkpoint: Path) -> None:
