@@ -312,19 +312,33 @@ SAFETENSORS_DTYPES = {
 }  # fmt: skip
 
 
-class _Prefetch:
-    """Every tensor of some safetensors files, copied to the device in the target dtype by side threads,
-    each taking every THREADS-th file. Each file's tensors become available together once the file is
-    read; a file that fails to read is left to read_into, which reads it again and names the error.
+@dataclass(frozen=True)
+class _Piece:
+    """One stored tensor for the prefetch to move: where its bytes are and what they are."""
 
-    To a GPU the bytes go through pinned staging buffers, two per thread: a file read (readinto, from
-    the page cache) fills one while the other's copy to the device runs. On an H200 that moved an 8B
-    model's 16 GB in 0.96 s with four threads (3.2 s with one and 128 MB buffers). Through safe_open,
-    each tensor a view of the mapped file that .to(device) copies from pageable memory, faulting its
-    pages in as it goes, it took 3.4-3.6 s with one thread or four (docs/BENCHMARKS.md). The threads
-    need the interpreter briefly per buffer: beside a busy main thread each such moment waits out the
-    GIL's switch interval (5 ms by default; 16 GB took 8.1 s instead of 0.96 s), so while a prefetch is
-    open the interval is SWITCH_INTERVAL, and restored when it closes."""
+    file: Path
+    name: str
+    offset: int  # of its first byte in the file
+    nbytes: int
+    dtype: torch.dtype  # as stored
+    shape: tuple[int, ...]
+
+
+class _Prefetch:
+    """Every tensor of some safetensors files, copied to the device in the target dtype by side threads
+    that take the tensors one by one from one queue (all files', in file order), so even a checkpoint of
+    one file moves on every thread. A file's tensors become available together once all are read; a file
+    that fails to read (a bad header, a short file, no device) is left to read_into, which reads it again
+    and names the error.
+
+    To a GPU the bytes go through pinned staging buffers, two per thread: a read (pread, from the page
+    cache) fills one while the other's copy to the device runs. On an H200 that moved 16 GB of weights
+    in 0.96 s with four threads (3.2 s with one: one thread per file left a one-file 8B checkpoint at that
+    rate). Through safe_open, each tensor a view of the mapped file that .to(device) copies from pageable
+    memory, faulting its pages in as it goes, it took 3.4-3.6 s with one thread or four
+    (docs/BENCHMARKS.md). The threads need the interpreter briefly per buffer: beside a busy main thread
+    each such moment waits out the GIL's switch interval (5 ms by default; 16 GB took 8.1 s instead of
+    0.96 s), so while a prefetch is open the interval is SWITCH_INTERVAL, and restored when it closes."""
 
     THREADS = 4
     STAGING_BYTES = 32 << 20  # per buffer: large enough that each copy runs at full bandwidth
@@ -337,42 +351,109 @@ class _Prefetch:
             sys.setswitchinterval(min(self.SWITCH_INTERVAL, self._switch_interval))
         self._files = {Path(file).resolve(): threading.Event() for file in files}
         self._tensors: dict[Path, dict[str, torch.Tensor]] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        queue = list(self._files)
+        # Per file while it is read: its open handle, the pieces still pending, what the read ones gave
+        # (tensor, and the CUDA event after its last copy), and whether one failed.
+        self._handles: dict[Path, Any] = {}
+        self._pending: dict[Path, int] = {}
+        self._read: dict[Path, dict[str, tuple[torch.Tensor, Any]]] = {}
+        self._failed: set[Path] = set()
+        self._queue: list[_Piece] = []
+        for file in self._files:
+            self._plan(file)
+        self._queue.reverse()  # popped from the end: file order, each file's tensors in stored order
         self._threads = [
-            threading.Thread(
-                target=self._read, args=(queue[i :: self.THREADS],), name="graphspec-prefetch", daemon=True
-            )
-            for i in range(min(self.THREADS, len(queue)))
+            threading.Thread(target=self._work, name="graphspec-prefetch", daemon=True)
+            for _ in range(min(self.THREADS, len(self._queue)))
         ]
         for thread in self._threads:
             thread.start()
 
-    def _read(self, files: list[Path]) -> None:
+    def _plan(self, file: Path) -> None:
+        """Queue `file`'s tensors; a file whose header cannot be read is done at once, with nothing."""
+        try:
+            handle = file.open("rb", buffering=0)
+        except OSError:
+            self._files[file].set()
+            return
+        try:
+            data_start, header = read_safetensors_header(handle, os.fstat(handle.fileno()).st_size)
+            pieces = []
+            for name, info in header.items():
+                if name == "__metadata__" or name.startswith(UNUSED_PREFIXES):
+                    continue
+                begin, end = info["data_offsets"]
+                shape = tuple(int(d) for d in info["shape"])
+                pieces.append(
+                    _Piece(file, name, data_start + begin, end - begin, SAFETENSORS_DTYPES[info["dtype"]], shape)
+                )
+        except Exception:  # read_into reads the header again and says what is wrong with it
+            handle.close()
+            self._files[file].set()
+            return
+        self._handles[file], self._pending[file], self._read[file] = handle, len(pieces), {}
+        self._queue += sorted(pieces, key=lambda piece: piece.offset)
+        if not pieces:
+            self._complete(file)
+
+    def _work(self) -> None:
         try:
             staged = _Staging(self.device, self.STAGING_BYTES) if self.device.type == "cuda" else None
         except Exception:  # e.g. no pinned memory (no CUDA here): plain copies, or read_into's error per file
             staged = None
-        for file in files:
-            done = self._files[file]
-            try:
-                if self._stop.is_set():
+        while not self._stop.is_set():
+            with self._lock:
+                if not self._queue:
                     return
-                if staged is not None:
-                    self._tensors[file] = staged.read(file, self.dtype, self._stop)
-                    continue
-                tensors = {}
-                with safe_open(str(file), framework="pt", device="cpu") as handle:
-                    for name in handle.keys():
-                        if self._stop.is_set():
-                            return
-                        if not name.startswith(UNUSED_PREFIXES):
-                            tensors[name] = handle.get_tensor(name).to(device=self.device, dtype=self.dtype)
-                self._tensors[file] = tensors
-            except Exception:  # read_into reads the file again and reports what is wrong
-                pass
-            finally:
-                done.set()
+                piece = self._queue.pop()
+                skip = piece.file in self._failed
+            result = None
+            if not skip:
+                try:
+                    result = self._read_piece(piece, staged)
+                except Exception:  # the file is left to read_into
+                    pass
+            with self._lock:
+                if result is None:
+                    self._failed.add(piece.file)
+                else:
+                    self._read[piece.file][piece.name] = result
+                self._pending[piece.file] -= 1
+                last = self._pending[piece.file] == 0
+            if last:
+                self._complete(piece.file)
+
+    def _read_piece(self, piece: _Piece, staged: _Staging | None) -> tuple[torch.Tensor, Any]:
+        """The piece's bytes on the device as its stored dtype and shape, and the event its copies end
+        with (None when they were synchronous)."""
+        handle = self._handles[piece.file]
+        if staged is None:
+            raw = torch.empty(piece.nbytes, dtype=torch.uint8)
+            _pread_into(handle, memoryview(raw.numpy()), piece.offset)
+            raw, event = raw.to(self.device), None
+        else:
+            raw = torch.empty(piece.nbytes, dtype=torch.uint8, device=self.device)
+            for start in range(0, piece.nbytes, self.STAGING_BYTES):
+                staged.copy(handle, piece.offset + start, raw[start : start + self.STAGING_BYTES])
+            event = staged.mark()
+        return raw.view(piece.dtype).reshape(piece.shape), event
+
+    def _complete(self, file: Path) -> None:
+        """Every piece of `file` is read (or one failed): hand its tensors over, converted to the dtype."""
+        try:
+            if file not in self._failed:
+                read = self._read.pop(file)
+                for _, event in read.values():
+                    if event is not None:
+                        event.synchronize()  # its copies landed; the conversions run on the loader's stream
+                self._tensors[file] = {name: tensor.to(self.dtype) for name, (tensor, _) in read.items()}
+        except Exception:  # read_into reads the file again and reports what is wrong
+            self._tensors.pop(file, None)
+        finally:
+            self._read.pop(file, None)
+            self._handles.pop(file).close()
+            self._files[file].set()
 
     def take(self, file: Path, names: Iterable[str], dtype: torch.dtype, device: torch.device) -> dict | None:
         """The named tensors of `file` (removed from the prefetch), or None when it cannot give them
@@ -391,8 +472,22 @@ class _Prefetch:
         self._stop.set()
         for thread in self._threads:
             thread.join()
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
         self._tensors.clear()
+        self._read.clear()
         sys.setswitchinterval(self._switch_interval)
+
+
+def _pread_into(handle: Any, view: memoryview, offset: int) -> None:
+    """Fill `view` with the file's bytes from `offset` (pread: no shared file position between threads)."""
+    filled = 0
+    while filled < len(view):  # a read may return fewer bytes than asked
+        got = os.preadv(handle.fileno(), [view[filled:]], offset + filled)
+        if not got:
+            raise ValueError("the file ends before its tensors do")
+        filled += got
 
 
 class _Staging:
@@ -406,41 +501,22 @@ class _Staging:
         self.stream = torch.cuda.Stream(device)
         self.turn = 0
 
-    def read(self, file: Path, dtype: torch.dtype, stop: threading.Event) -> dict[str, torch.Tensor]:
-        """Every tensor of `file` on the device, converted to `dtype` (as .to(device, dtype) would)."""
-        tensors: dict[str, torch.Tensor] = {}
-        with file.open("rb", buffering=0) as handle:
-            data_start, header = read_safetensors_header(handle, os.fstat(handle.fileno()).st_size)
-            for name, info in header.items():
-                if name == "__metadata__" or name.startswith(UNUSED_PREFIXES):
-                    continue
-                if stop.is_set():
-                    return {}
-                begin, end = info["data_offsets"]
-                raw = torch.empty(end - begin, dtype=torch.uint8, device=self.device)
-                handle.seek(data_start + begin)
-                for offset in range(0, end - begin, self.buffers[0].numel()):
-                    self._copy(handle, raw[offset : offset + self.buffers[0].numel()])
-                shape = [int(d) for d in info["shape"]]
-                tensors[name] = raw.view(SAFETENSORS_DTYPES[info["dtype"]]).reshape(shape)
-        self.stream.synchronize()  # every copy landed; the conversions run on the loader's stream
-        return {name: tensor.to(dtype) for name, tensor in tensors.items()}
-
-    def _copy(self, handle: Any, destination: torch.Tensor) -> None:
-        """Read the next destination.numel() bytes of `handle` into a free buffer, copy them on."""
+    def copy(self, handle: Any, offset: int, destination: torch.Tensor) -> None:
+        """Read destination.numel() bytes of `handle` from `offset` into a free buffer, copy them on."""
         slot = self.turn % 2
         self.turn += 1
         self.events[slot].synchronize()
         staging = self.buffers[slot][: destination.numel()]
-        view, filled = memoryview(staging.numpy()), 0
-        while filled < len(view):  # a raw read may return fewer bytes than asked
-            got = handle.readinto(view[filled:])
-            if not got:
-                raise ValueError("the file ends before its tensors do")
-            filled += got
+        _pread_into(handle, memoryview(staging.numpy()), offset)
         with torch.cuda.stream(self.stream):
             destination.copy_(staging, non_blocking=True)
             self.events[slot].record(self.stream)
+
+    def mark(self) -> Any:
+        """An event recorded after every copy queued so far."""
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
 
 
 _PREFETCH: contextvars.ContextVar[_Prefetch | None] = contextvars.ContextVar("graphspec_prefetch", default=None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -424,6 +425,28 @@ def test_prefetched_load_takes_every_tensor_from_the_prefetch_and_loads_the_same
     assert set(params) == set(reference)
     for name, tensor in reference.items():
         assert params[name].dtype == torch.bfloat16 and torch.equal(params[name], tensor), name
+
+
+def test_the_prefetch_spreads_one_file_over_its_threads(checkpoint: Path, monkeypatch) -> None:
+    """Its threads take tensors, not files, from one queue: a one-file checkpoint moves on all of them.
+    Each thread's first read waits at a barrier for the other's; a file read by one thread breaks it."""
+    monkeypatch.setattr(loading._Prefetch, "THREADS", 2)
+    both, seen = threading.Barrier(2, timeout=30), threading.local()
+    read_piece = loading._Prefetch._read_piece
+
+    def meet_first(self, piece, staged):
+        if not getattr(seen, "met", False):
+            seen.met = True
+            both.wait()
+        return read_piece(self, piece, staged)
+
+    monkeypatch.setattr(loading._Prefetch, "_read_piece", meet_first)
+    file = checkpoint / "model.safetensors"
+    stored = load_file(file)
+    with loading.prefetched([file], "float32", "cpu"):
+        taken = loading._PREFETCH.get().take(file, list(stored), torch.float32, torch.device("cpu"))
+    assert taken is not None and set(taken) == set(stored)
+    assert all(torch.equal(taken[name], tensor) for name, tensor in stored.items())
 
 
 @pytest.mark.gpu
