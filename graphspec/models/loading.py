@@ -346,9 +346,6 @@ class _Prefetch:
 
     def __init__(self, files: Iterable[Path], dtype: torch.dtype, device: torch.device) -> None:
         self.dtype, self.device = dtype, device
-        self._switch_interval = sys.getswitchinterval()
-        if self.SWITCH_INTERVAL is not None:
-            sys.setswitchinterval(min(self.SWITCH_INTERVAL, self._switch_interval))
         self._files = {Path(file).resolve(): threading.Event() for file in files}
         self._tensors: dict[Path, dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()
@@ -369,6 +366,10 @@ class _Prefetch:
         ]
         for thread in self._threads:
             thread.start()
+        # Last, so a failure above leaves the interpreter's interval as it was (close() restores it).
+        self._switch_interval = sys.getswitchinterval()
+        if self.SWITCH_INTERVAL is not None:
+            sys.setswitchinterval(min(self.SWITCH_INTERVAL, self._switch_interval))
 
     def _plan(self, file: Path) -> None:
         """Queue `file`'s tensors; a file whose header cannot be read is done at once, with nothing."""
@@ -441,9 +442,9 @@ class _Prefetch:
 
     def _complete(self, file: Path) -> None:
         """Every piece of `file` is read (or one failed): hand its tensors over, converted to the dtype."""
+        read = self._read.pop(file)
         try:
             if file not in self._failed:
-                read = self._read.pop(file)
                 for _, event in read.values():
                     if event is not None:
                         event.synchronize()  # its copies landed; the conversions run on the loader's stream
@@ -451,7 +452,6 @@ class _Prefetch:
         except Exception:  # read_into reads the file again and reports what is wrong
             self._tensors.pop(file, None)
         finally:
-            self._read.pop(file, None)
             self._handles.pop(file).close()
             self._files[file].set()
 
