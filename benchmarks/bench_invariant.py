@@ -78,7 +78,7 @@ def target_only_outputs(
     prefill of them, and ms per decode forward. The decode graph is traced for this cache and row count."""
     rows = len(prompts)
     slots = list(range(rows))
-    first = runtime.prefill(prompts, slots, common.greedy_params(rows, runtime.device))
+    first = runtime.prefill(prompts, slots, common.greedy_params(rows, runtime.device)).to(runtime.device)
     cache = runtime.state[TARGET_CACHE]
     model = runtime.target
     gm = target_only.trace_decode(

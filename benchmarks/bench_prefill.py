@@ -3,9 +3,14 @@
 On random bf16 checkpoints shaped like Llama-3.1-8B (target) and Llama-3.2-1B (draft), made on the
 device (or the tiny stand-ins with --preset tiny-llama), in one run:
 - time to first token for each --shapes entry (prompt tokens x batch): graphspec's Runtime.prefill
-  (every chunk of the target and of the draft model, the first token sampled and read on the host)
+  (every chunk of the target and of the draft model but the draft's part of the last chunk, which runs
+  after the first token has left for the host; the first token sampled and read on the host), and the
+  time until the drafter's prefill has run too (ready for the first step)
   next to transformers' forward over the prompt with attn_implementation="sdpa" and logits_to_keep=1
   (the target alone, its argmax read on the host), median of --reps after one warm-up;
+- graphspec with the n-gram drafter (no model: its prefill writes only the token history), the same
+  target's prefill with next to nothing of a drafter's, so the draft model's share of the first shows
+  (--no-target-only skips it);
 - the compute floor: 2 x the target's matrix parameters (embedding gather excluded, lm_head included)
   x prompt tokens / the bf16 matmul rate measured here (and the same with the draft model's added,
   since graphspec prefills both);
@@ -100,8 +105,13 @@ def time_graphspec(
         def first_token(prompts: list[list[int]] = prompts, params: dict = params) -> list[int]:
             return runtime.prefill(prompts, list(range(len(prompts))), params).tolist()
 
+        def ready(first_token=first_token) -> None:  # until the drafter's prefill has run too
+            first_token()
+            common.sync(runtime.device)
+
         key = f"{tokens}x{batch}"
         results[key] = measure(first_token, reps, runtime.device, profile=key == profile)
+        results[key]["ready_ms"] = wall_ms(ready, reps, runtime.device)["ms"]
     return results
 
 
@@ -173,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buckets", default="1,4,8", help="batch buckets compiled besides the shapes' batch sizes")
     parser.add_argument("--modes", default="greedy,sample", help="sampling modes compiled (comma separated)")
     parser.add_argument("--no-cold-start", dest="cold_start", action="store_false")
+    parser.add_argument("--no-target-only", dest="target_only", action="store_false")
     parser.add_argument("--cold-start-tokens", type=int, default=512, help="prompt tokens of the cold-start requests")
     parser.add_argument("--cold-start-artifact", default=None, help=argparse.SUPPRESS)  # the fresh process
     parser.add_argument("--profile", default=None, metavar="SHAPE", help="profile the kernels at one of --shapes")
@@ -215,6 +226,15 @@ def main(argv: list[str] | None = None) -> int:
             save_artifact(runtime.compiled, artifact, copy_weights=False)
         del runtime
         common.free_device_memory()
+        if args.target_only:
+            runtime = graphspec.Runtime.from_pretrained(
+                target_dir, "ngram", k=args.k, batch_sizes=sorted({batch for _, batch in shapes}),
+                dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len,
+                prefill_tokens=args.prefill_tokens, modes=("greedy",),
+            )  # fmt: skip
+            report["graphspec_ngram"] = time_graphspec(runtime, shapes, args.reps, args.seed, args.profile)
+            del runtime
+            common.free_device_memory()
         report["transformers"] = time_transformers(target_dir, shapes, args.reps, args.seed, args.device, args.profile)
         print(f"[bench] transformers timed at {time.perf_counter() - started:.0f} s", flush=True)
         rate = common.measure_matmul_rate(args.device, torch.bfloat16 if args.device != "cpu" else torch.float32)
@@ -247,19 +267,23 @@ def print_table(report: dict[str, Any], shapes) -> None:
         f"\ntime to first token, {report['device']}, bf16, matmul rate {report['matmul_tflops']:.0f} TFLOP/s, "
         f"prefill chunks {report['chunks']} positions per row"
     )
+    ngram = report.get("graphspec_ngram", {})
     header = (
-        f"{'prompt':>10} {'graphspec ms':>13} {'transformers ms':>16} {'speedup':>8} "
+        f"{'prompt':>10} {'graphspec ms':>13} {'ready ms':>9} {'transformers ms':>16} {'speedup':>8} "
         f"{'floor ms (target)':>18} {'gs / floor':>11} {'floor ms (+draft)':>18} {'gs / floor':>11}"
+        + (f" {'gs n-gram ms':>13} {'/ floor (target)':>17}" if ngram else "")
     )
     print(header)
     for tokens, batch in shapes:
         key = f"{tokens}x{batch}"
         ours, theirs = report["graphspec"][key]["ms"], report["transformers"][key]["ms"]
+        ready = report["graphspec"][key]["ready_ms"]
         floor = 2 * params["target"] * tokens * batch / flops_per_second * 1e3
         floor_both = 2 * (params["target"] + params["draft"]) * tokens * batch / flops_per_second * 1e3
+        target_only = f" {ngram[key]['ms']:>13.1f} {ngram[key]['ms'] / floor:>16.2f}x" if ngram else ""
         print(
-            f"{key:>10} {ours:>13.1f} {theirs:>16.1f} {theirs / ours:>7.2f}x {floor:>18.1f} {ours / floor:>10.2f}x "
-            f"{floor_both:>18.1f} {ours / floor_both:>10.2f}x"
+            f"{key:>10} {ours:>13.1f} {ready:>9.1f} {theirs:>16.1f} {theirs / ours:>7.2f}x {floor:>18.1f} "
+            f"{ours / floor:>10.2f}x {floor_both:>18.1f} {ours / floor_both:>10.2f}x{target_only}"
         )
     cold = report.get("cold_start")
     if cold and "error" not in cold:
@@ -280,8 +304,8 @@ def print_table(report: dict[str, Any], shapes) -> None:
         print(f"  imported by the import of graphspec and start-up: {shown}")
     elif cold:
         print("\ncold start failed (see stderr)")
-    for system in ("graphspec", "transformers"):
-        profile = next((row["profile"] for row in report[system].values() if "profile" in row), None)
+    for system in ("graphspec", "graphspec_ngram", "transformers"):
+        profile = next((row["profile"] for row in report.get(system, {}).values() if "profile" in row), None)
         if profile:
             common.print_kernel_profile(f"kernels of one {system} prefill", profile)
     print(f"compile + warm-up {report['compile_and_warm_up_s']:.0f} s; whole run {report['seconds']:.0f} s")

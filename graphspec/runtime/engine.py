@@ -299,7 +299,7 @@ class Engine:
             request.slot = self._free.pop(0)
         params = self._row_params(newcomers)
         slots = [r.slot for r in newcomers]
-        first = self.runtime.prefill([r.prompt for r in newcomers], slots, params).cpu().tolist()
+        first = self.runtime.prefill([r.prompt for r in newcomers], slots, params).tolist()
         for request, token in zip(newcomers, first, strict=True):
             self._commit(request, [token])
             if request.finish_reason is None:

@@ -2,9 +2,11 @@
 
 One PrefillProgram per (batch bucket, chunk size): the chunk program bound to static inputs (tokens, next
 tokens, start positions, slots, last indices; allocated once), the weights and the step's state (KV
-caches, drafter state; shared with the step graphs). On CUDA it is warmed up and captured as a CUDA
-graph once (Runtime start-up), then every chunk of every prompt replays it; elsewhere it runs eagerly, on
-the CPU as a copy with the CPU table's kernels (as a CPU step does).
+caches, drafter state; shared with the step graphs), run as two parts (prefill_split.py): the target's,
+which the first token needs, then the drafter's prefill of the chunk. On CUDA each part is warmed up and
+captured as a CUDA graph once (Runtime start-up), then every chunk of every prompt replays them; elsewhere
+they run eagerly, on the CPU as a copy with the CPU table's kernels (as a CPU step does). The first token
+is sampled and sent to the host between the last chunk's two parts.
 A prompt of L tokens takes chunks of a bucket's few sizes (trace_prefill.chunk_plan), so a few programs
 serve every prompt length and memory stays bounded by the largest chunk.
 
@@ -33,6 +35,7 @@ from graphspec.runtime.graphs import (
     cpu_table_copy,
     pieces,
 )
+from graphspec.runtime.prefill_split import split_first_token
 from graphspec.trace_prefill import FEATURE_OUTPUT, PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
 
 # Rows of the per-chunk table uploaded once per group of prompts: [chunks, len(ROW_TABLE), bucket].
@@ -75,13 +78,19 @@ class PrefillProgram:
         # Programs of drafters that read target features also return them at last_index (FEATURE_OUTPUT).
         returned = len(gm.graph.find_nodes(op="output")[0].args[0])
         extra = (FEATURE_OUTPUT,) if returned == len(PREFILL_OUTPUTS) + 1 + len(states) else ()
-        self.output_names = PREFILL_OUTPUTS + extra + states
+        self.output_names = PREFILL_OUTPUTS + extra  # what the first token needs (the states follow)
+        # Two parts (prefill_split.py): the target's, which the first token needs, and the drafter's,
+        # which the caller runs (rest()) once the first token is on its way; one where nothing splits off.
+        split = None if pieces(gm) else split_first_token(gm, len(self.output_names))
+        self.first_part, self.rest_part = (gm, None) if split is None else (split.first, split.rest)
+        self.crossing: tuple[torch.Tensor, ...] = ()  # what the rest reads from the first part's last run
         self.capture = capture
         if capture and recorder is None and device.type != "cuda":
             raise ValueError("CUDA-graph capture needs CUDA tensors; pass recorder=HostRecorder to emulate it")
         self.new_recorder = recorder or CudaGraphRecorder
         self.pool = pool
-        self.recorder: Recorder | None = None
+        self.recorder: Recorder | None = None  # the first part's
+        self.rest_recorder: Recorder | None = None
         self.outputs: Any = None
         self.compiles_during_capture: int | None = None
         if capture and device.type == "cuda":
@@ -94,7 +103,8 @@ class PrefillProgram:
         self.inputs["last_index"].zero_()
 
     def warm_up_and_capture(self) -> None:
-        """Warm up (Triton JIT, cuBLAS workspaces) on a side stream, then capture, every row parked."""
+        """Warm up (Triton JIT, cuBLAS workspaces) on a side stream, then capture each part, every row
+        parked; the rest's capture reads the first part's captured outputs (static, as its inputs)."""
         self.park()
         if self.inputs["tokens"].is_cuda:
             stream = torch.cuda.Stream()
@@ -106,23 +116,41 @@ class PrefillProgram:
         compiles = TRITON_COMPILES.count
         recorder = self.new_recorder(self.pool)
         with torch.inference_mode():
-            self.outputs = recorder.capture(self.gm, self.args)
+            self.outputs = recorder.capture(self.first_part, self.args)
+            if self.rest_part is not None:
+                rest_recorder = self.new_recorder(self.pool)
+                rest_recorder.capture(self.rest_part, [*self.args, *self.outputs[len(self.output_names) :]])
+                self.rest_recorder = rest_recorder
+                COUNTERS.captures += 1
         self.recorder = recorder
         COUNTERS.captures += 1
         self.compiles_during_capture = TRITON_COMPILES.count - compiles
 
     def __call__(self) -> dict[str, torch.Tensor]:
-        """One chunk over what the static inputs hold now; outputs stay valid until the next call."""
+        """The first part of one chunk over what the static inputs hold now: the outputs the first token
+        needs, valid until the next call. rest() must follow before the next call."""
         if not self.capture:
             with torch.inference_mode():
-                outputs = self.gm(*self.args)
+                outputs = self.first_part(*self.args)
+            self.crossing = tuple(outputs[len(self.output_names) :]) if self.rest_part is not None else ()
         else:
             if self.recorder is None:
                 self.warm_up_and_capture()
             self.recorder.replay()
             outputs = self.outputs
         COUNTERS.prefill_chunks += 1
-        return dict(zip(self.output_names, outputs, strict=True))
+        return dict(zip(self.output_names, outputs[: len(self.output_names)], strict=True))
+
+    def rest(self) -> None:
+        """The rest of the chunk the last call ran (the drafter's prefill of it)."""
+        if self.rest_part is None:
+            return
+        if not self.capture:
+            with torch.inference_mode():
+                self.rest_part(*self.args, *self.crossing)
+            self.crossing = ()
+        else:
+            self.rest_recorder.replay()
 
 
 class Prefiller:
@@ -140,8 +168,10 @@ class Prefiller:
     def __call__(
         self, prompts: Sequence[Sequence[int]], slot_ids: Sequence[int], row_params: dict[str, torch.Tensor]
     ) -> torch.Tensor:
-        """The target's first token per prompt ([rows] int64, on the device); the slots' target cache
-        and drafter state are filled for the first step. At most the largest bucket's rows (the
+        """The target's first token per prompt ([rows] int64, on the host); the slots' target cache
+        and drafter state are filled for the first step (on a GPU, still being filled when this returns:
+        the drafter's prefill of the last chunk runs after the first token has left for the host, and
+        work queued later follows it). At most the largest bucket's rows (the
         cache has no more slots than that). All rows advance together, chunk by chunk (chunk_plan
         over the longest prompt); a row whose prompt has ended is parked on the spare slot."""
         rows = len(prompts)
@@ -170,6 +200,7 @@ class Prefiller:
                     ending[index].append(row)
         tokens, table = tokens.to(device), table.to(device)
         logits = hidden = features = None
+        last = len(plan) - 1
         for index, (start, size) in enumerate(zip(starts, plan, strict=True)):
             program = self.programs[(bucket, size)]
             inputs = program.inputs
@@ -189,6 +220,8 @@ class Prefiller:
                 hidden[done] = outputs["last_hidden"][done]
                 if features is not None:
                     features[done] = outputs[FEATURE_OUTPUT][done]
+            if index < last:
+                program.rest()
         first = ops.sample(
             logits,
             row_params["temperature"],
@@ -198,8 +231,19 @@ class Prefiller:
             row_params["step_counter"],
             0,
         )
+        # The first token leaves for the host before the drafter's prefill of the last chunk is queued,
+        # so the host has it while the device still runs that (and prefill_finish).
+        on_host, copied = first, None
+        if first.is_cuda:
+            on_host = torch.empty(first.shape, dtype=first.dtype, pin_memory=True)
+            on_host.copy_(first, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        program.rest()
         slots = torch.tensor(list(slot_ids), device=device)
         end = PrefillEnd(slots, torch.tensor(lengths, device=device), first, hidden, features)
         self.drafter.prefill_finish(end, self.state)
+        if copied is not None:
+            copied.synchronize()
         COUNTERS.prefills += 1
         return first

@@ -57,7 +57,7 @@ class RuntimeStats:
     emitted: int = 0
     step_seconds: float = 0.0  # wall time of the step loops (host reads included)
     graph_steps: int = 0  # step-graph invocations (one per bucket step, all rows together)
-    prefill_seconds: float = 0.0  # wall time of prefill() calls (on a GPU: until the work is queued)
+    prefill_seconds: float = 0.0  # wall time of prefill() calls (until the first tokens are on the host)
     # Work that belongs to start-up but happened inside generate()/stream() calls (both must stay 0:
     # the Runtime warms up and captures every step and prefill program when it is built).
     triton_compiles_during_requests: int = 0
@@ -365,15 +365,17 @@ class Runtime:
     ) -> torch.Tensor:
         """Fill the target's KV cache and the drafter's state of cache slots `slot_ids` with `prompts`
         (token id lists, one slot each) and return the target's first token per prompt ([rows] int64,
-        on the device), drawn with row_params ("temperature", "top_k", "top_p", "seed", "step_counter":
-        [rows] tensors, as the step takes them; the first token uses step_counter's lane 0). Other
+        on the host, as soon as the target's prefill has run: on a GPU the drafter's prefill of the last
+        chunk is still running, and whatever is queued next follows it), drawn with row_params
+        ("temperature", "top_k", "top_p", "seed", "step_counter": [rows] tensors, as the step takes
+        them; the first token uses step_counter's lane 0). Other
         slots are untouched (but the spare one, which no row owns). Runs the compiled prefill chunk
         programs (reference_prefill for artifacts without them). The slots are then ready for a step at
         committed_len = len(prompt) + 1."""
         self._check_prefill(prompts, slot_ids)
         start = time.perf_counter()
         if self.prefiller is None:
-            first = self.reference_prefill(prompts, slot_ids, row_params)
+            first = self.reference_prefill(prompts, slot_ids, row_params).cpu()
         else:
             first = self.prefiller(prompts, list(slot_ids), row_params)
         self.stats.prefill_seconds += time.perf_counter() - start

@@ -299,6 +299,34 @@ def test_cpu_prefill_program_runs_the_cpu_table_copy_and_keeps_the_compiled_grap
     assert compiled_targets.count(ops.OPS["prefill_attention"]) == layers
 
 
+@pytest.mark.parametrize("which", ["runtime", "ngram_runtime", "dflash_runtime"])
+def test_every_drafters_prefill_runs_after_the_targets_part(which, request):
+    """Each program runs as two parts (runtime/prefill_split.py): the first token's part touches no drafter
+    state (and reads no weight of a draft model), the drafter's part touches no target state. The tests
+    above compare what the two parts leave with the reference prefill."""
+    assert_split_at_the_drafter(request.getfixturevalue(which))
+
+
+def test_mtp_prefill_runs_after_the_targets_part(mtp_runtime):
+    assert_split_at_the_drafter(mtp_runtime)
+
+
+def assert_split_at_the_drafter(runtime: graphspec.Runtime) -> None:
+    target_states = set(runtime.target_state_names)
+    drafter_states = set(runtime.state) - target_states
+    own_weights = "draft." if runtime.drafter.kind == "draft_model" else None  # others share the target's
+    for program in runtime.prefiller.programs.values():
+        assert program.rest_part is not None
+        first, rest = (used_inputs(part) for part in (program.first_part, program.rest_part))
+        assert first & target_states and not first & drafter_states
+        assert rest & drafter_states and not rest & target_states
+        assert not own_weights or not [name for name in first if name.startswith(own_weights)]
+
+
+def used_inputs(gm) -> set[str]:
+    return {node.meta["gs_input"] for node in gm.graph.find_nodes(op="placeholder") if node.users}
+
+
 def test_prefill_records_every_pass(runtime):
     names = [record.name for record in runtime.compiled.records["prefill_b1_c16"]]
     assert names == ["defunctionalize_kv", "fuse_prefill_attention", "lower_kernels"]
