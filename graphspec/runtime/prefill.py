@@ -6,7 +6,8 @@ caches, drafter state; shared with the step graphs), run as two parts (prefill_s
 which the first token needs, then the drafter's prefill of the chunk. On CUDA each part is warmed up and
 captured as a CUDA graph once (Runtime start-up), then every chunk of every prompt replays them; elsewhere
 they run eagerly, on the CPU as a copy with the CPU table's kernels (as a CPU step does). The first token
-is sampled and sent to the host between the last chunk's two parts.
+is sampled and sent to the host before the drafter parts that can wait: every chunk's when they read only
+the chunk's inputs (a draft model, n-gram), else the last chunk's.
 A prompt of L tokens takes chunks of a bucket's few sizes (trace_prefill.chunk_plan), so a few programs
 serve every prompt length and memory stays bounded by the largest chunk.
 
@@ -83,6 +84,10 @@ class PrefillProgram:
         # which the caller runs (rest()) once the first token is on its way; one where nothing splits off.
         split = None if pieces(gm) else split_first_token(gm, len(self.output_names))
         self.first_part, self.rest_part = (gm, None) if split is None else (split.first, split.rest)
+        # A rest that reads nothing of the first part's (a draft model's, n-gram's prefill) can run for a
+        # chunk later, from a copy of the chunk's inputs; one that reads the target's hidden states (MTP,
+        # EAGLE-3, DFlash) runs before the next chunk overwrites them.
+        self.rest_reads_inputs_only = split is not None and split.crossing == 0
         self.crossing: tuple[torch.Tensor, ...] = ()  # what the rest reads from the first part's last run
         self.capture = capture
         if capture and recorder is None and device.type != "cuda":
@@ -141,10 +146,19 @@ class PrefillProgram:
         COUNTERS.prefill_chunks += 1
         return dict(zip(self.output_names, outputs[: len(self.output_names)], strict=True))
 
-    def rest(self) -> None:
-        """The rest of the chunk the last call ran (the drafter's prefill of it)."""
+    def chunk_inputs(self) -> dict[str, torch.Tensor]:
+        """A copy of the static inputs (the chunk the last call ran), for a later rest()."""
+        return {name: tensor.clone() for name, tensor in self.inputs.items()}
+
+    def rest(self, chunk_inputs: dict[str, torch.Tensor] | None = None) -> None:
+        """The rest of the chunk the last call ran (the drafter's prefill of it), or of the chunk whose
+        chunk_inputs() are given (only when rest_reads_inputs_only)."""
         if self.rest_part is None:
             return
+        if chunk_inputs is not None:
+            assert self.rest_reads_inputs_only, "this rest reads the first part's outputs of its own chunk"
+            for name, tensor in chunk_inputs.items():
+                self.inputs[name].copy_(tensor)
         if not self.capture:
             with torch.inference_mode():
                 self.rest_part(*self.args, *self.crossing)
@@ -198,9 +212,20 @@ class Prefiller:
                     table[index, :, row] = torch.tensor([start, slot_ids[row], min(length - start, size) - 1])
                 if start < length <= start + size:
                     ending[index].append(row)
+        # Everything the device needs is uploaded before any chunk is queued: a copy from pageable memory
+        # waits for the work queued before it, and one after the last chunk's first part would hold the
+        # first token back until the drafter's part had run.
         tokens, table = tokens.to(device), table.to(device)
+        done_rows = torch.tensor([row for rows in ending for row in rows], device=device).split(
+            [len(rows) for rows in ending]
+        )
+        slots, prompt_lengths = torch.tensor([list(slot_ids), lengths], device=device)
         logits = hidden = features = None
         last = len(plan) - 1
+        # Drafter parts that run after the first token has left, in chunk order (a draft model's chunk
+        # attends to the draft KV its earlier chunks wrote): every chunk's where they read only the
+        # chunk's inputs, else the last chunk's.
+        later: list[tuple[PrefillProgram, dict[str, torch.Tensor] | None]] = []
         for index, (start, size) in enumerate(zip(starts, plan, strict=True)):
             program = self.programs[(bucket, size)]
             inputs = program.inputs
@@ -215,13 +240,17 @@ class Prefiller:
                 if FEATURE_OUTPUT in outputs:
                     features = outputs[FEATURE_OUTPUT].new_empty((rows, outputs[FEATURE_OUTPUT].shape[1]))
             if ending[index]:
-                done = torch.tensor(ending[index], device=device)
+                done = done_rows[index]
                 logits[done] = outputs["last_logits"][done]
                 hidden[done] = outputs["last_hidden"][done]
                 if features is not None:
                     features[done] = outputs[FEATURE_OUTPUT][done]
-            if index < last:
+            if program.rest_reads_inputs_only:
+                later.append((program, program.chunk_inputs()))
+            elif index < last:
                 program.rest()
+            else:
+                later.append((program, None))
         first = ops.sample(
             logits,
             row_params["temperature"],
@@ -231,19 +260,19 @@ class Prefiller:
             row_params["step_counter"],
             0,
         )
-        # The first token leaves for the host before the drafter's prefill of the last chunk is queued,
-        # so the host has it while the device still runs that (and prefill_finish).
+        # The first token leaves for the host before the drafter parts in `later` are queued, so the host
+        # has it while the device still runs them (and prefill_finish).
         on_host, copied = first, None
         if first.is_cuda:
             on_host = torch.empty(first.shape, dtype=first.dtype, pin_memory=True)
             on_host.copy_(first, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-        program.rest()
-        slots = torch.tensor(list(slot_ids), device=device)
-        end = PrefillEnd(slots, torch.tensor(lengths, device=device), first, hidden, features)
+        for program, chunk_inputs in later:
+            program.rest(chunk_inputs)
+        end = PrefillEnd(slots, prompt_lengths, first, hidden, features)
         self.drafter.prefill_finish(end, self.state)
         if copied is not None:
             copied.synchronize()
         COUNTERS.prefills += 1
-        return first
+        return on_host

@@ -2,8 +2,8 @@
 
 A chunk program (trace_prefill.py) runs the target over the chunk and then the drafter's prefill over
 the target's hidden states. The first token depends only on the target's part, so the runtime runs the
-two parts as two programs: the target's, then the first token is sampled and sent to the host, then the
-drafter's, which the device runs while the host hands the token out (runtime/prefill.py). On a GPU
+two parts as two programs and queues the drafter's parts that can wait after the first token has left
+for the host (runtime/prefill.py): the device runs them while the host hands the token out. On a GPU
 that takes the drafter's prefill (a 1B draft model's is about an eighth of an 8B target's) out of the
 time to first token. The compiled graph and the artifact stay one program: the split is derived here,
 at load, from dataflow alone, for every drafter.
@@ -65,7 +65,8 @@ def split_first_token(gm: fx.GraphModule, first_outputs: int) -> SplitProgram | 
     rest = [node for node in graph.nodes if node not in first and not is_shared(node) and node is not output]
     if not rest:
         return None
-    crossing = [node for node in graph.nodes if node in first and any(user in rest for user in node.users)]
+    in_rest = set(rest).__contains__
+    crossing = [node for node in graph.nodes if node in first and any(map(in_rest, node.users))]
 
     first_graph = fx.Graph()
     values = {node: first_graph.node_copy(node) for node in shared}
