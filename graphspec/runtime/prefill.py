@@ -184,8 +184,8 @@ class Prefiller:
     ) -> torch.Tensor:
         """The target's first token per prompt ([rows] int64, on the host); the slots' target cache
         and drafter state are filled for the first step (on a GPU, still being filled when this returns:
-        the drafter's prefill of the last chunk runs after the first token has left for the host, and
-        work queued later follows it). At most the largest bucket's rows (the
+        the drafter's parts that can wait run after the first token has left for the host, and work
+        queued later follows them). At most the largest bucket's rows (the
         cache has no more slots than that). All rows advance together, chunk by chunk (chunk_plan
         over the longest prompt); a row whose prompt has ended is parked on the spare slot."""
         rows = len(prompts)

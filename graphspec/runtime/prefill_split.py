@@ -105,5 +105,7 @@ def _states_touched(graph: fx.Graph, states: set[fx.Node]) -> dict[fx.Node, set[
 
 
 def _returns_alias(node: fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-    return isinstance(node.target, torch._ops.OpOverload) and any(r.alias_info is not None for r in schema.returns)
+    """Whether the op's schema says a result is a view of (or the mutated) input: view, select, copy_, ..."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    return any(result.alias_info is not None for result in node.target._schema.returns)
