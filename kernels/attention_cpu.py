@@ -18,7 +18,7 @@ Registered through graphspec/library.py (torch.library.Library: no custom_op wra
 from __future__ import annotations
 
 import torch
-from graphspec.kernels import cpu_library
+from graphspec.kernels import attention_cpu_native, cpu_library
 from torch import Tensor
 from torch.nn.functional import scaled_dot_product_attention
 
@@ -63,9 +63,12 @@ def attend_rows(q: Tensor, cache: Tensor, layer: int, slots: list[int], starts: 
 
 def attention(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:
     """Same result as attention_reference (to fp32 rounding): q [B, Hq, T, D] with query t of row b at
-    position start_pos[b] + t, against cache slot slot_ids[b] -> [B, T, Hq, D] contiguous."""
+    position start_pos[b] + t, against cache slot slot_ids[b] -> [B, T, Hq, D] contiguous. The row loop
+    runs in C++ where it applies (kernels/attention_cpu_native.py), else through torch's attention."""
     # One host read each for the whole batch; on the CPU there is no device to wait for.
-    return attend_rows(q, cache, layer, slot_ids.tolist(), start_pos.tolist(), scale)
+    slots, starts = slot_ids.tolist(), start_pos.tolist()
+    out = attention_cpu_native.attend(q, cache, layer, slots, starts, slot_ids, start_pos, scale)
+    return out if out is not None else attend_rows(q, cache, layer, slots, starts, scale)
 
 
 def _fake(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float) -> Tensor:

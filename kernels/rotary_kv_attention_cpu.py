@@ -15,7 +15,7 @@ indexed write stores) and the attention.
 
 from __future__ import annotations
 
-from graphspec.kernels import cpu_library
+from graphspec.kernels import attention_cpu_native, cpu_library
 from graphspec.kernels.attention_cpu import attend_rows
 from torch import Tensor
 
@@ -39,8 +39,12 @@ def kv_attention(
     q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, scale: float
 ) -> Tensor:
     """k, v [B, Hkv, T, D] written at positions start_pos[b] + t of slot slot_ids[b] (the values the
-    reference's indexed write stores), then attention of q [B, Hq, T, D] -> [B, T, Hq, D]."""
+    reference's indexed write stores), then attention of q [B, Hq, T, D] -> [B, T, Hq, D]; both in one
+    C++ call where it applies (kernels/attention_cpu_native.py)."""
     slots, starts = slot_ids.tolist(), start_pos.tolist()  # one host read each serves write and attention
+    out = attention_cpu_native.attend(q, cache, layer, slots, starts, slot_ids, start_pos, scale, k, v)
+    if out is not None:
+        return out
     t = k.shape[2]
     keys_all, values_all = cache[layer]  # [SLOTS, Hkv, S, D] views
     for row, (slot, start) in enumerate(zip(slots, starts, strict=True)):

@@ -475,6 +475,10 @@ class StepGraph:
         if not self.compile_cpu:
             return self.cpu_gm
         if self._compiled is None:
+            from graphspec.kernels import attention_cpu_native
+
+            # Inductor is imported now anyway: the CPU attention's C++ row loop builds with its compiler.
+            attention_cpu_native.build()
             # Static shapes (one graph per bucket), the whole step as one graph: a break would mean
             # something in the step is not traceable, which is a bug to see, not to run around.
             self._compiled = torch.compile(self.cpu_gm, dynamic=False, fullgraph=True)
