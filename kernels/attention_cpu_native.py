@@ -6,7 +6,7 @@ torch's fused CPU attention took 57 us for a draft's call over four rows and 148
 (docs/BENCHMARKS.md, CPU results), a quarter of the demo pair's batch-4 step. This does the same work
 in one call: each row's step keys and values written into its cache slot, then, per row, head and
 query, the scores over exactly the positions the query sees, [0, start_pos[b] + t], a softmax and the
-weighted sum of values, in fp32 with at::vec's vectors (16 and 42 us for those two calls). Positions past
+weighted sum of values, in fp32 with at::vec's vectors (16 and 81 us for those two calls). Positions past
 a row's last query are never read, so stale or NaN-poisoned entries cannot reach an output, as in the
 torch path. Results match the reference to fp32 rounding (a different summation order).
 
@@ -162,15 +162,16 @@ def attend(
     """kv_attention / attention of the torch path in one C++ call ([B, T, Hq, D] contiguous), or None
     where this does not apply (module docstring). `slots`/`starts` are slot_ids/start_pos on the host."""
     batch, q_heads, t, dim = q.shape
+    if cache.dim() != 6 or cache.shape[-1] != dim:  # [layers, 2, slots, Hkv, max_len, D]
+        return None
     _, _, n_slots, kv_heads, max_len, _ = cache.shape
     tensors = (q, cache) if k is None else (q, cache, k, v)
     plain = (
         t <= MAX_QUERIES
         and all(x.dtype == torch.float32 and x.device.type == "cpu" and x.stride(-1) == 1 for x in tensors)
         and cache.is_contiguous()
-        and slot_ids.dtype == start_pos.dtype == torch.int64
-        and slot_ids.is_contiguous()
-        and start_pos.is_contiguous()
+        and (k is None or k.shape == v.shape == (batch, kv_heads, t, dim))
+        and all(x.dtype == torch.int64 and x.device.type == "cpu" and x.is_contiguous() for x in (slot_ids, start_pos))
         and q_heads % kv_heads == 0
         and len(slots) == len(starts) == batch
         and all(0 <= s < n_slots and 0 <= p and p + t <= max_len for s, p in zip(slots, starts, strict=True))

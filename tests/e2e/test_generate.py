@@ -1,9 +1,11 @@
 """Runtime.generate end to end on tiny real checkpoints (CPU, fp32): lossless, stats, rollback,
-stop tokens, sampling reproducibility, and bad input refused before any work."""
+stop tokens, sampling reproducibility, and bad input refused before any work. The lossless and rollback
+tests run both CPU attention paths: torch's per-row attention, the C++ loop (kernels/attention_cpu_native.py)."""
 
 import numpy as np
 import pytest
 import torch
+from graphspec.kernels import attention_cpu_native
 
 import graphspec
 from graphspec.counters import COUNTERS
@@ -21,6 +23,28 @@ def prompts(seed: int = 0, lengths=PROMPT_LENGTHS) -> list[list[int]]:
     return [torch.randint(3, 128, (n,), generator=generator).tolist() for n in lengths]
 
 
+@pytest.fixture(params=["torch", "cpp"])
+def cpu_attention(request, monkeypatch):
+    """The CPU attention path a test runs: torch's (as where the C++ loop did not build) or the C++ loop
+    (what a compile_cpu step builds; prefill chunks longer than its MAX_QUERIES still take torch's)."""
+    if request.param == "torch":
+        monkeypatch.setattr(attention_cpu_native, "_compiled", [None])
+    else:
+        assert attention_cpu_native.build()
+    ran = []
+    attend = attention_cpu_native.attend
+
+    def spy(*args, **kwargs):
+        out = attend(*args, **kwargs)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(attention_cpu_native, "attend", spy)
+    yield request.param
+    assert ran and any(ran) == (request.param == "cpp")
+
+
+@pytest.mark.usefixtures("cpu_attention")
 @pytest.mark.parametrize(
     ("pair", "k"),
     [("unrelated", 1), ("unrelated", 4), ("unrelated", 7), ("self", 2), ("mixed_family", 4), ("qwen2", 7)],
@@ -75,6 +99,7 @@ def test_default_stop_is_the_checkpoint_eos(runtime_for):
     assert runtime.eos_token_ids == [2]
 
 
+@pytest.mark.usefixtures("cpu_attention")
 def test_kv_rollback_survives_poisoned_dead_slots(runtime_for):
     """After every step, NaN-poison every cache entry at or beyond what a row has committed (and the
     whole spare slot): later output is unchanged, so nothing ever reads dead KV."""
