@@ -84,9 +84,9 @@ class PrefillProgram:
         # which the caller runs (rest()) once the first token is on its way; one where nothing splits off.
         split = None if pieces(gm) else split_first_token(gm, len(self.output_names))
         self.first_part, self.rest_part = (gm, None) if split is None else (split.first, split.rest)
-        # A rest that reads nothing of the first part's (a draft model's, n-gram's prefill) can run for a
-        # chunk later, from a copy of the chunk's inputs; one that reads the target's hidden states (MTP,
-        # EAGLE-3, DFlash) runs before the next chunk overwrites them.
+        # A rest that reads nothing of the first part's (a draft model's, n-gram's prefill) can run after
+        # the first token, from a copy of its chunk's inputs; one that reads the target's hidden states
+        # (MTP, EAGLE-3, DFlash) runs before the next chunk overwrites them.
         self.rest_reads_inputs_only = split is not None and split.crossing == 0
         self.crossing: tuple[torch.Tensor, ...] = ()  # what the rest reads from the first part's last run
         self.capture = capture
