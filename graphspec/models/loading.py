@@ -324,6 +324,17 @@ class _Piece:
     shape: tuple[int, ...]
 
 
+@dataclass
+class _FileRead:
+    """A file while the prefetch reads it: its open handle, the pieces still pending, what the read ones
+    gave (tensor, and the CUDA event after its last copy), and whether one failed."""
+
+    handle: Any
+    pending: int
+    read: dict[str, tuple[torch.Tensor, Any]]
+    failed: bool = False
+
+
 class _Prefetch:
     """Every tensor of some safetensors files, copied to the device in the target dtype by side threads
     that take the tensors one by one from one queue (all files', in file order), so even a checkpoint of
@@ -350,12 +361,7 @@ class _Prefetch:
         self._tensors: dict[Path, dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        # Per file while it is read: its open handle, the pieces still pending, what the read ones gave
-        # (tensor, and the CUDA event after its last copy), and whether one failed.
-        self._handles: dict[Path, Any] = {}
-        self._pending: dict[Path, int] = {}
-        self._read: dict[Path, dict[str, tuple[torch.Tensor, Any]]] = {}
-        self._failed: set[Path] = set()
+        self._reading: dict[Path, _FileRead] = {}  # the files being read
         self._queue: list[_Piece] = []
         for file in self._files:
             self._plan(file)
@@ -393,7 +399,7 @@ class _Prefetch:
             handle.close()
             self._files[file].set()
             return
-        self._handles[file], self._pending[file], self._read[file] = handle, len(pieces), {}
+        self._reading[file] = _FileRead(handle, len(pieces), {})
         self._queue += sorted(pieces, key=lambda piece: piece.offset)
         if not pieces:
             self._complete(file)
@@ -408,7 +414,8 @@ class _Prefetch:
                 if not self._queue:
                     return
                 piece = self._queue.pop()
-                skip = piece.file in self._failed
+                reading = self._reading[piece.file]
+                skip = reading.failed
             result = None
             if not skip:
                 try:
@@ -417,18 +424,18 @@ class _Prefetch:
                     pass
             with self._lock:
                 if result is None:
-                    self._failed.add(piece.file)
+                    reading.failed = True
                 else:
-                    self._read[piece.file][piece.name] = result
-                self._pending[piece.file] -= 1
-                last = self._pending[piece.file] == 0
+                    reading.read[piece.name] = result
+                reading.pending -= 1
+                last = reading.pending == 0
             if last:
                 self._complete(piece.file)
 
     def _read_piece(self, piece: _Piece, staged: _Staging | None) -> tuple[torch.Tensor, Any]:
         """The piece's bytes on the device as its stored dtype and shape, and the event its copies end
         with (None when they were synchronous)."""
-        handle = self._handles[piece.file]
+        handle = self._reading[piece.file].handle
         if staged is None:
             raw = torch.empty(piece.nbytes, dtype=torch.uint8)
             _pread_into(handle, memoryview(raw.numpy()), piece.offset)
@@ -442,17 +449,17 @@ class _Prefetch:
 
     def _complete(self, file: Path) -> None:
         """Every piece of `file` is read (or one failed): hand its tensors over, converted to the dtype."""
-        read = self._read.pop(file)
+        reading = self._reading.pop(file)
         try:
-            if file not in self._failed:
-                for _, event in read.values():
+            if not reading.failed:
+                for _, event in reading.read.values():
                     if event is not None:
                         event.synchronize()  # its copies landed; the conversions run on the loader's stream
-                self._tensors[file] = {name: tensor.to(self.dtype) for name, (tensor, _) in read.items()}
+                self._tensors[file] = {name: tensor.to(self.dtype) for name, (tensor, _) in reading.read.items()}
         except Exception:  # read_into reads the file again and reports what is wrong
             self._tensors.pop(file, None)
         finally:
-            self._handles.pop(file).close()
+            reading.handle.close()
             self._files[file].set()
 
     def take(self, file: Path, names: Iterable[str], dtype: torch.dtype, device: torch.device) -> dict | None:
@@ -472,11 +479,10 @@ class _Prefetch:
         self._stop.set()
         for thread in self._threads:
             thread.join()
-        for handle in self._handles.values():
-            handle.close()
-        self._handles.clear()
+        for reading in self._reading.values():
+            reading.handle.close()
+        self._reading.clear()
         self._tensors.clear()
-        self._read.clear()
         sys.setswitchinterval(self._switch_interval)
 
 
