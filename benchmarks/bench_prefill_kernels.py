@@ -52,6 +52,7 @@ class Case:
     unit: str  # "TFLOP/s" or "GB/s"
     grid: list[tuple[int, ...]]
     error: Callable[[tuple[int, ...]], float] | None = None
+    shape_class: str | None = None  # the kernel's shape_class for these inputs: which config row is "configured"
 
 
 def randn(*shape: int) -> torch.Tensor:
@@ -83,15 +84,19 @@ def attention_case(name: str, q_heads: int, kv_heads: int, head_dim: int, prefix
 
     pairs = tokens * prefix + tokens * (tokens + 1) / 2  # a query sees the prefix and half the chunk
     grid = [v for v in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)) if v[0] % v[1] == 0]
-    return Case("prefill_attention", name, run, reference, 4.0 * head_dim * q_heads * pairs, "TFLOP/s", grid, error)
+    return Case(
+        "prefill_attention", name, run, reference, 4.0 * head_dim * q_heads * pairs, "TFLOP/s", grid, error,
+        prefill_attention.shape_class(q),
+    )  # fmt: skip
 
 
-def silu_mul_case(inter: int) -> Case:
-    gate_up = randn(TOKENS, 2 * inter)
+def silu_mul_case(inter: int, tokens: int = TOKENS) -> Case:
+    gate_up = randn(tokens, 2 * inter)
     grid = list(itertools.product((512, 1024, 2048, 4096, 8192), (4, 8)))
     return Case(
-        "silu_mul", f"{TOKENS} x {inter}", lambda values: torch.ops.graphspec.silu_mul_triton(gate_up, *values),
-        lambda: ops.silu_mul_reference(gate_up), 3.0 * TOKENS * inter * 2, "GB/s", grid,
+        "silu_mul", f"{tokens} x {inter}", lambda values: torch.ops.graphspec.silu_mul_triton(gate_up, *values),
+        lambda: ops.silu_mul_reference(gate_up), 3.0 * tokens * inter * 2, "GB/s", grid,
+        shape_class=silu_mul.shape_class(gate_up),
     )  # fmt: skip
 
 
@@ -127,6 +132,8 @@ def cases() -> list[Case]:
         attention_case("Qwen3.5 x256 4096", 16, 4, 256, 0, 4096),
         silu_mul_case(14336),
         silu_mul_case(8192),
+        silu_mul_case(14336, tokens=1024),  # where the many-rows config row starts (silu_mul.MANY_ROWS)
+        silu_mul_case(14336, tokens=512),
         rotary_case(32, 8, 128),
         rotary_case(32, 8, 64),
         add_rms_norm_case(4096),
@@ -154,8 +161,11 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()} sm_{sm}, torch {torch.__version__}")
     rows = []
     for case in (case for case in cases() if case.kernel in wanted):
-        entry = registry.resolve(case.kernel, sm)
-        configured = tuple((entry.config if entry else MODULES[case.kernel].CONFIGS["default"]).values())
+        entry, configs = registry.resolve(case.kernel, sm), MODULES[case.kernel].CONFIGS
+        config = entry.config if entry else configs["default"]
+        if entry is not None and (entry.sm, case.shape_class) in configs:  # the row lowering picks for this shape
+            config = configs[(entry.sm, case.shape_class)]
+        configured = tuple(config.values())
         scale = 1e9 if case.unit == "TFLOP/s" else 1e6  # work / ms -> the unit
         reference_ms = common.time_fn(case.reference, "cuda", reps=20)["ms"]
         grid = [configured] + ([v for v in case.grid if v != configured] if args.sweep else [])

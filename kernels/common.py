@@ -90,12 +90,15 @@ def config_for(configs: Mapping[int | str, dict[str, int]], sm: int | None) -> d
     return dict(configs.get(sm, configs["default"]))
 
 
-def check_config_table(configs: Mapping[int | str, dict[str, int]]) -> tuple[str, ...]:
-    """All configs of a table share one key order (it is the op's trailing argument order)."""
+def check_config_table(configs: Mapping[int | str | tuple[int | str, str], dict[str, int]]) -> tuple[str, ...]:
+    """All configs of a table share one key order (it is the op's trailing argument order). Keys are an SM,
+    "default", "invariant" or "cpu", or (one of those, a shape class the kernel's shape_class names)."""
     fields = tuple(configs["default"])
-    for sm, config in configs.items():
+    for key, config in configs.items():
         if tuple(config) != fields or not all(isinstance(v, int) for v in config.values()):
-            raise ValueError(f"CONFIGS[{sm!r}] must have int fields {fields} in that order, got {config}")
+            raise ValueError(f"CONFIGS[{key!r}] must have int fields {fields} in that order, got {config}")
+        if isinstance(key, tuple) and (len(key) != 2 or key[0] not in configs or not isinstance(key[1], str)):
+            raise ValueError(f"CONFIGS[{key!r}]: a shape-class row is (a key of the table, a class name)")
     return fields
 
 

@@ -26,16 +26,19 @@ from torch import Tensor
 from graphspec import library
 from graphspec.ops import prefill_attention_reference
 
-__all__ = ["CONFIGS", "prefill_attention", "prefill_attention_reference", "prefill_attention_triton"]
+__all__ = ["CONFIGS", "prefill_attention", "prefill_attention_reference", "prefill_attention_triton", "shape_class"]
 
 # block_m: queries per program; block_n: keys per loop step; num_warps/num_stages: Triton launch knobs.
 # 90: the fastest or within 1% of it for every shape of `benchmarks/bench_prefill_kernels.py --sweep`
 # on an H200 (8B heads x 128 at 4096 and 2048 tokens and 512 after a 3584 prefix, 1B heads x 64 at 4096:
 # docs/BENCHMARKS.md); 80 is the usual flash-attention-2 tile, untuned; "default" is small so the
 # interpreter stays quick.
-CONFIGS: dict[int | str, dict[str, int]] = {
+# (90, "head_dim_256"): Qwen3.5 / Qwen3-Next attention heads, the fastest of the same sweep at 4096 tokens
+# (0.342 ms against 0.472 with the row for 128, 2026-11-27).
+CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     80: {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2},
     90: {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3},
+    (90, "head_dim_256"): {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2},
     "default": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
@@ -43,23 +46,41 @@ HEAD_DIMS = (64, 128, 256)  # head dims the kernel is tested for (256: Qwen3.5 /
 LOG2E = 1.4426950408889634
 
 
+def shape_class(q: Tensor, *_: object) -> str | None:
+    """The config row's shape class (lowering/registry.py): heads of 256 take their own tiles."""
+    return "head_dim_256" if q.shape[-1] == 256 else None
+
+
 @triton.jit
-def _attend(q, k, v, scores_mask, m_i, l_i, acc, qk_scale, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """One online-softmax update of (m_i, l_i, acc) with keys k and values v [BLOCK_N, D]."""
+def _attend(
+    q, k, v, scores_mask, m_i, l_i, acc, qk_scale,
+    MASKED: tl.constexpr, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax update of (m_i, l_i, acc) with keys k and values v [BLOCK_N, D]; scores_mask
+    is read only when MASKED (blocks every query sees whole skip the select)."""
     if UPCAST_DOT:
         k = k.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], base-2 units
-    scores = tl.where(scores_mask, scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N], unscaled
+    # Scores in base-2 units (scale * log2(e), positive) so the softmax can use exp2. Unmasked, the row
+    # max is taken before scaling (a positive scale keeps the argmax, and its product rounds the same)
+    # and the scale and the subtraction are one fused multiply-add over the tile.
+    if MASKED:
+        scores = tl.where(scores_mask, scores * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        scores = scores - m_new[:, None]
+    else:
+        m_new = tl.maximum(m_i, tl.max(scores, 1) * qk_scale)
+        scores = scores * qk_scale - m_new[:, None]
+    p = tl.exp2(scores)
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    # P is rounded to the value dtype (bf16 on GPU) for the tensor-core dot, as flash attention does.
+    # P is rounded to the value dtype (bf16 on GPU) for the tensor-core dot, as flash attention does; the
+    # dot accumulates straight into the rescaled acc (no second [BLOCK_M, D] tile for its result).
     if UPCAST_DOT:
         p, v = round_to(p, v.dtype), v.to(tl.float32)
     else:
         p = p.to(v.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+    acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PRECISION)
     return m_new, l_i, acc
 
 
@@ -153,9 +174,7 @@ def prefill_attention_kernel(
     offs_n = tl.arange(0, BLOCK_N)
 
     # Key blocks that every query of the block sees whole load and attend without masks; only the
-    # cached prefix's last partial block and the chunk's blocks on the diagonal are masked. The blocks
-    # run in the same order either way, so the split changes no result.
-    all_visible = offs_n >= 0  # an all-true mask of [BLOCK_N]
+    # cached prefix's last partial block and the chunk's blocks on the diagonal are masked.
 
     # 1. The cached prefix, positions [0, start): every query of the chunk sees all of it.
     full_prefix = start - start % BLOCK_N
@@ -163,14 +182,14 @@ def prefill_attention_kernel(
         kv_offsets = (block_start + offs_n)[:, None] * stride_cs + dims[None, :] * stride_cd
         k = tl.load(key_base + kv_offsets)
         v = tl.load(value_base + kv_offsets)
-        m_i, l_i, acc = _attend(q, k, v, all_visible[None, :], m_i, l_i, acc, qk_scale, PRECISION, UPCAST_DOT)
+        m_i, l_i, acc = _attend(q, k, v, None, m_i, l_i, acc, qk_scale, False, PRECISION, UPCAST_DOT)
     for block_start in range(full_prefix, start, BLOCK_N):  # at most one block, past its end masked as 0
         pos = block_start + offs_n
         in_range = pos < start
         kv_offsets = pos[:, None] * stride_cs + dims[None, :] * stride_cd
         k = tl.load(key_base + kv_offsets, mask=in_range[:, None], other=0.0)
         v = tl.load(value_base + kv_offsets, mask=in_range[:, None], other=0.0)
-        m_i, l_i, acc = _attend(q, k, v, in_range[None, :], m_i, l_i, acc, qk_scale, PRECISION, UPCAST_DOT)
+        m_i, l_i, acc = _attend(q, k, v, in_range[None, :], m_i, l_i, acc, qk_scale, True, PRECISION, UPCAST_DOT)
 
     # 2. The chunk's own keys 0 .. (last query of this block), from k and v: causal within the chunk.
     # Keys before the block's first query (BLOCK_M is a multiple of BLOCK_N) are all visible and real.
@@ -180,7 +199,7 @@ def prefill_attention_kernel(
         k = tl.load(k_base + key_tokens[:, None] * stride_kt + dims[None, :] * stride_kd)
         v = tl.load(v_base + key_tokens[:, None] * stride_vt + dims[None, :] * stride_vd)
         m_i, l_i, acc = _attend(
-            q, k.to(dtype), v.to(dtype), all_visible[None, :], m_i, l_i, acc, qk_scale, PRECISION, UPCAST_DOT
+            q, k.to(dtype), v.to(dtype), None, m_i, l_i, acc, qk_scale, False, PRECISION, UPCAST_DOT
         )
     chunk_end = tl.minimum(block_first + BLOCK_M, T)
     for block_start in range(block_first, chunk_end, BLOCK_N):
@@ -197,7 +216,9 @@ def prefill_attention_kernel(
             other=0.0,
         )
         visible = (key_tokens[None, :] <= tokens[:, None]) & in_range[None, :]
-        m_i, l_i, acc = _attend(q, k.to(dtype), v.to(dtype), visible, m_i, l_i, acc, qk_scale, PRECISION, UPCAST_DOT)
+        m_i, l_i, acc = _attend(
+            q, k.to(dtype), v.to(dtype), visible, m_i, l_i, acc, qk_scale, True, PRECISION, UPCAST_DOT
+        )
 
     # Every query sees at least its own key, so l_i > 0 on real rows; padding rows divide by 1.
     norm = tl.where(l_i > 0, l_i, 1.0)
@@ -240,6 +261,8 @@ def prefill_attention(
             f"prefill_attention kernel: k/v must be {kv_shape} {q.dtype}, got {tuple(k.shape)} {k.dtype}, "
             f"{tuple(v.shape)} {v.dtype}"
         )
+    if not scale > 0:  # the unmasked blocks take the row max before scaling, which a positive scale keeps
+        raise ValueError(f"prefill_attention kernel: scale must be positive, got {scale}")
     if block_m % block_n:
         raise ValueError(f"prefill_attention kernel: block_m ({block_m}) must be a multiple of block_n ({block_n})")
     if head_dim & (head_dim - 1) or head_dim < 16:

@@ -20,17 +20,27 @@ from triton.language.extra import libdevice
 from graphspec import library
 from graphspec.ops import silu_mul_reference
 
-__all__ = ["CONFIGS", "silu_mul", "silu_mul_reference", "silu_mul_triton", "tile_shape"]
+__all__ = ["CONFIGS", "shape_class", "silu_mul", "silu_mul_reference", "silu_mul_triton", "tile_shape"]
 
 # tile_elems: outputs per program: BLOCK_C = min(tile_elems, padded I) columns x tile_elems // BLOCK_C rows.
 # CONFIGS[90] from benchmarks/bench_launch_configs.py on an H200 (2026-11-22): 512 outputs per program
 # took 1.4-1.5 us per launch at I 8192 and 14336, 1-5 rows (1024: 1.6 us). 80 and default are untuned.
-CONFIGS: dict[int | str, dict[str, int]] = {
+# (90, "many_rows"): prefill chunks of MANY_ROWS rows or more, from `benchmarks/bench_prefill_kernels.py
+# --sweep` on an H200 (4096 x 14336: 2048 outputs per program took 0.108 ms, 512 took 0.118 ms).
+CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     80: {"tile_elems": 1024, "num_warps": 4},
     90: {"tile_elems": 512, "num_warps": 4},
+    (90, "many_rows"): {"tile_elems": 2048, "num_warps": 4},
     "default": {"tile_elems": 1024, "num_warps": 4},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
+MANY_ROWS = 1024
+
+
+def shape_class(gate_up: Tensor, *_: object) -> str | None:
+    """The config row's shape class (lowering/registry.py): a prefill chunk's many rows take wider tiles."""
+    rows = gate_up.numel() // max(1, gate_up.shape[-1]) if gate_up.dim() else 1
+    return "many_rows" if rows >= MANY_ROWS else None
 
 
 @triton.jit

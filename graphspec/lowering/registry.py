@@ -13,6 +13,11 @@ arguments and holds CONFIGS = {"cpu": {}}; it imports torch only.
 Kernel modules are imported on first use, so importing the pipeline never creates Triton functions
 (tests choose TRITON_INTERPRET before that).
 
+A config row may also be keyed (sm, shape class): a kernel module that defines shape_class(*args) (the
+node's arguments, fake tensors for tensors) names the class of a node's shapes, e.g. "many_rows" for a
+prefill chunk's thousands of rows where the SM's row was tuned at a decode step's few; resolve takes the
+(sm, class) row when the table has one, else the SM's row. Every row is data in the kernel's CONFIGS.
+
 numerics="invariant" (resolve's argument) asks for kernels whose result for one row (a token, a query)
 does not depend on what else shares the launch: a row computed alone, in a batch, or as one position
 of a verify block gives the same bits. Kernels in ROW_INVARIANT are so with every config row; attention
@@ -249,8 +254,11 @@ def fits_prefill_attention(node: fx.Node) -> bool:
     if values is None or len(node.args) < 8 or type(node.args[4]) is not int:
         return False
     q, k, v, cache, slot_ids, start_pos = values
+    scale = node.args[7]
     return (
         _attention_fits(q, cache)
+        and isinstance(scale, (int, float))
+        and scale > 0  # the kernel takes unmasked rows' max before scaling
         and q.shape[-1] in _module("prefill_attention").HEAD_DIMS  # narrower than the decode kernel's
         and k.dtype == v.dtype == cache.dtype
         and _kv_write_fits(cache, node.args[4], slot_ids, start_pos, k, v)
@@ -510,10 +518,11 @@ CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
 
 @dataclass(frozen=True)
 class KernelEntry:
-    """One row of the table: the kernel op for `op` on `sm` (an SM, "default", or "cpu") with its config."""
+    """One row of the table: the kernel op for `op` on `sm` (an SM, "default", "cpu", or one of those with
+    a shape class) with its config."""
 
     op: str
-    sm: int | str
+    sm: int | str | tuple[int | str, str]
     kernel: torch._ops.OpOverload
     config: dict[str, int] = field(hash=False)
     fits: Callable[[fx.Node], bool] = field(hash=False, repr=False)
@@ -533,7 +542,7 @@ def _module(op: str) -> ModuleType:
     return importlib.import_module(f"graphspec.kernels.{op}")
 
 
-def _entry(op: str, key: int | str) -> KernelEntry:
+def _entry(op: str, key: int | str | tuple[int | str, str]) -> KernelEntry:
     module = _module(op)
     kernel = getattr(torch.ops.graphspec, f"{op}_triton").default
     return KernelEntry(op, key, kernel, dict(module.CONFIGS[key]), KERNELS[op])
@@ -561,7 +570,8 @@ def cpu_entries() -> Iterator[KernelEntry]:
 def resolve(
     op: str, sm: int | str | None, node: fx.Node | None = None, numerics: str = "default"
 ) -> KernelEntry | None:
-    """The kernel for `op` on `sm`: the exact SM's config, else the "default" config; None (keep the
+    """The kernel for `op` on `sm`: the exact SM's config (its row for the node's shape class, if any),
+    else the "default" config; None (keep the
     reference) when the op has no kernel, there is no GPU (sm None), the SM is older than MIN_SM, or
     `node` is given and its shapes/dtypes do not fit the kernel. sm "cpu" looks in the CPU table.
     numerics="invariant": the op's "invariant" config row, else its SM's row if ROW_INVARIANT, else
@@ -580,7 +590,26 @@ def resolve(
             return None
     elif op in INVARIANT_ONLY:
         return None
+    elif node is not None:
+        key = _shape_key(op, key, node)
     entry = _entry(op, key)
     if node is not None and not entry.fits(node):
         return None
     return entry
+
+
+def _shape_key(op: str, key: int | str, node: fx.Node) -> int | str | tuple[int | str, str]:
+    """(key, shape class) when the op's kernel names a class for this node's shapes and CONFIGS has a row
+    for it, else key."""
+    module = _module(op)
+    shape_class = getattr(module, "shape_class", None)
+    if shape_class is None:
+        return key
+    args = []
+    for arg in node.args:
+        value = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+        if isinstance(arg, fx.Node) and not isinstance(value, torch.Tensor):
+            return key  # no fake values: the row for the SM
+        args.append(value)
+    name = shape_class(*args)
+    return (key, name) if name is not None and (key, name) in module.CONFIGS else key

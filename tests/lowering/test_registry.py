@@ -39,7 +39,9 @@ def test_entry_resolves_to_its_kernel_op(entry: registry.KernelEntry) -> None:
     assert str(entry.kernel) == f"graphspec.{entry.op}_triton.default"
     invariant = entry.sm == registry.INVARIANT or entry.op in registry.INVARIANT_ONLY
     numerics = registry.INVARIANT if invariant else "default"
-    if entry.sm != "default":
+    if isinstance(entry.sm, tuple):  # a shape-class row: nodes of that class resolve to it (tests below)
+        assert entry.sm[0] in registry._module(entry.op).CONFIGS
+    elif entry.sm != "default":
         sm = 90 if entry.sm == registry.INVARIANT else entry.sm
         assert registry.resolve(entry.op, sm, numerics=numerics) == entry
 
@@ -191,14 +193,54 @@ def test_cpu_table_resolves_on_cpu_nodes_only() -> None:
     assert registry.resolve("attention", registry.CPU, node) is None
 
 
-@pytest.mark.parametrize(("head_dim", "lowered"), [(128, True), (256, True), (96, False), (512, False)])
-def test_prefill_attention_takes_only_the_prefill_kernels_head_dims(head_dim: int, lowered: bool) -> None:
-    # Heads of 64, 128 and 256 (the hybrid families') lower; others keep the reference.
+def prefill_attention_node(head_dim: int, scale: float | None = None) -> torch.fx.Node:
     def prefill(q, k, v, cache, slot_ids, start_pos):
-        return ops.OPS["prefill_attention"](q, k, v, cache, 1, slot_ids, start_pos, head_dim**-0.5)
+        return ops.OPS["prefill_attention"](q, k, v, cache, 1, slot_ids, start_pos, scale or head_dim**-0.5)
 
     q, k, v = (torch.randn(1, 2, 16, head_dim) for _ in range(3))
     cache = torch.zeros(2, 2, 2, 2, 64, head_dim)
     gm = make_fx(prefill, tracing_mode="fake")(q, k, v, cache, torch.tensor([0]), torch.tensor([0]))
-    node = next(n for n in gm.graph.nodes if n.target is ops.OPS["prefill_attention"])
-    assert (registry.resolve("prefill_attention", 90, node) is not None) is lowered
+    return next(n for n in gm.graph.nodes if n.target is ops.OPS["prefill_attention"])
+
+
+@pytest.mark.parametrize(("head_dim", "lowered"), [(128, True), (256, True), (96, False), (512, False)])
+def test_prefill_attention_takes_only_the_prefill_kernels_head_dims(head_dim: int, lowered: bool) -> None:
+    # Heads of 64, 128 and 256 (the hybrid families') lower; others keep the reference.
+    assert (registry.resolve("prefill_attention", 90, prefill_attention_node(head_dim)) is not None) is lowered
+
+
+def test_prefill_attention_needs_a_positive_scale() -> None:
+    # The kernel's unmasked key blocks take the row max before scaling: right only for a positive scale.
+    assert registry.resolve("prefill_attention", 90, prefill_attention_node(128, scale=-0.1)) is None
+
+
+def silu_mul_node(rows: int) -> torch.fx.Node:
+    gm = make_fx(ops.OPS["silu_mul"], tracing_mode="fake")(torch.randn(rows, 16))
+    return next(n for n in gm.graph.nodes if n.target is ops.OPS["silu_mul"])
+
+
+def test_shape_class_rows() -> None:
+    """A node of a shape class the kernel names takes the (sm, class) row where the table has one, else the
+    SM's row; without a node, or on an SM without such a row, the SM's (or the default) row."""
+    silu_mul = registry._module("silu_mul")
+    many, few = silu_mul_node(silu_mul.MANY_ROWS), silu_mul_node(silu_mul.MANY_ROWS - 1)
+    assert registry.resolve("silu_mul", 90, many).sm == (90, "many_rows")
+    assert registry.resolve("silu_mul", 90, many).config == silu_mul.CONFIGS[(90, "many_rows")]
+    assert registry.resolve("silu_mul", 90, few).sm == 90
+    assert registry.resolve("silu_mul", 90).sm == 90
+    assert registry.resolve("silu_mul", 80, many).sm == 80
+    assert registry.resolve("silu_mul", 120, many).sm == "default"
+    # Elementwise: every row gives the same bits, so invariant numerics keep the SM's row.
+    assert registry.resolve("silu_mul", 90, many, numerics=registry.INVARIANT).sm == 90
+    assert registry.resolve("prefill_attention", 90, prefill_attention_node(256)).sm == (90, "head_dim_256")
+    assert registry.resolve("prefill_attention", 90, prefill_attention_node(128)).sm == 90
+
+
+def test_config_tables_refuse_malformed_shape_class_rows() -> None:
+    from graphspec.kernels.common import check_config_table
+
+    row = {"tile_elems": 512, "num_warps": 4}
+    assert check_config_table({"default": row, 90: row, (90, "many_rows"): row}) == ("tile_elems", "num_warps")
+    for key in ((80, "many_rows"), (90,), (90, 3)):
+        with pytest.raises(ValueError, match="shape-class row"):
+            check_config_table({"default": row, 90: row, key: row})
