@@ -34,7 +34,7 @@ __all__ = ["CONFIGS", "prefill_attention", "prefill_attention_reference", "prefi
 # docs/BENCHMARKS.md); 80 is the usual flash-attention-2 tile, untuned; "default" is small so the
 # interpreter stays quick.
 # (90, "head_dim_256"): Qwen3.5 / Qwen3-Next attention heads, the fastest of the same sweep at 4096 tokens
-# (0.342 ms against 0.472 with the row for 128, 2026-11-27).
+# (0.342 ms against 0.472 with the row for 128; 2026-11-27, docs/results/2026-11-27-prefill-attention-ab).
 CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     80: {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2},
     90: {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3},
@@ -60,17 +60,11 @@ def _attend(
     is read only when MASKED (blocks every query sees whole skip the select)."""
     if UPCAST_DOT:
         k = k.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N], unscaled
-    # Scores in base-2 units (scale * log2(e), positive) so the softmax can use exp2. Unmasked, the row
-    # max is taken before scaling (a positive scale keeps the argmax, and its product rounds the same)
-    # and the scale and the subtraction are one fused multiply-add over the tile.
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N], base-2 units
     if MASKED:
-        scores = tl.where(scores_mask, scores * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        scores = scores - m_new[:, None]
-    else:
-        m_new = tl.maximum(m_i, tl.max(scores, 1) * qk_scale)
-        scores = scores * qk_scale - m_new[:, None]
+        scores = tl.where(scores_mask, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    scores = scores - m_new[:, None]
     p = tl.exp2(scores)
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -261,8 +255,6 @@ def prefill_attention(
             f"prefill_attention kernel: k/v must be {kv_shape} {q.dtype}, got {tuple(k.shape)} {k.dtype}, "
             f"{tuple(v.shape)} {v.dtype}"
         )
-    if not scale > 0:  # the unmasked blocks take the row max before scaling, which a positive scale keeps
-        raise ValueError(f"prefill_attention kernel: scale must be positive, got {scale}")
     if block_m % block_n:
         raise ValueError(f"prefill_attention kernel: block_m ({block_m}) must be a multiple of block_n ({block_n})")
     if head_dim & (head_dim - 1) or head_dim < 16:

@@ -26,7 +26,8 @@ __all__ = ["CONFIGS", "shape_class", "silu_mul", "silu_mul_reference", "silu_mul
 # CONFIGS[90] from benchmarks/bench_launch_configs.py on an H200 (2026-11-22): 512 outputs per program
 # took 1.4-1.5 us per launch at I 8192 and 14336, 1-5 rows (1024: 1.6 us). 80 and default are untuned.
 # (90, "many_rows"): prefill chunks of MANY_ROWS rows or more, from `benchmarks/bench_prefill_kernels.py
-# --sweep` on an H200 (4096 x 14336: 2048 outputs per program took 0.108 ms, 512 took 0.118 ms).
+# --sweep` on an H200 (2026-11-27, 466fc1d; 2048 outputs per program against 512: 0.108 against 0.119 ms at
+# 4096 x 14336, 0.018 against 0.021 ms at 512 x 14336).
 CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     80: {"tile_elems": 1024, "num_warps": 4},
     90: {"tile_elems": 512, "num_warps": 4},
@@ -34,7 +35,7 @@ CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     "default": {"tile_elems": 1024, "num_warps": 4},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
-MANY_ROWS = 1024
+MANY_ROWS = 512
 
 
 def shape_class(gate_up: Tensor, *_: object) -> str | None:

@@ -254,11 +254,8 @@ def fits_prefill_attention(node: fx.Node) -> bool:
     if values is None or len(node.args) < 8 or type(node.args[4]) is not int:
         return False
     q, k, v, cache, slot_ids, start_pos = values
-    scale = node.args[7]
     return (
         _attention_fits(q, cache)
-        and isinstance(scale, (int, float))
-        and scale > 0  # the kernel takes unmasked rows' max before scaling
         and q.shape[-1] in _module("prefill_attention").HEAD_DIMS  # narrower than the decode kernel's
         and k.dtype == v.dtype == cache.dtype
         and _kv_write_fits(cache, node.args[4], slot_ids, start_pos, k, v)

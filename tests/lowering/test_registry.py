@@ -193,9 +193,9 @@ def test_cpu_table_resolves_on_cpu_nodes_only() -> None:
     assert registry.resolve("attention", registry.CPU, node) is None
 
 
-def prefill_attention_node(head_dim: int, scale: float | None = None) -> torch.fx.Node:
+def prefill_attention_node(head_dim: int) -> torch.fx.Node:
     def prefill(q, k, v, cache, slot_ids, start_pos):
-        return ops.OPS["prefill_attention"](q, k, v, cache, 1, slot_ids, start_pos, scale or head_dim**-0.5)
+        return ops.OPS["prefill_attention"](q, k, v, cache, 1, slot_ids, start_pos, head_dim**-0.5)
 
     q, k, v = (torch.randn(1, 2, 16, head_dim) for _ in range(3))
     cache = torch.zeros(2, 2, 2, 2, 64, head_dim)
@@ -207,11 +207,6 @@ def prefill_attention_node(head_dim: int, scale: float | None = None) -> torch.f
 def test_prefill_attention_takes_only_the_prefill_kernels_head_dims(head_dim: int, lowered: bool) -> None:
     # Heads of 64, 128 and 256 (the hybrid families') lower; others keep the reference.
     assert (registry.resolve("prefill_attention", 90, prefill_attention_node(head_dim)) is not None) is lowered
-
-
-def test_prefill_attention_needs_a_positive_scale() -> None:
-    # The kernel's unmasked key blocks take the row max before scaling: right only for a positive scale.
-    assert registry.resolve("prefill_attention", 90, prefill_attention_node(128, scale=-0.1)) is None
 
 
 def silu_mul_node(rows: int) -> torch.fx.Node:
