@@ -322,11 +322,13 @@ def rotary_kv_attention_reference(
     q_norm: Tensor | None = None,
     k_norm: Tensor | None = None,
     norm_eps: float = 1e-6,
+    causal: bool = True,
 ) -> Tensor:
-    # Exactly [rms_norm of q and k,] rotary_kv_write, then attention: bit-identical to those ops.
+    # Exactly [rms_norm of q and k,] rotary_kv_write, then attention (block_attention when not causal):
+    # bit-identical to those ops.
     q, k = qk_norm_reference(q, k, q_norm, k_norm, norm_eps)
     q_rot = rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos)
-    return attention_reference(q_rot, cache, layer, slot_ids, start_pos, scale).contiguous()
+    return attention_reference(q_rot, cache, layer, slot_ids, start_pos, scale, causal).contiguous()
 
 
 @library.op("graphspec::rotary_kv_attention", mutates_args=("cache",))
@@ -344,19 +346,22 @@ def rotary_kv_attention(
     q_norm: Tensor | None = None,
     k_norm: Tensor | None = None,
     norm_eps: float = 1e-6,
+    causal: bool = True,
 ) -> Tensor:
     """rotary_kv_write (rotary of q and k, the rotated k and v written into the cache) followed by
     attention of the rotated q, as one op: returns attention's [B, T, Hq, D]; neither rotated tensor
     exists outside the op. Shapes as in rotary_kv_write and attention. The fuse_kv_attention pass makes
     it from the pair, so one kernel launch does both. With q_norm and k_norm ([D] weights; Qwen3's
-    per-head norms) q and k are first rms_norm'ed over the head dim (fuse_qk_norm folds them in)."""
+    per-head norms) q and k are first rms_norm'ed over the head dim (fuse_qk_norm folds them in).
+    causal=False: the attention is block_attention's (DFlash's block, no causal mask inside it)."""
     return rotary_kv_attention_reference(
-        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps
+        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal
     )
 
 
 @torch.library.register_fake("graphspec::rotary_kv_attention")
-def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm=None, k_norm=None, norm_eps=1e-6):
+def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm=None, k_norm=None, norm_eps=1e-6,
+      causal=True):  # fmt: skip
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))
 

@@ -140,7 +140,8 @@ def speculate(
     target_names = target_state_names(target)
     drafter_state = {name: value for name, value in state.items() if name not in target_names}
     with region("draft"):
-        proposal = drafter.propose(draft_params, StepView(inputs, k, pick), drafter_state)
+        pick_all = ops.argmax if greedy_draft else None  # [B, K, V] -> [B, K] in one launch
+        proposal = drafter.propose(draft_params, StepView(inputs, k, pick, pick_all), drafter_state)
         draft_tokens = proposal.tokens  # [B, K]
         draft_logits = proposal.logits
         if draft_logits is None:  # deterministic drafts: q is one-hot (only rejection sampling reads it)

@@ -8,6 +8,7 @@ a few kilobytes of work; this removes it. The key loop and every rounding are th
 then attention, so the result is the same bits (tests/kernels/test_rotary_kv_attention.py). With
 q_norm/k_norm (fuse_qk_norm) each head of q and of the step's k is rms_norm'ed in registers first,
 which removes two more launches per layer and forward for models with per-head norms (Qwen3).
+causal=False is block_attention's window (DFlash's block): the kernel's CAUSAL constexpr off.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def rotary_kv_attention(
     q_norm: Tensor | None = None,
     k_norm: Tensor | None = None,
     norm_eps: float = 1e-6,
+    causal: bool = True,
     **config: int,
 ) -> Tensor:
     """Same result as graphspec.ops.rotary_kv_attention_reference (cache written in place; with q_norm
@@ -50,8 +52,9 @@ def rotary_kv_attention(
     config = {**CONFIGS["default"], **config}
     qk_norm = None if q_norm is None else (q_norm, k_norm, norm_eps)
     return attention_kernel.attention(
-        q, cache, layer, slot_ids, start_pos, scale, **config, rotary=(k, v, cos, sin), qk_norm=qk_norm
-    )
+        q, cache, layer, slot_ids, start_pos, scale, **config, rotary=(k, v, cos, sin), qk_norm=qk_norm,
+        causal=causal,
+    )  # fmt: skip
 
 
 @library.op("graphspec::rotary_kv_attention_triton", mutates_args=("cache",))
@@ -69,6 +72,7 @@ def rotary_kv_attention_triton(
     q_norm: Tensor | None,
     k_norm: Tensor | None,
     norm_eps: float,
+    causal: bool,
     block_n: int,
     num_warps: int,
     num_stages: int,
@@ -78,13 +82,13 @@ def rotary_kv_attention_triton(
 ) -> Tensor:
     """graphspec::rotary_kv_attention lowered to attention_kernel; the trailing ints are CONFIG_FIELDS."""
     return rotary_kv_attention(
-        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps,
+        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal,
         block_n=block_n, num_warps=num_warps, num_stages=num_stages, programs_per_sm=programs_per_sm,
         block_m=block_m, split_keys=split_keys,
     )  # fmt: skip
 
 
 @torch.library.register_fake("graphspec::rotary_kv_attention_triton")
-def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, *config):
+def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal, *config):
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))

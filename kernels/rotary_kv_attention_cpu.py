@@ -80,9 +80,15 @@ def rotary_kv_attention(
     q_norm: Tensor | None = None,
     k_norm: Tensor | None = None,
     norm_eps: float = 1e-6,
+    causal: bool = True,
 ) -> Tensor:
     """Same result as rotary_kv_attention_reference: the cache gets the same bits, the attention
-    output matches to fp32 rounding."""
+    output matches to fp32 rounding. The registry lowers causal nodes only; a block (causal=False) runs
+    the reference."""
+    if not causal:
+        return rotary_kv_attention_reference(
+            q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal
+        )
     q, k = qk_norm_reference(q, k, q_norm, k_norm, norm_eps)  # the reference's own steps up to the cache write
     q_rot, k_rot = rotary_reference(q, k, cos, sin)  # [B, Hq, T, D], [B, Hkv, T, D]
     return kv_attention_cpu(q_rot, k_rot, v, cache, layer, slot_ids, start_pos, scale)

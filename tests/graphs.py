@@ -13,6 +13,7 @@ from graphspec import trace
 KV_UPDATE = torch.ops.graphspec.kv_update.default
 KV_WRITE = torch.ops.graphspec.kv_write.default
 ATTENTION = torch.ops.graphspec.attention.default
+BLOCK_ATTENTION = torch.ops.graphspec.block_attention.default
 ROTARY = torch.ops.graphspec.rotary.default
 ROTARY_KV_WRITE = torch.ops.graphspec.rotary_kv_write.default
 ROTARY_KV_ATTENTION = torch.ops.graphspec.rotary_kv_attention.default
@@ -121,19 +122,21 @@ def kv_chain_inputs(layers: int = 2) -> list[torch.Tensor]:
 
 
 def rotary_kv_chain(
-    regions: tuple[str, ...] = ("draft", "verify"), fused: bool = False, fused_attention: bool = False
-) -> fx.GraphModule:
+    regions: tuple[str, ...] = ("draft", "verify"), fused: bool = False, fused_attention: bool = False,
+    block: bool = False,
+) -> fx.GraphModule:  # fmt: skip
     """One layer per entry of `regions`: rotary -> kv_write of the rotated k -> attention of the rotated q
     on one in-place cache, the per-layer pattern of a step after defunctionalize_kv, each layer's ops
     tagged with its region. With fused=True, the form fuse_rotary_kv must produce; with fused_attention
-    also, the form fuse_kv_attention makes of that. Outputs: every layer's attention, then the cache."""
+    also, the form fuse_kv_attention makes of that. block=True: block_attention (DFlash's non-causal
+    block) instead of attention. Outputs: every layer's attention, then the cache."""
     graph = fx.Graph()
     names = ("q", "k", "v", "cos", "sin", "cache", "slot_ids", "start_pos")
     q, k, v, cos, sin, cache, slots, start = (graph.placeholder(name) for name in names)
     outs = []
     for layer, region in enumerate(regions):
         if fused_attention:
-            args = (q, k, v, cos, sin, cache, layer, slots, start, 0.5)
+            args = (q, k, v, cos, sin, cache, layer, slots, start, 0.5) + ((None, None, 1e-6, False) if block else ())
             node = graph.call_function(ROTARY_KV_ATTENTION, args)
             node.meta["gs_region"] = region
             outs.append(node)
@@ -146,7 +149,8 @@ def rotary_kv_chain(
             q_rot = graph.call_function(operator.getitem, (rotated, 0))
             k_rot = graph.call_function(operator.getitem, (rotated, 1))
             nodes = [rotated, q_rot, k_rot, graph.call_function(KV_WRITE, (cache, layer, slots, start, k_rot, v))]
-        nodes.append(graph.call_function(ATTENTION, (q_rot, cache, layer, slots, start, 0.5)))
+        attend = BLOCK_ATTENTION if block else ATTENTION
+        nodes.append(graph.call_function(attend, (q_rot, cache, layer, slots, start, 0.5)))
         for node in nodes:
             node.meta["gs_region"] = region
         outs.append(nodes[-1])

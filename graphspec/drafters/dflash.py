@@ -453,7 +453,7 @@ class DFlash(Drafter):
             logits = F.linear(masks, head_weight)  # [B, K, V]
         else:
             logits = hot_logits(masks, params, self.head.spec.vocab_size)  # [B, K, V], -inf off the map
-        drafts = torch.stack([step.pick(logits[:, index], index) for index in range(k)], dim=1)
+        drafts = step.pick_positions(logits)  # [B, K]
         kept = {name: state[name] for name in ("dflash_features", "dflash_start")}
         return Proposal(drafts, {"dflash_cache": cache, **kept}, logits)
 

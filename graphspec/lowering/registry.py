@@ -233,7 +233,10 @@ def fits_rotary_kv_attention(node: fx.Node) -> bool:
     if values is None or len(node.args) < 10 or type(node.args[6]) is not int:
         return False
     q, k, v, cos, sin, cache, slot_ids, start_pos = values
-    # Optional per-head norm weights (args 10, 11; fuse_qk_norm): both or neither, [D] contiguous, q's dtype.
+    # Optional per-head norm weights (args 10, 11; fuse_qk_norm): both or neither, [D] contiguous, q's dtype;
+    # arg 13, causal, a plain bool.
+    if len(node.args) > 13 and not isinstance(node.args[13], bool):
+        return False
     norms = [arg for arg in node.args[10:12] if arg is not None]
     weights = _vals_at(node, range(10, 10 + len(norms))) if norms else []
     return (
@@ -472,9 +475,11 @@ def _attention_cpu_fits(q: torch.Tensor, cache: torch.Tensor) -> bool:
 
 
 def fits_rotary_kv_attention_cpu(node: fx.Node) -> bool:
-    # The rotary and the cache write are the reference's own code; only the attention part is new.
+    # The rotary and the cache write are the reference's own code; only the attention part is new, and
+    # causal only (a DFlash block, causal=False, keeps the reference).
     values = _vals_at(node, (0, 5))
-    return values is not None and len(node.args) >= 10 and _attention_cpu_fits(*values)
+    causal = node.args[13] if len(node.args) > 13 else node.kwargs.get("causal", True)
+    return values is not None and len(node.args) >= 10 and causal is True and _attention_cpu_fits(*values)
 
 
 def fits_prefill_attention_cpu(node: fx.Node) -> bool:

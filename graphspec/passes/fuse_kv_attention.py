@@ -2,9 +2,11 @@
 
 Input:  an in-place graph (after fuse_rotary_kv) in which q_rot = graphspec::rotary_kv_write(q, k, v, cos,
         sin, cache, layer, slot_ids, start_pos) is read only by graphspec::attention(q_rot, cache, layer,
-        slot_ids, start_pos, scale) of the same cache, layer, slots and start positions.
+        slot_ids, start_pos, scale), or graphspec::block_attention (DFlash's block), of the same cache,
+        layer, slots and start positions.
 Output: each such pair is one graphspec::rotary_kv_attention(q, k, v, cos, sin, cache, layer, slot_ids,
-        start_pos, scale) at the attention's position, in its region; other pairs stay as they were.
+        start_pos, scale) at the attention's position, in its region (with causal=False for a
+        block_attention); other pairs stay as they were.
         Same results bit for bit (graphspec/INVARIANTS.md): the op's reference is the pair, and its
         kernel takes the same key blocks in the same order as the two launches it replaces.
 
@@ -30,7 +32,9 @@ NAME = "fuse_kv_attention"
 
 ROTARY_KV_WRITE = torch.ops.graphspec.rotary_kv_write.default
 ATTENTION = torch.ops.graphspec.attention.default
+BLOCK_ATTENTION = torch.ops.graphspec.block_attention.default
 FUSED = torch.ops.graphspec.rotary_kv_attention.default
+NO_NORMS = (None, None, 1e-6)  # rotary_kv_attention's q_norm, k_norm, norm_eps defaults, before `causal`
 
 
 def fusable(write: fx.Node, attention: fx.Node) -> bool:
@@ -49,7 +53,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     fused, kept = 0, 0
     for write in list(graph.find_nodes(op="call_function", target=ROTARY_KV_WRITE)):
         users = list(write.users)
-        if len(users) != 1 or users[0].target is not ATTENTION:
+        if len(users) != 1 or users[0].target not in (ATTENTION, BLOCK_ATTENTION):
             continue  # the rotated q goes elsewhere (or nowhere): not the pattern
         attention = users[0]
         if not fusable(write, attention):
@@ -57,8 +61,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
             continue
         q, k, v, cos, sin, cache, layer, slot_ids, start_pos = positional_args(write)
         scale = positional_args(attention)[5]
+        args = (q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale)
+        if attention.target is BLOCK_ATTENTION:
+            args += (*NO_NORMS, False)  # causal=False
         with graph.inserting_before(attention):
-            node = graph.call_function(FUSED, (q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale))
+            node = graph.call_function(FUSED, args)
         tag([node], NAME, region_for(attention))
         node.meta["val"] = attention.meta.get("val")
         attention.replace_all_uses_with(node)

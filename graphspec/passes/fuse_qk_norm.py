@@ -65,7 +65,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         for transpose, norm, x, _ in (q, k):
             transpose.replace_input_with(norm, x)
             tag([transpose], NAME)
-        op.args = (*args[:10], positional_args(q[1])[1], positional_args(k[1])[1], q[3])
+        # The node's own arguments past the norms (causal, when given) stay as they are.
+        op.args = (*args[:10], positional_args(q[1])[1], positional_args(k[1])[1], q[3], *op.args[13:])
         op.kwargs = {}
         tag([op], NAME)
         graph.erase_node(q[1])

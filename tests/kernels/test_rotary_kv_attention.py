@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graphspec.kernels import attention, rms_norm, rotary_kv_write
+from graphspec.kernels import attention, block_attention, rms_norm, rotary_kv_write
 from graphspec.kernels import rotary_kv_attention as kernel
 from torch.library import opcheck
 
@@ -38,20 +38,25 @@ def make_case(batch: int, q_heads: int, kv_heads: int, t: int, seq: int, head_di
     return tuple(inputs), cache, slot_ids, start_pos
 
 
-def unfused(inputs, cache, layer, slot_ids, start_pos, scale, config):
-    """rotary_kv_write's kernel, then attention's: what the fused launch must reproduce."""
+def unfused(inputs, cache, layer, slot_ids, start_pos, scale, config, causal=True):
+    """rotary_kv_write's kernel, then attention's (block_attention's when not causal): what the fused
+    launch must reproduce."""
     q, k, v, cos, sin = inputs
     write_config = rotary_kv_write.CONFIGS["default"]
     q_rot = rotary_kv_write.rotary_kv_write(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, **write_config)
+    if not causal:
+        return block_attention.block_attention(q_rot, cache, layer, slot_ids, start_pos, scale, **config)
     return attention.attention(q_rot, cache, layer, slot_ids, start_pos, scale, **config)
 
 
-def assert_same_as_unfused(inputs, cache, layer, slot_ids, start_pos, scale, **config: int) -> torch.Tensor:
+def assert_same_as_unfused(
+    inputs, cache, layer, slot_ids, start_pos, scale, causal: bool = True, **config: int
+) -> torch.Tensor:
     config = {**kernel.CONFIGS["default"], **config}
     expected_cache = cache.clone()
-    expected = unfused(inputs, expected_cache, layer, slot_ids, start_pos, scale, config)
+    expected = unfused(inputs, expected_cache, layer, slot_ids, start_pos, scale, config, causal)
     poison_allocator()
-    out = kernel.rotary_kv_attention(*inputs, cache, layer, slot_ids, start_pos, scale, **config)
+    out = kernel.rotary_kv_attention(*inputs, cache, layer, slot_ids, start_pos, scale, causal=causal, **config)
     assert out.shape == expected.shape and out.is_contiguous()
     assert torch.equal(bits(out), bits(expected))
     assert torch.equal(bits(cache), bits(expected_cache))
@@ -66,11 +71,18 @@ CASES = [  # dtype, GQA group, head dim
 ]
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize(("dtype", "group", "head_dim"), CASES)
-def test_fused_launch_equals_rotary_kv_write_then_attention(dtype: torch.dtype, group: int, head_dim: int) -> None:
-    """Three rows: the step's keys at the very start of the cache, at its very end, and in between."""
+def test_fused_launch_equals_rotary_kv_write_then_attention(
+    dtype: torch.dtype, group: int, head_dim: int, causal: bool
+) -> None:
+    """Three rows: the step's keys at the very start of the cache, at its very end, and in between.
+    causal=False: the pair is rotary_kv_write then block_attention (DFlash's block)."""
     inputs, cache, slot_ids, start_pos = make_case(3, 2 * group, 2, 3, 40, head_dim, dtype, seed=group)
-    assert_same_as_unfused(inputs, cache, 1, slot_ids, start_pos, head_dim**-0.5)
+    out = assert_same_as_unfused(inputs, cache, 1, slot_ids, start_pos, head_dim**-0.5, causal)
+    if not causal:  # the block's window: its first query sees the block's later keys
+        causal_out = assert_same_as_unfused(inputs, cache.clone(), 1, slot_ids, start_pos, head_dim**-0.5)
+        assert not torch.equal(out, causal_out)
 
 
 @pytest.mark.parametrize("programs_per_sm", [0, 3, 64])
@@ -172,8 +184,9 @@ def test_rotary_kv_attention_triton_opcheck() -> None:
     """The op's schema says it mutates `cache` and only that, and its fake matches."""
     inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 3, 32, 64, torch.bfloat16, seed=11)
     config = tuple(kernel.CONFIGS["default"].values())
-    args = (*inputs, cache, 1, slot_ids, start_pos, 0.125, None, None, 1e-6, *config)
-    opcheck(torch.ops.graphspec.rotary_kv_attention_triton, args)
+    for causal in (True, False):
+        args = (*inputs, cache, 1, slot_ids, start_pos, 0.125, None, None, 1e-6, causal, *config)
+        opcheck(torch.ops.graphspec.rotary_kv_attention_triton, args)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -194,7 +207,7 @@ def test_fused_launch_replays_in_cuda_graph_gpu() -> None:
     inputs, cache, slot_ids, start_pos = make_case(2, 32, 8, 5, 2048, 128, torch.bfloat16, seed=1)
     config = tuple(kernel.CONFIGS[90].values())
     op = torch.ops.graphspec.rotary_kv_attention_triton
-    config = (None, None, 1e-6, *config)  # no q/k norms, then CONFIG_FIELDS
+    config = (None, None, 1e-6, True, *config)  # no q/k norms, causal, then CONFIG_FIELDS
     op(*inputs, cache.clone(), 1, slot_ids, start_pos, 0.088, *config)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     captured_cache = cache.clone()
@@ -226,5 +239,27 @@ def test_qk_norm_real_shapes_gpu(q_heads: int, batch: int) -> None:
         q_normed, k_normed, v, cos, sin, expected_cache, 1, slot_ids, start_pos, 0.088, **config
     )
     out = kernel.rotary_kv_attention(*inputs, cache, 1, slot_ids, start_pos, 0.088, q_weight, k_weight, 1e-6, **config)
+    assert_rounding_equal(cache, expected_cache)
+    assert rel_error(out, expected) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 4])
+def test_dflash_block_with_qk_norm_real_shapes_gpu(batch: int) -> None:
+    """A DFlash block of 8 at Qwen3-8B heads (32/8 x 128) with its per-head norms, non-causal: against
+    rms_norm's kernel, rotary_kv_write's and block_attention's launches, to rms_norm's fp32 rounding."""
+    inputs, cache, slot_ids, start_pos = make_case(batch, 32, 8, 8, 2048, 128, torch.bfloat16, seed=20 + batch)
+    start_pos[-1] = 511
+    q_weight, k_weight = norm_weights(128, torch.bfloat16, seed=batch)
+    q, k, v, cos, sin = inputs
+    config = dict(kernel.CONFIGS[90])
+    q_normed = rms_norm.rms_norm(q, q_weight, 1e-6).transpose(1, 2).contiguous().transpose(1, 2)
+    k_normed = rms_norm.rms_norm(k, k_weight, 1e-6)
+    expected_cache = cache.clone()
+    normed = (q_normed, k_normed, v, cos, sin)
+    expected = unfused(normed, expected_cache, 1, slot_ids, start_pos, 0.088, config, causal=False)
+    out = kernel.rotary_kv_attention(
+        *inputs, cache, 1, slot_ids, start_pos, 0.088, q_weight, k_weight, 1e-6, causal=False, **config
+    )
     assert_rounding_equal(cache, expected_cache)
     assert rel_error(out, expected) < TOLERANCE[torch.bfloat16]

@@ -310,8 +310,9 @@ def test_cpu_lowered_graph_matches_reference_graph_fp32() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU step case: its kernels run under the interpreter")
 def test_dflash_step_lowers_block_attention_and_matches_unlowered(checkpoint_factory, tmp_path) -> None:
-    """A DFlash step at head dim 64: each drafter layer's non-causal block attention becomes
-    graphspec::block_attention_triton, and the lowered step's tokens equal the unlowered step's."""
+    """A DFlash step at head dim 64: each drafter layer's non-causal block attention (with its per-head
+    norms, rotary and cache write: fuse_kv_attention, fuse_qk_norm) becomes one non-causal
+    graphspec::rotary_kv_attention_triton, and the lowered step's tokens equal the unlowered step's."""
     from graphspec import pipeline, trace
     from graphspec.drafters.dflash import DFlash
     from graphspec.models import load_model
@@ -334,8 +335,11 @@ def test_dflash_step_lowers_block_attention_and_matches_unlowered(checkpoint_fac
     gm, _ = trace.trace_step(target.model, drafter, k, "greedy", inputs)
     forced = PassContext(k=k, batch=2, mode="greedy", sm=None, scratch_slot=2, options={"force_sm": 90})
     lowered = pipeline.run_pipeline(gm, forced, stop_after="lower_kernels").gm
-    kernels = [n for n in lowered.graph.nodes if n.target == torch.ops.graphspec.block_attention_triton.default]
-    assert len(kernels) == 2  # one per drafter layer
+    fused = [n for n in lowered.graph.nodes if n.target == torch.ops.graphspec.rotary_kv_attention_triton.default]
+    blocks = [n for n in fused if n.args[13] is False]
+    assert len(blocks) == 2  # one per drafter layer
+    assert all(n.args[10] is not None for n in blocks)  # the Qwen3 drafter's q/k norms folded in
+    assert not [n for n in lowered.graph.nodes if n.target == torch.ops.graphspec.block_attention_triton.default]
     params = [*trace.model_inputs(target.model).values(), *drafter.params().values()]
     results = []
     for graph in (reference, lowered):

@@ -9,6 +9,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
 from graphspec.lowering import registry
+from tests import graphs
 from tests.lowering.hot_ops import hot_inputs, traced
 
 REQUIRED_SMS = (80, 90, "default")
@@ -207,6 +208,22 @@ def prefill_attention_node(head_dim: int) -> torch.fx.Node:
 def test_prefill_attention_takes_only_the_prefill_kernels_head_dims(head_dim: int, lowered: bool) -> None:
     # Heads of 64, 128 and 256 (the hybrid families') lower; others keep the reference.
     assert (registry.resolve("prefill_attention", 90, prefill_attention_node(head_dim)) is not None) is lowered
+
+
+def test_cpu_table_keeps_the_reference_for_a_non_causal_rotary_kv_attention() -> None:
+    """The CPU row loop is causal only: a DFlash block's fused op (causal=False) keeps the reference."""
+    q, k, v, cos, sin, cache, slots, start = graphs.rotary_kv_chain_inputs(torch.float32)
+
+    def fused(causal: bool):
+        def call(q, k, v, cos, sin, cache, slots, start):
+            return ops.rotary_kv_attention(q, k, v, cos, sin, cache, 1, slots, start, 0.3, None, None, 1e-6, causal)
+
+        return call
+
+    for causal, lowered in ((True, True), (False, False)):
+        gm = make_fx(fused(causal), tracing_mode="fake")(q, k, v, cos, sin, cache, slots, start)
+        node = next(n for n in gm.graph.nodes if n.target is ops.OPS["rotary_kv_attention"])
+        assert (registry.resolve("rotary_kv_attention", registry.CPU, node) is not None) is lowered
 
 
 def silu_mul_node(rows: int) -> torch.fx.Node:

@@ -27,6 +27,13 @@ def test_write_and_its_attention_become_one_op():
     graphs.assert_graph_equal(result.gm, graphs.rotary_kv_chain(fused_attention=True))
 
 
+def test_write_and_its_block_attention_become_one_non_causal_op():
+    """DFlash's block: rotary_kv_write + block_attention is rotary_kv_attention with causal=False."""
+    result = fuse_kv_attention.run(graphs.rotary_kv_chain(fused=True, block=True), CTX)
+    assert result.changed and result.stats == {"fused": 2, "kept": 0}
+    graphs.assert_graph_equal(result.gm, graphs.rotary_kv_chain(fused_attention=True, block=True))
+
+
 def test_fused_op_takes_the_region_of_the_attention():
     gm = fuse_kv_attention.run(fused_input(regions=("draft", "verify")), CTX).gm
     fused = nodes_of(gm, graphs.ROTARY_KV_ATTENTION)
@@ -79,13 +86,14 @@ def test_nothing_to_do_without_rotary_kv_write():
     assert not result.changed and result.stats == {"fused": 0, "kept": 0} and result.note
 
 
+@pytest.mark.parametrize("block", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_graph_computes_the_same_bits(dtype: torch.dtype):
+def test_fused_graph_computes_the_same_bits(dtype: torch.dtype, block: bool):
     """Attention outputs and the cache the graph writes are bit-identical before and after the pass."""
     inputs = graphs.rotary_kv_chain_inputs(dtype)
     expected_inputs = [x.clone() for x in inputs]
-    expected = fused_input()(*expected_inputs)
-    gm = fuse_kv_attention.run(fused_input(), CTX).gm
+    expected = graphs.rotary_kv_chain(fused=True, block=block)(*expected_inputs)
+    gm = fuse_kv_attention.run(graphs.rotary_kv_chain(fused=True, block=block), CTX).gm
     got_inputs = [x.clone() for x in inputs]
     got = gm(*got_inputs)
     for g, e in zip(got, expected, strict=True):
@@ -96,14 +104,17 @@ def test_fused_graph_computes_the_same_bits(dtype: torch.dtype):
     assert torch.equal(got_inputs[cache], expected_inputs[cache])
 
 
-def test_reference_op_is_rotary_kv_write_then_attention():
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_op_is_rotary_kv_write_then_attention(causal: bool):
     q, k, v, cos, sin, cache, slots, start = graphs.rotary_kv_chain_inputs(torch.bfloat16)
     pair_cache, fused_cache = cache.clone(), cache.clone()
     q_rot = ops.rotary_kv_write(q, k, v, cos, sin, pair_cache, 1, slots, start)
-    expected = ops.attention(q_rot, pair_cache, 1, slots, start, 0.3)
-    out = ops.rotary_kv_attention(q, k, v, cos, sin, fused_cache, 1, slots, start, 0.3)
+    expected = (ops.attention if causal else ops.block_attention)(q_rot, pair_cache, 1, slots, start, 0.3)
+    out = ops.rotary_kv_attention(q, k, v, cos, sin, fused_cache, 1, slots, start, 0.3, causal=causal)
     assert out.is_contiguous() and torch.equal(out, expected)
     assert torch.equal(fused_cache, pair_cache)
+    if not causal:  # the block's queries see keys past their own position: not the causal result
+        assert not torch.equal(out, ops.attention(q_rot, pair_cache.clone(), 1, slots, start, 0.3))
 
 
 @pytest.mark.parametrize("mode", ["greedy", "sample"])

@@ -14,18 +14,20 @@ TRANSPOSE = torch.ops.aten.transpose.int
 NAMES = ("q", "k", "v", "cos", "sin", "cache", "slot_ids", "start_pos", "q_weight", "k_weight")
 
 
-def chain(folded: bool = False, k_eps: float = 1e-6) -> fx.GraphModule:
+def chain(folded: bool = False, k_eps: float = 1e-6, causal: bool = True) -> fx.GraphModule:
     """q, k, v [B, T, H, D] as the decoder has them before its transposes; per-head norms of q and k,
-    the transposes, one rotary_kv_attention. folded=True: what fuse_qk_norm must make of it."""
+    the transposes, one rotary_kv_attention (causal=False: a DFlash block's, as fuse_kv_attention makes
+    it). folded=True: what fuse_qk_norm must make of it."""
     graph = fx.Graph()
     q, k, v, cos, sin, cache, slots, start, q_weight, k_weight = (graph.placeholder(name) for name in NAMES)
     if not folded:
         q = graph.call_function(RMS_NORM, (q, q_weight, 1e-6))
         k = graph.call_function(RMS_NORM, (k, k_weight, k_eps))
     q_t, k_t, v_t = (graph.call_function(TRANSPOSE, (x, 1, 2)) for x in (q, k, v))
-    norms = (q_weight, k_weight, 1e-6) if folded else ()
+    norms = (q_weight, k_weight, 1e-6) if folded else (None, None, 1e-6) if not causal else ()
+    window = () if causal else (False,)
     out = graph.call_function(
-        graphs.ROTARY_KV_ATTENTION, (q_t, k_t, v_t, cos, sin, cache, 1, slots, start, 0.3, *norms)
+        graphs.ROTARY_KV_ATTENTION, (q_t, k_t, v_t, cos, sin, cache, 1, slots, start, 0.3, *norms, *window)
     )
     graph.output((out, cache))
     return fx.GraphModule(torch.nn.Module(), graph)
@@ -39,10 +41,11 @@ def chain_inputs(dtype: torch.dtype) -> list[torch.Tensor]:
     return [q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), cos, sin, cache, slots, start, *weights]
 
 
-def test_norms_become_arguments_of_the_fused_op():
-    result = fuse_qk_norm.run(chain(), CTX)
+@pytest.mark.parametrize("causal", [True, False])
+def test_norms_become_arguments_of_the_fused_op(causal: bool):
+    result = fuse_qk_norm.run(chain(causal=causal), CTX)
     assert result.changed and result.stats == {"folded": 1, "kept": 0}
-    graphs.assert_graph_equal(result.gm, chain(folded=True))
+    graphs.assert_graph_equal(result.gm, chain(folded=True, causal=causal))  # a block keeps causal=False
 
 
 def test_norm_with_another_user_is_left_alone():
@@ -67,12 +70,13 @@ def test_nothing_to_do_without_norms():
     assert not result.changed and result.stats == {"folded": 0, "kept": 0} and result.note
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_folded_graph_computes_the_same_bits(dtype: torch.dtype):
+def test_folded_graph_computes_the_same_bits(dtype: torch.dtype, causal: bool):
     inputs = chain_inputs(dtype)
     expected_inputs, got_inputs = [x.clone() for x in inputs], [x.clone() for x in inputs]
-    expected = chain()(*expected_inputs)
-    got = fuse_qk_norm.run(chain(), CTX).gm(*got_inputs)
+    expected = chain(causal=causal)(*expected_inputs)
+    got = fuse_qk_norm.run(chain(causal=causal), CTX).gm(*got_inputs)
     assert torch.equal(got[0], expected[0])
     assert torch.equal(got_inputs[5], expected_inputs[5]) and not torch.equal(got_inputs[5], inputs[5])
 
