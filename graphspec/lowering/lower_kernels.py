@@ -99,7 +99,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         node.kwargs = {}
         node.target = entry.kernel
         node.meta["gs_pass"] = NAME
-        node.meta["gs_kernel"] = {"kernel": entry.name, "sm": entry.sm, "config": dict(entry.config)}
+        node.meta["gs_kernel"] = {"kernel": entry.name, "sm": entry.row, "config": dict(entry.config)}
         lowered += 1
     stats = {"lowered": lowered, "fallback": fallback}
     if ctx.numerics == registry.INVARIANT:

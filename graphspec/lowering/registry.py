@@ -534,6 +534,11 @@ class KernelEntry:
         return self.kernel._schema.name  # graphspec::<op>_triton, or graphspec::<op>_cpu
 
     @property
+    def row(self) -> int | str:
+        """The config row's key as dumps and kernels.json show it: 90, "default", or "90:many_rows"."""
+        return ":".join(map(str, self.sm)) if isinstance(self.sm, tuple) else self.sm
+
+    @property
     def config_args(self) -> tuple[int, ...]:
         """The config as the kernel op's trailing arguments (CONFIGS key order)."""
         return tuple(self.config.values())
@@ -573,11 +578,10 @@ def resolve(
     op: str, sm: int | str | None, node: fx.Node | None = None, numerics: str = "default"
 ) -> KernelEntry | None:
     """The kernel for `op` on `sm`: the exact SM's config (its row for the node's shape class, if any),
-    else the "default" config; None (keep the
-    reference) when the op has no kernel, there is no GPU (sm None), the SM is older than MIN_SM, or
-    `node` is given and its shapes/dtypes do not fit the kernel. sm "cpu" looks in the CPU table.
-    numerics="invariant": the op's "invariant" config row, else its SM's row if ROW_INVARIANT, else
-    None; by default INVARIANT_ONLY ops keep their reference."""
+    else the "default" config; None (keep the reference) when the op has no kernel, there is no GPU
+    (sm None), the SM is older than MIN_SM, or `node` is given and its shapes/dtypes do not fit the
+    kernel. sm "cpu" looks in the CPU table. numerics="invariant": the op's "invariant" config row, else
+    its SM's row if ROW_INVARIANT, else None; by default INVARIANT_ONLY ops keep their reference."""
     if sm == CPU:
         entry = _cpu_entry(op) if op in CPU_KERNELS else None
         return None if entry is None or (node is not None and not entry.fits(node)) else entry

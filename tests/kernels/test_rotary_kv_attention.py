@@ -223,11 +223,15 @@ def test_fused_launch_replays_in_cuda_graph_gpu() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("q_heads", "batch"), [(32, 1), (16, 1), (32, 8)])
-def test_qk_norm_real_shapes_gpu(q_heads: int, batch: int) -> None:
-    """Qwen3-8B (32/8 heads) and 0.6B (16/8) shapes, D 128, T 5: against rms_norm's kernel then the fused
-    launch, to rms_norm's fp32 rounding."""
-    inputs, cache, slot_ids, start_pos = make_case(batch, q_heads, 8, 5, 2048, 128, torch.bfloat16, seed=q_heads)
+@pytest.mark.parametrize(
+    ("q_heads", "batch", "t", "causal"),
+    [(32, 1, 5, True), (16, 1, 5, True), (32, 8, 5, True), (32, 1, 8, False), (32, 4, 8, False)],
+)
+def test_qk_norm_real_shapes_gpu(q_heads: int, batch: int, t: int, causal: bool) -> None:
+    """Qwen3-8B (32/8 heads) and 0.6B (16/8) shapes, D 128: a verify of 5 and a DFlash block of 8 (causal=False),
+    against rms_norm's kernel, then rotary_kv_write's and the attention's (block_attention's) launches, to
+    rms_norm's fp32 rounding."""
+    inputs, cache, slot_ids, start_pos = make_case(batch, q_heads, 8, t, 2048, 128, torch.bfloat16, seed=q_heads + t)
     start_pos[-1] = 511
     q_weight, k_weight = norm_weights(128, torch.bfloat16, seed=q_heads)
     q, k, v, cos, sin = inputs
@@ -235,31 +239,10 @@ def test_qk_norm_real_shapes_gpu(q_heads: int, batch: int) -> None:
     q_normed = rms_norm.rms_norm(q, q_weight, 1e-6).transpose(1, 2).contiguous().transpose(1, 2)
     k_normed = rms_norm.rms_norm(k, k_weight, 1e-6)
     expected_cache = cache.clone()
-    expected = kernel.rotary_kv_attention(
-        q_normed, k_normed, v, cos, sin, expected_cache, 1, slot_ids, start_pos, 0.088, **config
-    )
-    out = kernel.rotary_kv_attention(*inputs, cache, 1, slot_ids, start_pos, 0.088, q_weight, k_weight, 1e-6, **config)
-    assert_rounding_equal(cache, expected_cache)
-    assert rel_error(out, expected) < TOLERANCE[torch.bfloat16]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("batch", [1, 4])
-def test_dflash_block_with_qk_norm_real_shapes_gpu(batch: int) -> None:
-    """A DFlash block of 8 at Qwen3-8B heads (32/8 x 128) with its per-head norms, non-causal: against
-    rms_norm's kernel, rotary_kv_write's and block_attention's launches, to rms_norm's fp32 rounding."""
-    inputs, cache, slot_ids, start_pos = make_case(batch, 32, 8, 8, 2048, 128, torch.bfloat16, seed=20 + batch)
-    start_pos[-1] = 511
-    q_weight, k_weight = norm_weights(128, torch.bfloat16, seed=batch)
-    q, k, v, cos, sin = inputs
-    config = dict(kernel.CONFIGS[90])
-    q_normed = rms_norm.rms_norm(q, q_weight, 1e-6).transpose(1, 2).contiguous().transpose(1, 2)
-    k_normed = rms_norm.rms_norm(k, k_weight, 1e-6)
-    expected_cache = cache.clone()
     normed = (q_normed, k_normed, v, cos, sin)
-    expected = unfused(normed, expected_cache, 1, slot_ids, start_pos, 0.088, config, causal=False)
+    expected = unfused(normed, expected_cache, 1, slot_ids, start_pos, 0.088, config, causal)
     out = kernel.rotary_kv_attention(
-        *inputs, cache, 1, slot_ids, start_pos, 0.088, q_weight, k_weight, 1e-6, causal=False, **config
+        *inputs, cache, 1, slot_ids, start_pos, 0.088, q_weight, k_weight, 1e-6, causal, **config
     )
     assert_rounding_equal(cache, expected_cache)
     assert rel_error(out, expected) < TOLERANCE[torch.bfloat16]

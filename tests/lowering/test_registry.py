@@ -238,6 +238,8 @@ def test_shape_class_rows() -> None:
     many, few = silu_mul_node(silu_mul.MANY_ROWS), silu_mul_node(silu_mul.MANY_ROWS - 1)
     assert registry.resolve("silu_mul", 90, many).sm == (90, "many_rows")
     assert registry.resolve("silu_mul", 90, many).config == silu_mul.CONFIGS[(90, "many_rows")]
+    assert registry.resolve("silu_mul", 90, many).row == "90:many_rows"  # as dumps show it
+    assert registry.resolve("silu_mul", 90, few).row == 90
     assert registry.resolve("silu_mul", 90, few).sm == 90
     assert registry.resolve("silu_mul", 90).sm == 90
     assert registry.resolve("silu_mul", 80, many).sm == 80
