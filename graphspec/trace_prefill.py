@@ -134,7 +134,9 @@ def prefill_chunk(
     target_names = target_state_names(target)
     # Positions past last_index are right padding: the KV written there is dead, and a "snapshot"
     # state (linear attention) must not advance over them, so it ends after position last_index.
-    hidden, target_state = target_forward(
+    # last_hidden comes from the target's last layer run for each row's last position alone: the full
+    # pass over every position (`hidden`) is dead code, dropped at trace, unless the drafter reads it.
+    (hidden, last_hidden), target_state = target_forward(
         target,
         target_params,
         tokens,
@@ -144,11 +146,11 @@ def prefill_chunk(
         output,
         capture,
         lengths=inputs["last_index"] + 1,
-    )  # [B, C, H] (and features [B, C, F])
+        last_index=inputs["last_index"],
+    )  # [B, C, H] (and features [B, C, F]); [B, H]
     hidden, features = hidden if capture else (hidden, None)
     rows = torch.arange(tokens.shape[0], device=tokens.device)
-    last_hidden = hidden[rows, inputs["last_index"]]  # [B, H]
-    extra = {} if features is None else {"last_features": features[rows, inputs["last_index"]]}  # [B, F]
+    extra = {} if features is None else {"last_features": last_features(features, last_hidden, capture, rows, inputs)}
     # Tied embeddings appear once among the parameters, under the embedding's name.
     head = target_params.get("lm_head.weight", target_params.get("model.embed_tokens.weight"))
     last_logits = F.linear(last_hidden, head)  # [B, V]
@@ -157,6 +159,24 @@ def prefill_chunk(
     drafter_state = drafter.prefill_chunk(draft_params, chunk, drafter_state)
     outputs = {"last_logits": last_logits, "last_hidden": last_hidden, **extra}
     return {**outputs, **target_state, **drafter_state}
+
+
+def last_features(
+    features: torch.Tensor, last_hidden: torch.Tensor, capture: tuple[str, ...], rows: torch.Tensor, inputs: dict
+) -> torch.Tensor:
+    """[B, F] the declared features at each row's last_index. A "final" point (each point is one hidden
+    width) is last_hidden itself: gathered from the full pass it would make the first token wait for the
+    target's last layer over every position."""
+    at_last = features[rows, inputs["last_index"]]  # [B, F]
+    if "final" not in capture:
+        return at_last
+    width = last_hidden.shape[-1]
+    assert at_last.shape[-1] == len(capture) * width, (tuple(at_last.shape), capture)
+    parts = [
+        last_hidden if point == "final" else at_last[:, index * width : (index + 1) * width]
+        for index, point in enumerate(capture)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 def trace_prefill(

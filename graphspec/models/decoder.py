@@ -11,6 +11,7 @@ checkpoint's separate tensors.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -75,8 +76,19 @@ class Attention(nn.Module):
         self.causal = True
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, start_pos: Tensor, slot_ids: Tensor, cache: Tensor, in_place: bool
-    ) -> tuple[Tensor, Tensor]:
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        start_pos: Tensor,
+        slot_ids: Tensor,
+        cache: Tensor,
+        in_place: bool,
+        last_index: Tensor | None = None,
+    ) -> tuple[Tensor, ...]:
+        """(out [B, T, hidden], cache); with last_index [B], a third value: the output [B, 1, hidden] of
+        each row's query at t = last_index[b] alone, attending to the cache as written (its whole chunk is
+        in it, but causality stops it at its own position)."""
         batch, t, _ = x.shape
         q, k, v = self.qkv_proj(x).split(list(self.qkv_proj.parts.values()), dim=-1)  # views, no copies
         q = q.view(batch, t, self.num_heads, self.head_dim)
@@ -94,7 +106,13 @@ class Attention(nn.Module):
         attend = ops.attention if self.causal else ops.block_attention
         out = attend(q, cache, self.layer, slot_ids, start_pos, self.scale)  # [B, T, Hq, D]
         # An explicit width, not -1: an empty batch (0 rows) must reshape too.
-        return self.o_proj(out.view(batch, t, self.num_heads * self.head_dim)), cache
+        out = self.o_proj(out.view(batch, t, self.num_heads * self.head_dim))
+        if last_index is None:
+            return out, cache
+        rows = torch.arange(batch, device=x.device)
+        q_last = q[rows, :, last_index][:, :, None]  # [B, Hq, 1, D], rotated
+        last = ops.attention(q_last, cache, self.layer, slot_ids, start_pos + last_index, self.scale)  # [B, 1, Hq, D]
+        return out, cache, self.o_proj(last.view(batch, 1, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -167,9 +185,14 @@ class DecoderLM(nn.Module):
         in_place: bool = False,
         rope: tuple[Tensor, Tensor] | None = None,
         capture: tuple[str, ...] = (),
-    ) -> tuple[Tensor, Tensor]:
+        last_index: Tensor | None = None,
+    ) -> tuple[Any, Tensor]:
         """rope: cos and sin [B, T, D] of this call's positions when the caller already has them (the
-        step computes the draft's once for all its forwards: about seven small launches per forward)."""
+        step computes the draft's once for all its forwards: about seven small launches per forward).
+        last_index [B] (prefill): the output is (out, last_hidden), last_hidden [B, hidden] being the final
+        hidden state at t = last_index[b], computed past the last layer's K/V for that position alone.
+        A caller that needs only it (the first token) leaves the last layer's full pass as dead code
+        (about 1/L of a long prompt's work); one that reads `out` too still gets every position."""
         layer_inputs = capture_points(capture, self.spec.num_layers)
         captured: dict[str, Tensor] = {}
         if rope is None:
@@ -179,25 +202,41 @@ class DecoderLM(nn.Module):
         residual = self.model.embed_tokens(tokens)  # [B, T, hidden]
         layers = self.model.layers
         hidden = ops.rms_norm(residual, layers[0].input_layernorm.weight, self.spec.rms_norm_eps)
+        last_hidden = None
         for index, layer in enumerate(layers):
             if index in layer_inputs:  # the residual stream entering layer `index` (transformers' hidden_states[index])
                 captured[f"layer_in:{index}"] = residual
-            attn_out, cache = layer.self_attn(hidden, cos, sin, start_pos, slot_ids, cache, in_place)
             norm = layer.post_attention_layernorm
+            if last_index is not None and index == len(layers) - 1:
+                attn_out, cache, attn_last = layer.self_attn(
+                    hidden, cos, sin, start_pos, slot_ids, cache, in_place, last_index
+                )
+                rows = torch.arange(tokens.shape[0], device=tokens.device)
+                last, last_residual = ops.add_rms_norm(
+                    attn_last, residual[rows, last_index][:, None], norm.weight, norm.eps
+                )
+                final = self.model.norm
+                last_hidden = ops.add_rms_norm(layer.mlp(last), last_residual, final.weight, final.eps)[0][:, 0]
+            else:
+                attn_out, cache = layer.self_attn(hidden, cos, sin, start_pos, slot_ids, cache, in_place)
             hidden, residual = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps)
             # The next layer's input norm (or the final norm) fuses with this layer's residual add.
             norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm
             hidden, residual = ops.add_rms_norm(layer.mlp(hidden), residual, norm.weight, norm.eps)
+        out = self._output(output, hidden, captured, capture)
+        return (out if last_index is None else (out, last_hidden)), cache
+
+    def _output(self, output: str, hidden: Tensor, captured: dict[str, Tensor], capture: tuple[str, ...]) -> Any:
         if output == "last_logits":
-            return self.logits(hidden[:, -1]), cache
+            return self.logits(hidden[:, -1])
         if output == "logits":
-            return self.logits(hidden), cache
+            return self.logits(hidden)
         if output in ("hidden_and_features", "logits_and_features"):  # a forward whose states a drafter reads
             captured["final"] = hidden
             parts = [captured[point] for point in capture]
             features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # [B, T, F]
-            return (self.logits(hidden) if output == "logits_and_features" else hidden, features), cache
-        return hidden, cache
+            return self.logits(hidden) if output == "logits_and_features" else hidden, features
+        return hidden
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden)

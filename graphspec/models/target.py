@@ -43,23 +43,34 @@ def target_forward(
     lengths: Tensor | None = None,
     snapshots: bool = False,
     in_place: bool = False,
+    last_index: Tensor | None = None,
 ) -> tuple[object, dict[str, Tensor]]:
     """The target's forward over `states` (target_states' names -> tensors): returns its output and the
     states after it. params: bound with torch.func.functional_call when tracing (None: the module's own).
     lengths [B]: real positions per row (None: all), so right padding never advances a "snapshot" state.
     snapshots=True (the verify forward): "snapshot" states are not advanced; the returned dict also holds
-    each one's per-position snapshots under state.snapshot_name(name) ([L, B, T, ...])."""
+    each one's per-position snapshots under state.snapshot_name(name) ([L, B, T, ...]).
+    last_index [B] (output "hidden" or "hidden_and_features"): the output is (out, last_hidden [B, H]),
+    the final hidden state at t = last_index[b]; an attention decoder computes it past the last layer's
+    K/V for that position alone (DecoderLM.forward), so a first token that needs nothing else skips the
+    last layer's work for every other position."""
     if isinstance(target, HybridLM):
         args = (tokens, start_pos, slot_ids, states, output)
         kwargs = {"capture": capture, "lengths": lengths, "snapshots": snapshots, "in_place": in_place}
         if params is None:
-            return target(*args, **kwargs)
-        return torch.func.functional_call(target, params, args, kwargs)
+            out, states = target(*args, **kwargs)
+        else:
+            out, states = torch.func.functional_call(target, params, args, kwargs)
+        if last_index is None:
+            return out, states
+        hidden = out[0] if capture else out
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        return (out, hidden[rows, last_index]), states
     # An attention-only decoder: its one state is the KV cache (positions past a row's length are dead).
     args = (tokens, start_pos, slot_ids, states[TARGET_CACHE], output)
-    kwargs = {"capture": capture, "in_place": in_place}
+    kwargs = {"capture": capture, **({} if last_index is None else {"last_index": last_index})}
     if params is None:
-        out, cache = target(*args, **kwargs)
+        out, cache = target(*args, **kwargs, in_place=in_place)
     else:
-        out, cache = torch.func.functional_call(target, params, args, {"capture": capture})
+        out, cache = torch.func.functional_call(target, params, args, kwargs)
     return out, {TARGET_CACHE: cache}

@@ -92,6 +92,33 @@ def test_prefill_logits_match_transformers(cases, variant: str) -> None:
         assert relative_error(logits[row, :length], expected) < RELATIVE_TOLERANCE, f"row {row}"
 
 
+@pytest.mark.parametrize("variant", ["llama", "qwen3_bias"])
+def test_last_position_path_matches_the_full_pass_and_transformers(cases, variant: str) -> None:
+    """forward(last_index=...) (prefill's first token): each row's last prompt position through the last
+    layer alone gives the full pass's final hidden state there, and transformers' logits; the cache (the
+    last layer's K/V of every position included) is the full pass's, bit for bit."""
+    case = cases(variant)
+    model = case.model
+    longest = max(PROMPT_LENGTHS)
+    tokens = torch.zeros((len(case.prompts), longest), dtype=torch.int64)
+    for row, prompt in enumerate(case.prompts):
+        tokens[row, : len(prompt)] = prompt
+    start, slots = torch.zeros(len(case.prompts), dtype=torch.int64), torch.tensor(SLOT_IDS)
+    last_index = torch.tensor(PROMPT_LENGTHS) - 1
+    with torch.no_grad():
+        full, full_cache = model(tokens, start, slots, model.new_cache(SLOTS, longest, torch.float32, "cpu"))
+        (hidden, last), cache = model(
+            tokens, start, slots, model.new_cache(SLOTS, longest, torch.float32, "cpu"), last_index=last_index
+        )
+    rows = torch.arange(len(PROMPT_LENGTHS))
+    assert torch.equal(hidden, full) and torch.equal(cache, full_cache)
+    assert last.shape == (len(PROMPT_LENGTHS), model.spec.hidden_size)
+    torch.testing.assert_close(last, full[rows, last_index], rtol=1e-5, atol=1e-5)
+    for row, length in enumerate(PROMPT_LENGTHS):
+        expected = case.hf_logits()[row][length - 1]
+        assert relative_error(model.logits(last[row]), expected) < RELATIVE_TOLERANCE, f"row {row}"
+
+
 @pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "functional"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_incremental_decode_logits_match_transformers(cases, variant: str, in_place: bool) -> None:

@@ -273,15 +273,40 @@ def test_generate_is_unchanged_by_the_compiled_prefill(runtime):
 
 
 def test_prefill_program_fuses_every_layers_attention(runtime):
-    """Every target layer: one prefill_attention, no kv_write or attention left. The draft model's last
-    layer keeps its bare kv_write: its attention fed only the draft's hidden states, which nothing
-    reads, and tracing dropped that dead code (the draft's single layer here)."""
+    """Every target layer but the last: one prefill_attention. The target's last layer writes its K/V (a
+    bare kv_write) and attends for each row's last position alone (one decode attention): the first token
+    needs nothing else, and tracing dropped the full pass, which no draft model reads. The draft model's
+    last layer keeps its bare kv_write: its attention fed only the draft's hidden states, which nothing
+    reads either (the draft's single layer here)."""
     gm = runtime.compiled.prefill_graphs[(4, 4)]
     targets = [node.target for node in gm.graph.nodes if node.op == "call_function"]
     draft_layers = runtime.drafter.model.spec.num_layers
-    assert targets.count(ops.OPS["prefill_attention"]) == runtime.target.spec.num_layers + draft_layers - 1
-    assert targets.count(ops.OPS["kv_write"]) == 1
-    assert ops.OPS["attention"] not in targets and ops.OPS["kv_update"] not in targets
+    assert targets.count(ops.OPS["prefill_attention"]) == runtime.target.spec.num_layers - 1 + draft_layers - 1
+    assert targets.count(ops.OPS["kv_write"]) == 2
+    assert targets.count(ops.OPS["attention"]) == 1 and ops.OPS["kv_update"] not in targets
+
+
+def assert_last_layer_widths(runtime: graphspec.Runtime, full_last_layer: bool) -> None:
+    """The first token needs the target's last layer at each row's last position alone (SwiGLU over one
+    row per prompt, in the first token's part of the program). The full pass over the chunk stays only
+    for a drafter that reads every position's final hidden state (MTP)."""
+    gm = runtime.compiled.prefill_graphs[(4, 4)]
+    widths = [node.args[0].meta["val"].shape[1] for node in gm.graph.nodes if node.target is ops.OPS["silu_mul"]]
+    layers = runtime.target.spec.num_layers
+    assert widths[: layers - 1] == [4] * (layers - 1)  # the chunk's 4 positions through every other layer
+    assert widths[layers - 1 :].count(1) == 1  # the last layer at the last position
+    assert (widths[layers - 1 :].count(4) >= 1) is full_last_layer
+    program = runtime.prefiller.programs[(4, 4)]
+    first = [n.args[0].meta["val"].shape[1] for n in program.first_part.graph.nodes if "silu_mul" in str(n.target)]
+    assert first == [4] * (layers - 1) + [1]  # the full last layer's MLP, if any, waits for the token
+
+
+def test_the_targets_last_layer_runs_at_the_last_position_alone(ngram_runtime):
+    assert_last_layer_widths(ngram_runtime, full_last_layer=False)
+
+
+def test_the_targets_full_last_layer_stays_for_mtp_behind_the_first_token(mtp_runtime):
+    assert_last_layer_widths(mtp_runtime, full_last_layer=True)
 
 
 def test_cpu_prefill_program_runs_the_cpu_table_copy_and_keeps_the_compiled_graph(runtime):
@@ -292,9 +317,12 @@ def test_cpu_prefill_program_runs_the_cpu_table_copy_and_keeps_the_compiled_grap
     compiled = runtime.compiled.prefill_graphs[(4, 4)]
     assert program.gm is not compiled and program.cpu_kernels > 0
     targets = [node.target for node in program.gm.graph.nodes if node.op == "call_function"]
-    layers = runtime.target.spec.num_layers + runtime.drafter.model.spec.num_layers - 1
+    # Every fused layer (test_prefill_program_fuses_every_layers_attention); the target's last position
+    # attends through the CPU table's attention.
+    layers = runtime.target.spec.num_layers - 1 + runtime.drafter.model.spec.num_layers - 1
     assert targets.count(torch.ops.graphspec.prefill_attention_cpu.default) == layers
-    assert ops.OPS["prefill_attention"] not in targets
+    assert targets.count(torch.ops.graphspec.attention_cpu.default) == 1
+    assert ops.OPS["prefill_attention"] not in targets and ops.OPS["attention"] not in targets
     compiled_targets = [node.target for node in compiled.graph.nodes if node.op == "call_function"]
     assert compiled_targets.count(ops.OPS["prefill_attention"]) == layers
 
