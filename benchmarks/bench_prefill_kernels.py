@@ -161,9 +161,8 @@ def main() -> int:
     rows = []
     for case in (case for case in cases() if case.kernel in wanted):
         entry, configs = registry.resolve(case.kernel, sm), MODULES[case.kernel].CONFIGS
-        config = entry.config if entry else configs["default"]
-        if entry is not None and (entry.sm, case.shape_class) in configs:  # the row lowering picks for this shape
-            config = configs[(entry.sm, case.shape_class)]
+        # The row lowering picks for this shape (its shape class's, where the table has one).
+        config = configs[registry.shape_row(case.kernel, entry.sm, case.shape_class)] if entry else configs["default"]
         configured = tuple(config.values())
         scale = 1e9 if case.unit == "TFLOP/s" else 1e6  # work / ms -> the unit
         reference_ms = common.time_fn(case.reference, "cuda", reps=20)["ms"]

@@ -150,7 +150,9 @@ def prefill_chunk(
     )  # [B, C, H] (and features [B, C, F]); [B, H]
     hidden, features = hidden if capture else (hidden, None)
     rows = torch.arange(tokens.shape[0], device=tokens.device)
-    extra = {} if features is None else {"last_features": last_features(features, last_hidden, capture, rows, inputs)}
+    extra = {}
+    if features is not None:
+        extra["last_features"] = last_features(features, last_hidden, capture, rows, inputs["last_index"])  # [B, F]
     # Tied embeddings appear once among the parameters, under the embedding's name.
     head = target_params.get("lm_head.weight", target_params.get("model.embed_tokens.weight"))
     last_logits = F.linear(last_hidden, head)  # [B, V]
@@ -162,12 +164,16 @@ def prefill_chunk(
 
 
 def last_features(
-    features: torch.Tensor, last_hidden: torch.Tensor, capture: tuple[str, ...], rows: torch.Tensor, inputs: dict
+    features: torch.Tensor,
+    last_hidden: torch.Tensor,
+    capture: tuple[str, ...],
+    rows: torch.Tensor,
+    last_index: torch.Tensor,
 ) -> torch.Tensor:
     """[B, F] the declared features at each row's last_index. A "final" point (each point is one hidden
     width) is last_hidden itself: gathered from the full pass it would make the first token wait for the
     target's last layer over every position."""
-    at_last = features[rows, inputs["last_index"]]  # [B, F]
+    at_last = features[rows, last_index]  # [B, F]
     if "final" not in capture:
         return at_last
     width = last_hidden.shape[-1]

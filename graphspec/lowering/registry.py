@@ -37,6 +37,7 @@ import torch
 import torch.fx as fx
 
 from graphspec import ops
+from graphspec.op_nodes import positional_args
 from graphspec.ops import MAX_SAMPLING_VOCAB
 
 MIN_SM = 80  # bf16 tensor-core dots and cp.async pipelining need Ampere or newer
@@ -235,7 +236,7 @@ def fits_rotary_kv_attention(node: fx.Node) -> bool:
     q, k, v, cos, sin, cache, slot_ids, start_pos = values
     # Optional per-head norm weights (args 10, 11; fuse_qk_norm): both or neither, [D] contiguous, q's dtype;
     # arg 13, causal, a plain bool.
-    if len(node.args) > 13 and not isinstance(node.args[13], bool):
+    if not isinstance(positional_args(node)[13], bool):
         return False
     norms = [arg for arg in node.args[10:12] if arg is not None]
     weights = _vals_at(node, range(10, 10 + len(norms))) if norms else []
@@ -478,8 +479,9 @@ def fits_rotary_kv_attention_cpu(node: fx.Node) -> bool:
     # The rotary and the cache write are the reference's own code; only the attention part is new, and
     # causal only (a DFlash block, causal=False, keeps the reference).
     values = _vals_at(node, (0, 5))
-    causal = node.args[13] if len(node.args) > 13 else node.kwargs.get("causal", True)
-    return values is not None and len(node.args) >= 10 and causal is True and _attention_cpu_fits(*values)
+    if values is None or len(node.args) < 10:
+        return False
+    return positional_args(node)[13] is True and _attention_cpu_fits(*values)
 
 
 def fits_prefill_attention_cpu(node: fx.Node) -> bool:
@@ -617,5 +619,10 @@ def _shape_key(op: str, key: int | str, node: fx.Node) -> int | str | tuple[int 
         if isinstance(arg, fx.Node) and not isinstance(value, torch.Tensor):
             return key  # no fake values: the row for the SM
         args.append(value)
-    name = shape_class(*args)
-    return (key, name) if name is not None and (key, name) in module.CONFIGS else key
+    return shape_row(op, key, shape_class(*args))
+
+
+def shape_row(op: str, key: int | str, name: str | None) -> int | str | tuple[int | str, str]:
+    """The CONFIGS key for shape class `name` of `op` under row `key`: (key, name) where the table has
+    that row, else key."""
+    return (key, name) if name is not None and (key, name) in _module(op).CONFIGS else key

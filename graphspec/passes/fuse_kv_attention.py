@@ -34,7 +34,8 @@ ROTARY_KV_WRITE = torch.ops.graphspec.rotary_kv_write.default
 ATTENTION = torch.ops.graphspec.attention.default
 BLOCK_ATTENTION = torch.ops.graphspec.block_attention.default
 FUSED = torch.ops.graphspec.rotary_kv_attention.default
-NO_NORMS = (None, None, 1e-6)  # rotary_kv_attention's q_norm, k_norm, norm_eps defaults, before `causal`
+# rotary_kv_attention's defaults for q_norm, k_norm and norm_eps, the arguments before `causal`
+NO_NORMS = tuple(argument.default_value for argument in FUSED._schema.arguments[10:13])
 
 
 def fusable(write: fx.Node, attention: fx.Node) -> bool:
