@@ -118,10 +118,12 @@ def prefill_attention_kernel(
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
-    # Heaviest query blocks first (block m attends to about m + 1 key blocks): the last wave of
-    # programs is then made of the short ones, not of the longest.
-    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
-    row_head = tl.program_id(1)  # b * Hq + q head
+    # Heaviest query blocks first (block m attends to about m + 1 key blocks), over the whole launch: the
+    # GPU starts programs in grid order, axis 0 fastest, so the (row, head) axis is 0 and the query block
+    # axis 1 counts down; the last wave is then made of every head's short blocks, not of the last
+    # heads' long ones.
+    row_head = tl.program_id(0)  # b * Hq + q head
+    m_block = tl.num_programs(1) - 1 - tl.program_id(1)
     b = row_head // q_heads
     head = row_head % q_heads
     kv_head = head // GROUP
@@ -269,7 +271,7 @@ def prefill_attention(
     # TRITON_INTERPRET=1; there the kernel upcasts the (exactly representable) operands to fp32.
     # Remove when the interpreter's dot handles 16-bit floats.
     upcast = q.device.type != "cuda" and q.dtype != torch.float32
-    prefill_attention_kernel[(cdiv(t, block_m), batch * q_heads)](
+    prefill_attention_kernel[(batch * q_heads, cdiv(t, block_m))](
         q, k, v, cache, slot_ids, start_pos, out,
         layer, scale * LOG2E, seq_capacity, cache.shape[2], q_heads, t,
         *q.stride(), *k.stride(), *v.stride(), *cache.stride(),
