@@ -31,6 +31,14 @@ def setup_path() -> None:
         sys.path.insert(0, root)
 
 
+setup_path()
+from graphspec.cublas import use_no_workspace  # noqa: E402
+
+# The benchmarks measure what graphspec's own processes run: cuBLAS without a workspace (graphspec/cublas.py).
+# CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment measures torch's default instead; headers say which.
+CUBLAS_WORKSPACE = use_no_workspace()
+
+
 # --------------------------------------------------------------------------------------------------
 # Model shapes. Real published shapes (no weights): configs are built locally, weights are random.
 # --------------------------------------------------------------------------------------------------
@@ -408,7 +416,7 @@ def measure_matmul_rate(device: str | torch.device, dtype: torch.dtype, n: int |
 
 def device_name(device: str | torch.device) -> str:
     if is_cuda(device):
-        return torch.cuda.get_device_name(torch.device(device))
+        return f"{torch.cuda.get_device_name(torch.device(device))} (CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE})"
     return f"cpu ({os.cpu_count()} cores)"
 
 

@@ -21,6 +21,7 @@ import graphspec
 from graphspec.artifact import check_out, save_artifact
 from graphspec.compiled import Compiled
 from graphspec.config import DEFAULT_PREFILL_TOKENS, MAX_K, NUMERICS, SAMPLING_MODES
+from graphspec.cublas import use_no_workspace
 from graphspec.drafters import KINDS, NAMED_KINDS
 from graphspec.drafters.ngram import DEFAULT_NGRAM
 from graphspec.errors import ArtifactError, GraphspecError
@@ -812,6 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `graphspec` console script and `python -m graphspec`; returns the exit status."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    use_no_workspace()  # before any command starts CUDA (graphspec/cublas.py)
     try:
         args = parser.parse_args(argv)
         run: Callable[[argparse.Namespace], int] = args.run
