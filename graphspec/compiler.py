@@ -15,6 +15,7 @@ from graphspec.compiled import Compiled, device_sm, prefill_graph_name
 from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, PassContext, SpecConfig
 from graphspec.context import default_max_seq_len
 from graphspec.counters import COUNTERS
+from graphspec.cublas import use_no_workspace
 from graphspec.drafters import Drafter, check_context, check_drafter, drafter_kind, open_drafter
 from graphspec.errors import InputError
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
@@ -95,6 +96,7 @@ def compile(
             "numerics='invariant' compiles greedy steps only: give modes=('greedy',) (--modes greedy); the "
             "sampling kernels split their vocabulary statistics by the batch"
         )
+    use_no_workspace()  # before the models start CUDA (graphspec/cublas.py)
     device = resolve_device(device)
     if out is not None:
         check_out(out)

@@ -1,12 +1,14 @@
-"""cuBLAS's workspace in graphspec's own processes (the CLI, the server, the benchmarks).
+"""cuBLAS's workspace in processes graphspec starts CUDA in (the CLI, the server, the benchmarks, and a Python
+program whose first CUDA work is graphspec.compile, Runtime.from_pretrained or Runtime.load).
 
 With a workspace (torch's default) cuBLAS picks split-K kernels for many decode-sized GEMMs (a few rows
 against a wide weight: o_proj, down_proj), each followed by a separate reduce kernel. Without one it picks
 kernels that need no reduce: on an H200 the captured 8B target's decode step and the speculation steps
 run 2-3% faster, prefill is unchanged, and cuBLASLt's bias epilogue still runs and captures
 (docs/BENCHMARKS.md, 2026-11-27). torch reads CUBLAS_WORKSPACE_CONFIG once, when the process creates its
-first cuBLAS handle, so the setting must come before any CUDA work: processes graphspec starts set it first
-thing; a Python program using graphspec.Runtime sets it itself (README, "Performance settings").
+first cuBLAS handle, so the setting must come before any CUDA work: the CLI sets it first thing, and compile()
+and Runtime.load() before they touch the device. A process that started CUDA before keeps what it has (set the
+variable yourself then); one that set the variable keeps its value.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ import os
 import pytest
 import torch
 
+import graphspec
 from graphspec import cli, cublas
+from graphspec.errors import GraphspecError
 
 
 @pytest.fixture
@@ -45,3 +47,15 @@ def test_the_cli_sets_it_before_running_a_command(no_variable: pytest.MonkeyPatc
     no_variable.setattr(parser, "parse_args", lambda argv: type("Args", (), {"run": staticmethod(command)})())
     assert cli.main(["inspect", "x"]) == 0
     assert seen["value"] == ":0:0"
+
+
+def test_compile_sets_it_before_loading_anything(no_variable: pytest.MonkeyPatch, tmp_path) -> None:
+    with pytest.raises(GraphspecError):  # no checkpoint there: refused after the setting, before CUDA
+        graphspec.compile(tmp_path / "missing", "ngram", device="cpu")
+    assert os.environ[cublas.WORKSPACE_VARIABLE] == ":0:0"
+
+
+def test_runtime_load_sets_it_before_loading_anything(no_variable: pytest.MonkeyPatch, tmp_path) -> None:
+    with pytest.raises(GraphspecError):
+        graphspec.Runtime.load(tmp_path / "missing")
+    assert os.environ[cublas.WORKSPACE_VARIABLE] == ":0:0"

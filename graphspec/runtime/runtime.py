@@ -17,6 +17,7 @@ from graphspec import ops
 from graphspec.compiled import Compiled
 from graphspec.compiler import compile
 from graphspec.counters import COUNTERS
+from graphspec.cublas import use_no_workspace
 from graphspec.drafters.base import PrefillView
 from graphspec.errors import InputError
 from graphspec.inputs import check_max_new_tokens, check_prompts
@@ -239,6 +240,7 @@ class Runtime:
         """A Runtime over a `graphspec compile` artifact; verifies it before running anything."""
         from graphspec.artifact import load_artifact, read_manifest
 
+        use_no_workspace()  # before the load starts CUDA (graphspec/cublas.py)
         if cpu_draft_dtype != "float32":  # refused before the weights are read, from what the manifest says
             config = read_manifest(artifact_dir).get("config", {})
             check_cpu_draft_dtype(cpu_draft_dtype, str(config.get("device")), str(config.get("dtype")))
