@@ -72,6 +72,11 @@ import torch
 import torch.fx as fx
 from safetensors.torch import load_file, save_file
 
+try:  # fx's lazily compiled GraphModule (torch >= 2.3; what Inductor builds its graphs with)
+    from torch.fx._lazy_graph_module import _LazyGraphModule as LazyGraphModule
+except ImportError:  # pragma: no cover - another torch: every graph compiles its code at once, as before
+    LazyGraphModule = fx.GraphModule
+
 from graphspec import trace
 from graphspec.compiled import Compiled, device_sm, prefill_graph_name
 from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, SpecConfig
@@ -701,8 +706,12 @@ def _get_attr(module: torch.nn.Module, target: str) -> Any:
     return value
 
 
-def decode_graph_module(modules: dict[str, Any], constants: dict[str, torch.Tensor], name: str) -> fx.GraphModule:
-    """Rebuild the GraphModule from encode_graph_module's records: children first, then parents."""
+def decode_graph_module(
+    modules: dict[str, Any], constants: dict[str, torch.Tensor], name: str, lazy: bool = False
+) -> fx.GraphModule:
+    """Rebuild the GraphModule from encode_graph_module's records: children first, then parents. `lazy`:
+    the root generates its Python code (fx's recompile, about half of a rebuild) only when something calls
+    it or reads its code: a prefill program runs as the two parts split from it, never whole."""
     built: dict[str, fx.GraphModule] = {}
     # Deepest paths first, so every call_module target exists when its parent is built.
     for path in sorted(modules, key=lambda p: -(p.count(".") + 1 if p else 0)):
@@ -735,7 +744,8 @@ def decode_graph_module(modules: dict[str, Any], constants: dict[str, torch.Tens
         for child_path, child in built.items():
             if child_path.startswith(prefix) and "." not in child_path[len(prefix) :] and child_path != path:
                 attributes[child_path[len(prefix) :]] = child
-        built[path] = fx.GraphModule(attributes, graph, class_name=name if not path else "GraphModule")
+        module_class = LazyGraphModule if lazy and not path else fx.GraphModule
+        built[path] = module_class(attributes, graph, class_name=name if not path else "GraphModule")
     return built[""]
 
 
@@ -1113,7 +1123,7 @@ def _load_prefill(
         try:
             doc = json.loads(where.read_text())
             constants = load_file(str(path / entry["constants"])) if entry.get("constants") else {}
-            gm = decode_graph_module(doc["modules"], constants, name)
+            gm = decode_graph_module(doc["modules"], constants, name, lazy=True)
         except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, UnicodeDecodeError) as error:
             raise ArtifactError(
                 f"{where}: cannot rebuild the graph ({type(error).__name__}: {error}); recompile with `{command}`"

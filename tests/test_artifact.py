@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 import graphspec
-from graphspec.artifact import ArtifactMismatchWarning, load_artifact, save_artifact
+from graphspec.artifact import ArtifactMismatchWarning, LazyGraphModule, load_artifact, save_artifact
 from graphspec.counters import COUNTERS
 from graphspec.errors import ArtifactError
 from graphspec.file_digest import digest_file
@@ -715,3 +715,18 @@ def test_gpu_artifact_with_kernels_replays_the_same_tokens_in_a_fresh_process(ch
     assert fresh["captures"] > 0
     assert not fresh["dynamo"]  # seconds of a cold start: no graphspec op imports it (graphspec/library.py)
     assert fresh["tokens"] == expected
+
+
+def test_loaded_prefill_programs_run_as_their_parts_and_never_generate_whole_code(compiled):
+    # Half of rebuilding a graph is fx generating its Python: a loaded prefill program is built lazily and
+    # only its two parts (runtime/prefill_split.py) ever run, in the warm-up as in requests.
+    loaded = load_artifact(compiled[1])
+    runtime = Runtime(loaded)
+    for program in runtime.prefiller.programs.values():
+        program.warm_up()
+    runtime.generate(PROMPTS, max_new_tokens=4)
+    for key, gm in loaded.prefill_graphs.items():
+        assert isinstance(gm, LazyGraphModule) and gm._needs_recompile(), key
+    for key, program in runtime.prefiller.programs.items():  # on the CPU, the lowered copy it splits
+        assert program.gm._needs_recompile(), key
+    assert LazyGraphModule is not torch.fx.GraphModule  # this torch has fx's lazy GraphModule

@@ -107,16 +107,26 @@ class PrefillProgram:
         self.inputs["start_pos"].zero_()
         self.inputs["last_index"].zero_()
 
+    def warm_up(self) -> None:
+        """Run the parts over the parked inputs, as a capture will (Triton JIT, cuBLAS setup): the whole
+        program never runs, so a loaded one (built lazily, artifact.decode_graph_module) never generates
+        its code."""
+        self.park()
+        with torch.inference_mode():
+            for _ in range(WARM_UP_RUNS):
+                outputs = self.first_part(*self.args)
+                if self.rest_part is not None:
+                    self.rest_part(*self.args, *outputs[len(self.output_names) :])
+
     def warm_up_and_capture(self) -> None:
-        """Warm up (Triton JIT, cuBLAS workspaces) on a side stream, then capture each part, every row
-        parked; the rest's capture reads the first part's captured outputs (static, as its inputs)."""
+        """Warm up (warm_up) on a side stream, then capture each part, every row parked; the rest's
+        capture reads the first part's captured outputs (static, as its inputs)."""
         self.park()
         if self.inputs["tokens"].is_cuda:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream), torch.inference_mode():
-                for _ in range(WARM_UP_RUNS):
-                    self.gm(*self.args)
+            with torch.cuda.stream(stream):
+                self.warm_up()
             torch.cuda.current_stream().wait_stream(stream)
         compiles = TRITON_COMPILES.count
         recorder = self.new_recorder(self.pool)
