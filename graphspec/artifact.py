@@ -571,7 +571,14 @@ def _encode_node(node: fx.Node, graph: str) -> dict[str, Any]:
         record["meta"] = meta
     if node.op in ("placeholder", "output") and "val" in node.meta:
         record["example"] = _example(node.meta["val"])
+    elif node.op in ("placeholder", "output") and EXAMPLE in node.meta:  # a loaded graph: as it was recorded
+        record["example"] = node.meta[EXAMPLE]
     return record
+
+
+# node.meta key of a rebuilt placeholder's or output's recorded example (shape, dtype, device), which a traced
+# graph has as node.meta["val"] instead; not a "gs_" key, so it is not also saved with the node's meta.
+EXAMPLE = "artifact_example"
 
 
 def _example(value: Any) -> Any:
@@ -734,6 +741,8 @@ def decode_graph_module(
             if node.name != node_record["name"]:
                 raise ValueError(f"node {node_record['name']} was renamed {node.name} on rebuild")
             node.meta.update({key: _decode_value(value, env) for key, value in node_record.get("meta", {}).items()})
+            if "example" in node_record:  # kept for saving the graph again (a loaded graph has no traced values)
+                node.meta[EXAMPLE] = node_record["example"]
             env[node.name] = node
         graph.lint()
         prefix = f"{path}." if path else ""

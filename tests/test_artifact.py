@@ -730,3 +730,17 @@ def test_loaded_prefill_programs_run_as_their_parts_and_never_generate_whole_cod
     for key, program in runtime.prefiller.programs.items():  # on the CPU, the lowered copy it splits
         assert program.gm._needs_recompile(), key
     assert LazyGraphModule is not torch.fx.GraphModule  # this torch has fx's lazy GraphModule
+
+
+def test_a_loaded_artifact_saved_again_loads_and_generates_the_same(compiled, expected, tmp_path):
+    # A loaded artifact's models are built from plain configs (configs/<role>.json); saving it again must
+    # record their families, not the base class's empty model_type (it used to, and the copy was refused).
+    loaded = load_artifact(compiled[1])
+    save_artifact(loaded, tmp_path / "again")
+    manifest = json.loads((tmp_path / "again" / "manifest.json").read_text())
+    assert {role: model["model_type"] for role, model in manifest["models"].items()} == {
+        "target": "llama",
+        "draft": "llama",
+    }
+    again = Runtime.load(tmp_path / "again")
+    assert [r.token_ids for r in again.generate(PROMPTS, max_new_tokens=NEW_TOKENS)] == expected["greedy"]

@@ -113,7 +113,13 @@ def known_configs(configs: dict[Path, dict]) -> Iterator[None]:
 
 def config_record(config: PretrainedConfig) -> dict:
     """config.to_dict() as it reads back from JSON."""
-    return json.loads(json.dumps(config.to_dict(), default=str))
+    record = json.loads(json.dumps(config.to_dict(), default=str))
+    # to_dict writes the class's model_type: "" for a plain config (plain_config), which holds its family's
+    # on the instance. Without this a loaded artifact saved again recorded model_type "" and was refused.
+    own = vars(config).get("model_type")
+    if own:
+        record["model_type"] = own
+    return record
 
 
 def plain_config(record: dict) -> PretrainedConfig:
