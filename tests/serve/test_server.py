@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -292,3 +293,17 @@ def test_serve_refuses_malformed_channel_markers_before_loading():
     from graphspec.cli import main
 
     assert main(["serve", "no-such-artifact", "--channels", "<think>,</think>"]) == 2
+
+
+def test_serve_refuses_a_port_in_use_before_loading(capsys):
+    # The port is bound before the artifact is even looked at (here it does not exist): a taken port is
+    # refused at once, not after a start-up of seconds to minutes.
+    from graphspec.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "no-such-artifact", "--port", str(port)]) == 1
+    error = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in error and "no-such-artifact" not in error
