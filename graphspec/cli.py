@@ -76,6 +76,12 @@ def draft_length(text: str) -> int:
     return int(text)
 
 
+def port_number(text: str) -> int:
+    if not re.fullmatch(r"\d+", text.strip()) or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port between 1 and 65535, got {text!r}")
+    return int(text)
+
+
 def non_negative_int(text: str) -> int:
     if not re.fullmatch(r"\d+", text.strip()):
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
@@ -383,7 +389,7 @@ def build_parser() -> Parser:
     )
     serve_parser.add_argument("artifact", metavar="ART", help="artifact directory written by `graphspec compile`")
     serve_parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    serve_parser.add_argument("--port", type=positive_int, default=8000, help="port to listen on")
+    serve_parser.add_argument("--port", type=port_number, default=8000, help="port to listen on")
     serve_parser.add_argument(
         "--model-name", default=None, metavar="NAME", help="the model id clients send (default: ART's directory name)"
     )
