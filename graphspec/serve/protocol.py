@@ -29,6 +29,28 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
 
 
+# Fields of OpenAI's API (and vLLM's extensions) that change what is generated and that graphspec does not
+# implement, with the values that leave the output as graphspec makes it: any other value is refused with a
+# 400, so a client never gets output other than it asked for without knowing. Other unknown fields (user,
+# metadata, ...) are ignored.
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "logit_bias": (None, {}),
+    "min_p": (None, 0, 0.0),
+    "min_tokens": (None, 0),
+    "ignore_eos": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "response_format": (None, {"type": "text"}),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+}
+
+
 class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown OpenAI fields (user, metadata, ...) are ignored
 
@@ -48,6 +70,11 @@ class SamplingFields(BaseModel):
         """SamplingParams of this request; ApiError for values no engine check covers."""
         if self.n != 1:
             raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}", "n")
+        for name, value in (self.model_extra or {}).items():
+            # Same type and value as a neutral one (so true is not 1, as it is in Python).
+            neutral = UNSUPPORTED_FIELDS.get(name)
+            if neutral is not None and not any(type(value) is type(v) and value == v for v in neutral):
+                raise ApiError(400, f"{name} is not supported by this server; leave it out", name)
         temperature = self.temperature
         if temperature is None:
             temperature = 1.0 if sample_default else 0.0

@@ -214,6 +214,13 @@ def late_work(base_url: str) -> dict[str, float]:
         ({"prompt": [5, 99999]}, "BadRequestError", "outside"),
         ({"prompt": [5] * 400}, "BadRequestError", "exceeds max_seq_len"),
         ({"n": 2}, "BadRequestError", "n must be 1"),
+        ({"presence_penalty": 1.5}, "BadRequestError", "presence_penalty is not supported"),
+        ({"frequency_penalty": 0.5}, "BadRequestError", "frequency_penalty is not supported"),
+        ({"logit_bias": {"5": 100}}, "BadRequestError", "logit_bias is not supported"),
+        ({"best_of": 3}, "BadRequestError", "best_of is not supported"),
+        ({"suffix": "x"}, "BadRequestError", "suffix is not supported"),
+        ({"extra_body": {"repetition_penalty": 1.2}}, "BadRequestError", "repetition_penalty is not supported"),
+        ({"extra_body": {"ignore_eos": True}}, "BadRequestError", "ignore_eos is not supported"),
     ],
 )
 def test_bad_requests_get_an_openai_error_and_change_nothing(client, options, error, words):
@@ -307,3 +314,21 @@ def test_serve_refuses_a_port_in_use_before_loading(capsys):
         assert main(["serve", "no-such-artifact", "--port", str(port)]) == 1
     error = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in error and "no-such-artifact" not in error
+
+
+def test_output_changing_fields_at_their_neutral_values_are_accepted(client):
+    # A client that sends the defaults (penalties 0, best_of 1, an empty logit_bias) gets what it asked for.
+    plain = greedy_completion(client, max_tokens=6).choices[0].text
+    neutral = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "best_of": 1}
+    assert greedy_completion(client, max_tokens=6, **neutral).choices[0].text == plain
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0,
+        response_format={"type": "text"},
+    )  # fmt: skip
+    assert chat.choices[0].message is not None
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            response_format={"type": "json_object"},
+        )  # fmt: skip
+    assert "response_format is not supported" in raised.value.message
