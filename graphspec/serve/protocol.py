@@ -44,6 +44,7 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
     "response_format": (None, {"type": "text"}),
+    "tool_choice": (None, "auto"),  # tool calls are what the model writes (--channels), never forced or barred
     "guided_json": (None,),
     "guided_regex": (None,),
     "guided_choice": (None,),

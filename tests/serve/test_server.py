@@ -332,3 +332,9 @@ def test_output_changing_fields_at_their_neutral_values_are_accepted(client):
             response_format={"type": "json_object"},
         )  # fmt: skip
     assert "response_format is not supported" in raised.value.message
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, tool_choice="required",
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        )  # fmt: skip
+    assert "tool_choice is not supported" in raised.value.message
