@@ -297,6 +297,14 @@ IN_PROCESS_ERRORS = {
     "stop_ids_words": (["generate", "{art}", "--prompt-ids", "3", "--stop-ids", "eos"], "or none, got 'eos'"),
     "inspect_missing": (["inspect", "{tmp}/no_art"], "no_art does not exist"),
     "serve_port_out_of_range": (["serve", "{art}", "--port", "99999"], "between 1 and 65535"),
+    "token_map_out_in_no_directory": (
+        ["token-map", "{target}", "{tmp}/no_corpus", "--size", "8", "--out", "{tmp}/no/map.safetensors"],
+        "no directory",
+    ),
+    "token_map_out_is_a_directory": (
+        ["token-map", "{target}", "{tmp}/no_corpus", "--size", "8", "--out", "{tmp}"],
+        "is a directory",
+    ),
 }
 
 
