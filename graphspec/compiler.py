@@ -41,6 +41,14 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def check_dump_dir(dump_dir: str | Path) -> None:
+    """Refuse a --dump-dir that cannot hold folders (it or a parent is a file) before any work."""
+    path = Path(dump_dir).expanduser().absolute()
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise InputError(f"dump_dir {path}: {blocking} is a file, not a directory; choose another path")
+
+
 def compile(
     target: str | Path,
     draft: str | Path,
@@ -100,6 +108,8 @@ def compile(
     device = resolve_device(device)
     if out is not None:
         check_out(out)
+    if dump_dir is not None:
+        check_dump_dir(dump_dir)
     if device.startswith("cuda"):
         TRITON_KERNELS.install()  # from the first kernel on: a saved artifact carries what Triton built
     progress = on_progress or (lambda message: log.info(message))

@@ -297,6 +297,10 @@ IN_PROCESS_ERRORS = {
     "stop_ids_words": (["generate", "{art}", "--prompt-ids", "3", "--stop-ids", "eos"], "or none, got 'eos'"),
     "inspect_missing": (["inspect", "{tmp}/no_art"], "no_art does not exist"),
     "serve_port_out_of_range": (["serve", "{art}", "--port", "99999"], "between 1 and 65535"),
+    "dump_dir_is_a_file": (
+        ["compile", "{target}", "--draft", "{draft}", "--out", "{tmp}/a", "--dump-dir", "{target}/config.json/x"],
+        "is a file, not a directory",
+    ),
     "token_map_out_in_no_directory": (
         ["token-map", "{target}", "{tmp}/no_corpus", "--size", "8", "--out", "{tmp}/no/map.safetensors"],
         "no directory",
