@@ -298,8 +298,18 @@ IN_PROCESS_ERRORS = {
     "inspect_missing": (["inspect", "{tmp}/no_art"], "no_art does not exist"),
     "serve_port_out_of_range": (["serve", "{art}", "--port", "99999"], "between 1 and 65535"),
     "dump_dir_is_a_file": (
-        ["compile", "{target}", "--draft", "{draft}", "--device", "cpu", "--out", "{tmp}/a", "--dump-dir",
-         "{target}/config.json/x"],  # fmt: skip
+        [
+            "compile",
+            "{target}",
+            "--draft",
+            "{draft}",
+            "--device",
+            "cpu",
+            "--out",
+            "{tmp}/a",
+            "--dump-dir",
+            "{target}/config.json/x",
+        ],
         "is a file, not a directory",
     ),
     "token_map_out_in_no_directory": (
