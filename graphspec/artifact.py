@@ -793,6 +793,11 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         raise ArtifactError(f"artifact {path} is not a directory; {fix}")
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
+        if (path / "config.json").is_file():  # a model checkpoint given where an artifact belongs
+            raise ArtifactError(
+                f"{path} is a model checkpoint, not a graphspec artifact; compile one from it with "
+                f"`graphspec compile {path} --draft DRAFT --out ART` and give ART"
+            )
         what = (
             "is empty"
             if not any(path.iterdir())
