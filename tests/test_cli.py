@@ -297,6 +297,10 @@ IN_PROCESS_ERRORS = {
     "stop_ids_words": (["generate", "{art}", "--prompt-ids", "3", "--stop-ids", "eos"], "or none, got 'eos'"),
     "inspect_missing": (["inspect", "{tmp}/no_art"], "no_art does not exist"),
     "generate_from_a_checkpoint": (["generate", "{target}", "--prompt-ids", "3"], "is a model checkpoint, not"),
+    "compile_from_an_artifact": (
+        ["compile", "{art}", "--draft", "ngram", "--device", "cpu", "--out", "{tmp}/a"],
+        "is a graphspec artifact, not a model checkpoint",
+    ),
     "serve_port_out_of_range": (["serve", "{art}", "--port", "99999"], "between 1 and 65535"),
     "dump_dir_is_a_file": (
         [

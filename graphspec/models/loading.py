@@ -64,6 +64,12 @@ def load_config(path: str | Path) -> PretrainedConfig:
         raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist or is not a directory")
     config_file = path / "config.json"
     if not config_file.is_file():
+        if (path / "manifest.json").is_file():  # a graphspec artifact given where a checkpoint belongs
+            raise CheckpointError(
+                f"{path} is a graphspec artifact, not a model checkpoint: run it with `graphspec generate {path}` "
+                f"or `graphspec serve {path}`, or compile from the checkpoints it was made of (`graphspec inspect "
+                f"{path}` names them)"
+            )
         raise CheckpointError(f"{config_file}: missing config.json; is this a Hugging Face checkpoint directory?")
     try:
         raw = json.loads(config_file.read_text())
