@@ -72,6 +72,8 @@ class SamplingFields(BaseModel):
         if self.n != 1:
             raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}", "n")
         for name, value in (self.model_extra or {}).items():
+            if name == "tool_choice" and value == "none" and not getattr(self, "tools", None):
+                continue  # OpenAI's own default when a request has no tools, as some clients send it
             # Same type and value as a neutral one (so true is not 1, as it is in Python).
             neutral = UNSUPPORTED_FIELDS.get(name)
             if neutral is not None and not any(type(value) is type(v) and value == v for v in neutral):

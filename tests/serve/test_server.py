@@ -338,3 +338,7 @@ def test_output_changing_fields_at_their_neutral_values_are_accepted(client):
             tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
         )  # fmt: skip
     assert "tool_choice is not supported" in raised.value.message
+    no_tools = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0, tool_choice="none"
+    )  # OpenAI's default without tools
+    assert no_tools.choices[0].message is not None
