@@ -549,6 +549,11 @@ def encode_graph_module(gm: fx.GraphModule, name: str) -> tuple[dict[str, Any], 
     return modules, tensors
 
 
+# node.meta key of a rebuilt placeholder's or output's recorded example (shape, dtype, device), which a traced
+# graph has as node.meta["val"] instead; not a "gs_" key, so it is not also saved with the node's meta.
+EXAMPLE = "artifact_example"
+
+
 def _encode_node(node: fx.Node, graph: str) -> dict[str, Any]:
     try:
         record = {
@@ -574,11 +579,6 @@ def _encode_node(node: fx.Node, graph: str) -> dict[str, Any]:
     elif node.op in ("placeholder", "output") and EXAMPLE in node.meta:  # a loaded graph: as it was recorded
         record["example"] = node.meta[EXAMPLE]
     return record
-
-
-# node.meta key of a rebuilt placeholder's or output's recorded example (shape, dtype, device), which a traced
-# graph has as node.meta["val"] instead; not a "gs_" key, so it is not also saved with the node's meta.
-EXAMPLE = "artifact_example"
 
 
 def _example(value: Any) -> Any:

@@ -559,9 +559,11 @@ def run_token_map(args: argparse.Namespace) -> int:
     from graphspec.drafters.token_map import write_token_map
     from graphspec.hot_tokens import build_token_map
 
-    where = Path(args.out).absolute()
-    if where.is_dir() or not where.parent.is_dir():  # before the corpus is read
-        raise UsageError(f"--out {args.out}: {'is a directory' if where.is_dir() else f'no directory {where.parent}'}")
+    where = Path(args.out).absolute()  # checked before the corpus is read
+    if where.is_dir():
+        raise UsageError(f"--out {args.out}: is a directory")
+    if not where.parent.is_dir():
+        raise UsageError(f"--out {args.out}: no directory {where.parent}")
     ids, facts = build_token_map(args.target, args.corpus, args.size)
     out = write_token_map(args.out, ids).absolute()
     short = " (all the corpus and the special tokens hold)" if len(ids) < args.size else ""
