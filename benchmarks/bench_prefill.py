@@ -20,7 +20,9 @@ device (or the tiny stand-ins with --preset tiny-llama), in one run:
   capture of every program), the first and the second request of the same prompt, and the Triton
   compiles and graph captures those requests caused (both must be 0);
 - with --profile SHAPE (e.g. 4096x1): the kernels of one graphspec prefill and of one transformers
-  forward at that shape, by category and the top ones by time, from the PyTorch profiler.
+  forward at that shape, by category and the top ones by time, from the PyTorch profiler;
+- with --cold-start-profile FILE: the cold start's Runtime.load under cProfile, its top functions by
+  cumulative and by own time written to FILE (the load's phases are slower under the profiler).
 
     python benchmarks/bench_prefill.py --json prefill.json       # on the H200: one command, ~5 minutes
     python benchmarks/bench_prefill.py --preset tiny-llama --device cpu --shapes 32x1,48x2 --max-seq-len 128 \
@@ -30,8 +32,11 @@ device (or the tiny stand-ins with --preset tiny-llama), in one run:
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -137,15 +142,25 @@ def time_transformers(
     return results
 
 
-def cold_start(artifact: Path, tokens: int, seed: int) -> dict[str, Any]:
+def cold_start(artifact: Path, tokens: int, seed: int, profile: Path | None = None) -> dict[str, Any]:
     """Run in a fresh process (with an empty Triton cache: the kernels come from the artifact): Runtime.load
-    to ready, then the same request twice."""
+    to ready, then the same request twice. profile: write the load's cProfile summary there."""
     from graphspec.triton_binaries import RECORDER
 
+    profiler = cProfile.Profile() if profile is not None else None
     begin = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     runtime = graphspec.Runtime.load(artifact)
     common.sync(runtime.device)
+    if profiler is not None:
+        profiler.disable()
     ready_s = time.perf_counter() - begin
+    if profiler is not None:
+        text = io.StringIO()
+        for order in ("cumulative", "tottime"):
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(60)
+        profile.write_text(text.getvalue())
     # Whether the process (graphspec's import, then start-up) imported these; seconds each on a GPU machine.
     imported = {name: name in sys.modules for name in ("torch._dynamo", "torchvision")}
     prompt = prompts_for(tokens, 1, runtime.vocab_size, seed).tolist()
@@ -186,11 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-target-only", dest="target_only", action="store_false")
     parser.add_argument("--cold-start-tokens", type=int, default=512, help="prompt tokens of the cold-start requests")
     parser.add_argument("--cold-start-artifact", default=None, help=argparse.SUPPRESS)  # the fresh process
+    parser.add_argument("--cold-start-profile", default=None, metavar="FILE", help="cProfile the cold start's load")
     parser.add_argument("--profile", default=None, metavar="SHAPE", help="profile the kernels at one of --shapes")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.cold_start_artifact:
-        print(json.dumps(cold_start(Path(args.cold_start_artifact), args.cold_start_tokens, args.seed)))
+        profile = Path(args.cold_start_profile) if args.cold_start_profile else None
+        print(json.dumps(cold_start(Path(args.cold_start_artifact), args.cold_start_tokens, args.seed, profile)))
         return 0
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_prefill: CUDA is not available; pass --device cpu for a smoke run", file=sys.stderr)
@@ -244,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cold_start:
             command = [sys.executable, str(Path(__file__).resolve()), "--cold-start-artifact", str(artifact)]
             command += ["--cold-start-tokens", str(args.cold_start_tokens)]
+            if args.cold_start_profile:
+                command += ["--cold-start-profile", str(Path(args.cold_start_profile).absolute())]
             # An empty Triton cache, as on a machine that never ran graphspec: every kernel must come from
             # the artifact (triton_binaries), or the load builds it and says so.
             env = {**os.environ, "TRITON_CACHE_DIR": str(Path(workdir) / "empty_triton_cache")}
