@@ -22,7 +22,8 @@ device (or the tiny stand-ins with --preset tiny-llama), in one run:
 - with --profile SHAPE (e.g. 4096x1): the kernels of one graphspec prefill and of one transformers
   forward at that shape, by category and the top ones by time, from the PyTorch profiler;
 - with --cold-start-profile FILE: after the timed cold start, one more in another fresh process with
-  Runtime.load under cProfile, its top functions by cumulative and by own time written to FILE.
+  Runtime.load under cProfile, its top functions by cumulative and by own time written to FILE, the raw
+  stats to FILE.prof.
 
     python benchmarks/bench_prefill.py --json prefill.json       # on the H200: one command, ~5 minutes
     python benchmarks/bench_prefill.py --preset tiny-llama --device cpu --shapes 32x1,48x2 --max-seq-len 128 \
@@ -161,6 +162,7 @@ def cold_start(artifact: Path, tokens: int, seed: int, profile: Path | None = No
         for order in ("cumulative", "tottime"):
             pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(60)
         profile.write_text(text.getvalue())
+        profiler.dump_stats(f"{profile}.prof")  # the raw stats, for callers and other orders (pstats)
     # Whether the process (graphspec's import, then start-up) imported these; seconds each on a GPU machine.
     imported = {name: name in sys.modules for name in ("torch._dynamo", "torchvision")}
     prompt = prompts_for(tokens, 1, runtime.vocab_size, seed).tolist()

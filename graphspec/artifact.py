@@ -684,9 +684,25 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
     try:
         return getattr(getattr(getattr(torch.ops, namespace), op), overload)
     except (AttributeError, RuntimeError):
-        if namespace != "graphspec" or not _import_kernels():
+        if namespace != "graphspec":
             raise
-    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    # Only the module that defines it, where the naming rule finds one: importing every kernel module
+    # creates every @triton.jit function (each reads its source), a second of a GPU cold start.
+    if not (_import_kernel_module(op) and hasattr(torch.ops.graphspec, op)) and not _import_kernels():
+        raise AttributeError(f"graphspec registers no op {op!r}")
+    return getattr(getattr(torch.ops.graphspec, op), overload)
+
+
+def _import_kernel_module(op: str) -> bool:
+    """Import the graphspec.kernels module that defines kernel op `op` by the naming rule
+    (lowering/registry.py): <name>_triton in <name>.py, <name>_cpu in <name>_cpu.py. False where there
+    is no such module."""
+    name = op.removesuffix("_triton")
+    try:
+        importlib.import_module(f"graphspec.kernels.{name}")
+    except ImportError:
+        return False
+    return True
 
 
 def _import_kernels() -> bool:

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 import graphspec
-from graphspec.artifact import ArtifactMismatchWarning, LazyGraphModule, load_artifact, save_artifact
+from graphspec.artifact import ArtifactMismatchWarning, LazyGraphModule, load_artifact, resolve_op, save_artifact
 from graphspec.counters import COUNTERS
 from graphspec.errors import ArtifactError
 from graphspec.file_digest import digest_file
@@ -190,6 +190,37 @@ def test_artifact_without_prefill_programs_loads_with_a_warning_and_prefills_by_
     runtime = Runtime(loaded)
     assert runtime.prefiller is None
     assert [r.token_ids for r in runtime.generate(PROMPTS, max_new_tokens=NEW_TOKENS)] == expected["greedy"]
+
+
+RESOLVE_IN_FRESH_PROCESS = """
+import json, sys
+from graphspec.artifact import resolve_op
+resolve_op(sys.argv[1])
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("graphspec.kernels."))))
+"""
+
+
+@pytest.mark.parametrize(
+    "op, imports_all",
+    [("graphspec::rms_norm_triton.default", False), ("graphspec::rms_norm_cpu.default", False),
+     ("graphspec::kv_attention_cpu.default", True)],  # no module of its name: every kernel module
+)  # fmt: skip
+def test_resolving_a_kernel_op_imports_the_module_that_defines_it(op, imports_all):
+    # A load resolves each op its graphs call; importing every kernel module for the first kernel op
+    # created every Triton function (each reads its source), about a second of a GPU cold start.
+    done = subprocess.run(
+        [sys.executable, "-c", RESOLVE_IN_FRESH_PROCESS, op], capture_output=True, text=True, env=ENV, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    modules = json.loads(done.stdout.strip().splitlines()[-1])
+    module = "graphspec.kernels." + op.split("::")[1].split(".")[0].removesuffix("_triton")
+    assert (module in modules) != imports_all
+    assert ("graphspec.kernels.gated_delta_rule" in modules) == imports_all, modules
+
+
+def test_resolving_an_op_nothing_defines_is_refused():
+    with pytest.raises(AttributeError):
+        resolve_op("graphspec::no_such_op_triton.default")
 
 
 def test_split_graph_round_trips_with_its_pieces(checkpoints, tmp_path):
@@ -658,7 +689,8 @@ runtime = Runtime.load(sys.argv[1])
 tokens = [r.token_ids for r in runtime.generate(prompts, max_new_tokens=new_tokens)]
 print(json.dumps({"tokens": tokens, "traces": COUNTERS.traces, "pipeline_runs": COUNTERS.pipeline_runs,
                   "captures": COUNTERS.captures, "kernels_built": RECORDER.built,
-                  "kernels_loaded": len(RECORDER.folders), "dynamo": "torch._dynamo" in sys.modules}))
+                  "kernels_loaded": len(RECORDER.folders), "dynamo": "torch._dynamo" in sys.modules,
+                  "kernel_modules": sorted(m for m in sys.modules if m.startswith("graphspec.kernels."))}))
 """
 
 
@@ -714,6 +746,9 @@ def test_gpu_artifact_with_kernels_replays_the_same_tokens_in_a_fresh_process(ch
     assert (fresh["traces"], fresh["pipeline_runs"]) == (0, 0)
     assert fresh["captures"] > 0
     assert not fresh["dynamo"]  # seconds of a cold start: no graphspec op imports it (graphspec/library.py)
+    # Only the kernels its graphs call: a Llama pair imports none of the Gated DeltaNet ones.
+    assert "graphspec.kernels.rms_norm" in fresh["kernel_modules"]
+    assert not [m for m in fresh["kernel_modules"] if "gated_delta" in m or "gdn" in m], fresh["kernel_modules"]
     assert fresh["tokens"] == expected
 
 
