@@ -189,6 +189,8 @@ def render(pair: Path) -> str:
     for produced, command in runs:
         add(f"- {produced}:\n  ```\n  {command}\n  ```")
     add("")
+    if draft.get("record_rebuilt_from_log"):
+        add(f"The draft's last run: {draft['record_rebuilt_from_log']}.\n")
     add(
         "Each phase has a time budget; its step count is capped to what fits (measured after 25 steps) and its LR "
         "schedule (linear warmup, cosine decay to 10%) runs to that count. bf16 autocast, AdamW (betas 0.9/0.95, "
