@@ -9,7 +9,7 @@ own acceptance measurement and metadata.json, so its draft record is rebuilt her
 acceptance of every drafter and the target's greedy samples are measured here, on the CPU, from the
 shipped files (the functions the training script uses: tools/measure_acceptance.py's replay, fp32).
 Corpus, tokenizer and target records are run e's (same corpus, same tokenizer and target files); the
-MTP, EAGLE-3 and DFlash records are the earlier pair's (their files are unchanged).
+MTP, EAGLE-3 and DFlash records are the earlier pair's (2972c61; their files are unchanged).
 
     PYTHONPATH=. python3 docs/results/2026-11-27-demo-draft/assemble_metadata.py
 """
@@ -32,15 +32,26 @@ from graphspec import examples  # noqa: E402
 HERE = Path(__file__).resolve().parent
 PAIR = REPO / "graphspec" / "examples" / "demo_pair"
 SP = "/opt/torch/.venv/lib/python3.12/site-packages"
-PACKAGES = ("torch sympy numpy networkx pip setuptools jinja2 huggingface_hub triton _pytest filelock fsspec packaging "
-            "mpmath requests urllib3 yaml tqdm markupsafe click rich pygments").split()
-COMMAND = ("PYTHONPATH=. python3 tools/train_demo_pair.py --stdlib /tmp/stdlib --stdlib-version 3.11.7 "
-           + " ".join(f"--extra-corpus {SP}/{p}" for p in PACKAGES)
-           + " --target-from graphspec/examples/demo_pair --draft-from graphspec/examples/demo_pair --heads '' "
-           "--draft-lr 0.001 --draft-steps 30000 --draft-seconds 440 --time-budget 530 --out build/dp/f")
+PACKAGES = (
+    "torch sympy numpy networkx pip setuptools jinja2 huggingface_hub triton _pytest filelock fsspec packaging "
+    "mpmath requests urllib3 yaml tqdm markupsafe click rich pygments"
+).split()
+COMMAND = (
+    "PYTHONPATH=. python3 tools/train_demo_pair.py --stdlib /tmp/stdlib --stdlib-version 3.11.7 "
+    + " ".join(f"--extra-corpus {SP}/{p}" for p in PACKAGES)
+    + " --target-from graphspec/examples/demo_pair --draft-from graphspec/examples/demo_pair --heads '' "
+    "--draft-lr 0.001 --draft-steps 30000 --draft-seconds 440 --time-budget 530 --out build/dp/f"
+)
 
-earlier_pair = json.loads(subprocess.run(["git", "show", "HEAD:graphspec/examples/demo_pair/metadata.json"],
-                                         capture_output=True, text=True, cwd=REPO, check=True).stdout)
+earlier_pair = json.loads(
+    subprocess.run(
+        ["git", "show", "2972c61:graphspec/examples/demo_pair/metadata.json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout
+)
 run_e = json.loads((HERE / "metadata_e.json").read_text())
 argv = shlex.split(COMMAND)[3:]
 args = train_demo_pair.parse_args(argv)
@@ -60,8 +71,12 @@ draft_record = {
     "shape": run_e["draft"]["shape"],
     "parameters": run_e["draft"]["parameters"],
     "objective": run_e["draft"]["objective"],
-    "generated": {"sequences": args.gen_sequences, "prompt_tokens": args.gen_prompt, "new_tokens": args.gen_new,
-                  "seconds": generation_seconds},
+    "generated": {
+        "sequences": args.gen_sequences,
+        "prompt_tokens": args.gen_prompt,
+        "new_tokens": args.gen_new,
+        "seconds": generation_seconds,
+    },
     "steps_requested": args.draft_steps,
     "steps_done": final["step"],
     "steps_capped_by_budget": capped,
@@ -85,7 +100,9 @@ acceptance, samples = train_demo_pair.measure_saved(
 )
 args.device = "cuda"  # the training run's, as recorded
 acceptance["measured_on"] = "CPU, from the shipped files (docs/results/2026-11-27-demo-draft/assemble_metadata.py)"
-files = sorted(p for sub in ("target", "draft", "mtp", "eagle3", "dflash") for p in (PAIR / sub).iterdir() if p.is_file())
+files = sorted(
+    p for sub in ("target", "draft", "mtp", "eagle3", "dflash") for p in (PAIR / sub).iterdir() if p.is_file()
+)
 metadata = {
     "command": COMMAND,
     "smoke": False,
@@ -98,8 +115,12 @@ metadata = {
     "dflash": earlier_pair["dflash"],
     "acceptance": acceptance,
     "samples": samples,
-    "timing_seconds": {"target_training": run_e["target"]["seconds"], "target_generation": generation_seconds,
-                       "draft_training": final["seconds"], "acceptance_and_samples_on_cpu": time.time() - began},
+    "timing_seconds": {
+        "target_training": run_e["target"]["seconds"],
+        "target_generation": generation_seconds,
+        "draft_training": final["seconds"],
+        "acceptance_and_samples_on_cpu": time.time() - began,
+    },
     "saved_dtype": "float16",
     "versions": run_e["versions"],
     "device": run_e["device"],
