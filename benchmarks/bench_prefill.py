@@ -181,6 +181,7 @@ def cold_start(artifact: Path, tokens: int, seed: int, profile: Path | None = No
         "triton_kernels_built": RECORDER.built,  # load and requests; the Triton cache was empty
         "triton_kernels_carried": len(json.loads((artifact / "manifest.json").read_text())["triton_cache"]),
         "startup_seconds": runtime.startup_seconds,
+        "warm_up_seconds": runtime.warm_up_seconds,
         "imported_during_start_up": imported,
         "prompt_tokens": tokens,
         "new_tokens": 16,
@@ -326,6 +327,9 @@ def print_table(report: dict[str, Any], shapes) -> None:
         )
         phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in cold["startup_seconds"].items())
         print(f"  start-up by phase: {phases}")
+        if cold.get("warm_up_seconds"):
+            parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cold["warm_up_seconds"].items())
+            print(f"  warm-up and capture by kind: {parts}")
         imported = [name for name, done in cold.get("imported_during_start_up", {}).items() if done]
         shown = ", ".join(imported) or "neither torch._dynamo nor torchvision"
         print(f"  imported by the import of graphspec and start-up: {shown}")

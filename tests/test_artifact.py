@@ -147,6 +147,7 @@ def test_a_loaded_runtime_says_where_its_start_up_went(compiled):
         "verify", "checks", "weights", "graphs", "hashing_beside_weights", "state_and_programs", "warm_up_and_capture"
     ]  # fmt: skip
     assert all(seconds >= 0 for seconds in phases.values()), phases
+    assert runtime.warm_up_seconds == {}  # a CPU runtime without compile_cpu prepares nothing ahead
 
 
 def test_loaded_prefill_programs_are_the_compiled_ones(compiled):
@@ -690,7 +691,8 @@ tokens = [r.token_ids for r in runtime.generate(prompts, max_new_tokens=new_toke
 print(json.dumps({"tokens": tokens, "traces": COUNTERS.traces, "pipeline_runs": COUNTERS.pipeline_runs,
                   "captures": COUNTERS.captures, "kernels_built": RECORDER.built,
                   "kernels_loaded": len(RECORDER.folders), "dynamo": "torch._dynamo" in sys.modules,
-                  "kernel_modules": sorted(m for m in sys.modules if m.startswith("graphspec.kernels."))}))
+                  "kernel_modules": sorted(m for m in sys.modules if m.startswith("graphspec.kernels.")),
+                  "warm_up": sorted(runtime.warm_up_seconds)}))
 """
 
 
@@ -749,6 +751,7 @@ def test_gpu_artifact_with_kernels_replays_the_same_tokens_in_a_fresh_process(ch
     # Only the kernels its graphs call: a Llama pair imports none of the Gated DeltaNet ones.
     assert "graphspec.kernels.rms_norm" in fresh["kernel_modules"]
     assert not [m for m in fresh["kernel_modules"] if "gated_delta" in m or "gdn" in m], fresh["kernel_modules"]
+    assert fresh["warm_up"] == ["first_requests", "prefill_programs", "steps"]  # where warm_up_and_capture went
     assert fresh["tokens"] == expected
 
 

@@ -173,6 +173,9 @@ class Runtime:
         self.engine = Engine(self)
         # Where start-up went, phase by phase (printed by `graphspec serve`, reported by bench_prefill).
         self.startup_seconds = {**compiled.load_seconds, "state_and_programs": time.perf_counter() - began}
+        # Where warm_up's time went: seconds per kind of program prepared (host time: a capture's queued
+        # work finishes in the next kind's), and the first requests'.
+        self.warm_up_seconds: dict[str, float] = {}
         if warm_up:
             warming = time.perf_counter()
             self.warm_up()
@@ -184,20 +187,26 @@ class Runtime:
         """Warm up and capture every step and prefill program that has not been yet (CUDA graphs on), or
         compile every CPU step with Inductor (compile_cpu); elsewhere programs run as they are."""
         graphs = self.graphs.values()
-        pending = [graph.warm_up_and_capture for graph in graphs if graph.capture and not graph.captured]
+        # (what it is, how to prepare it): the kinds name warm_up_seconds' entries.
+        pending = [("steps", graph.warm_up_and_capture) for graph in graphs if graph.capture and not graph.captured]
         if self.prefiller is not None:
-            programs = self.prefiller.programs.values()
-            pending += [p.warm_up_and_capture for p in programs if p.capture and p.recorder is None]
-        pending += [graph.compile_on_cpu for graph in graphs if graph.awaits_cpu_compile]
+            programs = [p for p in self.prefiller.programs.values() if p.capture and p.recorder is None]
+            pending += [("prefill_programs", program.warm_up_and_capture) for program in programs]
+        pending += [("cpu_compiles", graph.compile_on_cpu) for graph in graphs if graph.awaits_cpu_compile]
         if not pending:
             return
         from tqdm.auto import tqdm  # here: importing graphspec should not pull it in
 
         what = "warm-up and capture" if self.device.startswith("cuda") else "compile CPU steps"
-        for prepare in tqdm(pending, desc=f"graphspec: {what}", unit="graph"):
+        for kind, prepare in tqdm(pending, desc=f"graphspec: {what}", unit="graph"):
+            began = time.perf_counter()
             prepare()
+            self.warm_up_seconds[kind] = self.warm_up_seconds.get(kind, 0.0) + time.perf_counter() - began
         if self.device.startswith("cuda"):
+            began = time.perf_counter()
             self._first_requests()
+            torch.cuda.synchronize(self.device)
+            self.warm_up_seconds["first_requests"] = time.perf_counter() - began
 
     def _first_requests(self) -> None:
         """One throwaway two-token request per compiled sampling mode, through the engine. CUDA loads a
