@@ -529,6 +529,9 @@ def main(argv: list[str] | None = None) -> None:
 
     train_files = examples.stdlib_files("train", root)
     heldout_files = examples.stdlib_files("heldout", root)
+    if not heldout_files:  # else evaluation fails minutes later, after tokenizing and generating
+        held = ", ".join(examples.HELDOUT_TOP_LEVEL)
+        raise SystemExit(f"{root}: none of the held-out modules ({held}): is it a Python standard library?")
     extra_files = {directory.name: package_files(directory) for directory in args.extra_corpus}
     train_files += [file for files in extra_files.values() for file in files]
     if args.smoke:  # a slice of the corpus keeps tokenizer training and encoding to seconds on a CPU
