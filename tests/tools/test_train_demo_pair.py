@@ -158,3 +158,11 @@ def test_target_from_a_directory_without_a_saved_target_phase_is_refused(tmp_pat
     with pytest.raises(SystemExit):
         train_demo_pair.parse_args(["--out", str(tmp_path / "out"), "--target-from", str(tmp_path)])
     assert "target_phase.json" in capsys.readouterr().err
+
+
+def test_a_corpus_without_the_held_out_modules_is_refused_before_tokenizing(tmp_path, monkeypatch):
+    (tmp_path / "lib" / "mypackage").mkdir(parents=True)
+    (tmp_path / "lib" / "mypackage" / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(train_demo_pair, "train_tokenizer", lambda *a: pytest.fail("tokenized"))
+    with pytest.raises(SystemExit, match="none of the held-out modules"):
+        train_demo_pair.main(["--smoke", "--stdlib", str(tmp_path / "lib"), "--out", str(tmp_path / "out")])
