@@ -92,6 +92,7 @@ from graphspec.drafters import (
 from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.file_digest import copy_and_digest, digest_file, mismatched_blocks
+from graphspec.gc_pause import paused_gc
 from graphspec.models.loading import (
     VOLATILE_CONFIG_KEYS,
     LoadedModel,
@@ -868,6 +869,7 @@ def _sm_text(sm: int | None, device: str) -> str:
     return f"sm_{sm}" if sm is not None else f"no GPU sm (device {device})"
 
 
+@paused_gc()
 def load_artifact(path: str | Path, allow_mismatch: bool = False) -> Compiled:
     """Verify the artifact at `path` and rebuild its Compiled: models from the (copied or referenced)
     checkpoints, graphs from their stored nodes. Neither traces nor runs a pass.

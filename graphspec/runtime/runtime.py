@@ -20,6 +20,7 @@ from graphspec.counters import COUNTERS
 from graphspec.cublas import use_no_workspace
 from graphspec.drafters.base import PrefillView
 from graphspec.errors import InputError
+from graphspec.gc_pause import paused_gc
 from graphspec.inputs import check_max_new_tokens, check_prompts
 from graphspec.models.target import target_forward, target_state_names
 from graphspec.runtime.buffers import StepBuffers
@@ -118,6 +119,7 @@ class Runtime:
     fp32 on CPUs with AVX512-BF16; everything else, and the whole target, stays float32. The target
     verifies every draft in float32, so the output tokens are the same; acceptance may move a little."""
 
+    @paused_gc()
     def __init__(
         self, compiled: Compiled, compile_cpu: bool = False, warm_up: bool = True, cpu_draft_dtype: str = "float32"
     ) -> None:
