@@ -342,3 +342,25 @@ def test_output_changing_fields_at_their_neutral_values_are_accepted(client):
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0, tool_choice="none"
     )  # OpenAI's default without tools
     assert no_tools.choices[0].message is not None
+
+
+def test_serve_freezes_the_loaded_graphs_out_of_the_collectors_passes(runtime, monkeypatch):
+    # A full collection walks every tracked object: the Runtime's graphs are most of them, kept for the
+    # process's life, so serve freezes them (gc.freeze) before it starts answering.
+    import gc
+
+    from graphspec.runtime.runtime import Runtime
+    from graphspec.serve import serve
+
+    frozen_when_serving = []
+
+    def run(server, sockets=None):
+        frozen_when_serving.append(gc.get_freeze_count())
+
+    monkeypatch.setattr(Runtime, "load", classmethod(lambda cls, *args, **kwargs: runtime))
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    try:
+        serve("an-artifact", port=0)
+    finally:
+        gc.unfreeze()
+    assert frozen_when_serving and frozen_when_serving[0] > 100_000, frozen_when_serving
