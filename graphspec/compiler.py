@@ -18,7 +18,6 @@ from graphspec.counters import COUNTERS
 from graphspec.cublas import use_no_workspace
 from graphspec.drafters import Drafter, check_context, check_drafter, drafter_kind, open_drafter
 from graphspec.errors import InputError
-from graphspec.gc_pause import paused_gc
 from graphspec.models.loading import LoadedModel, load_config, load_model, parse_dtype
 from graphspec.models.spec import ModelSpec
 from graphspec.pipeline import PREFILL_PIPELINE, run_pipeline, validate_names
@@ -50,7 +49,6 @@ def check_dump_dir(dump_dir: str | Path) -> None:
         raise InputError(f"dump_dir {path}: {blocking} is a file, not a directory; choose another path")
 
 
-@paused_gc()
 def compile(
     target: str | Path,
     draft: str | Path,

@@ -1,5 +1,5 @@
 """graphspec/gc_pause.py: the collector is paused inside, restored after (also on error, and nested), and
-the builders that make graphs by the thousand run inside a pause."""
+loading and a Runtime's start-up rebuild their graphs inside a pause."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import gc
 import pytest
 
 import graphspec
-from graphspec import artifact, compiler
+from graphspec import artifact
 from graphspec.gc_pause import paused_gc
 from graphspec.runtime import runtime as runtime_module
 
@@ -36,7 +36,7 @@ def test_a_disabled_collector_stays_disabled():
         gc.enable()
 
 
-def test_compile_load_and_start_up_build_graphs_with_the_collector_paused(checkpoint_factory, monkeypatch, tmp_path):
+def test_load_and_start_up_rebuild_graphs_with_the_collector_paused(checkpoint_factory, monkeypatch, tmp_path):
     seen: dict[str, list[bool]] = {}
 
     def spy(module, name):
@@ -48,13 +48,12 @@ def test_compile_load_and_start_up_build_graphs_with_the_collector_paused(checkp
 
         monkeypatch.setattr(module, name, wrapped)
 
-    spy(compiler, "run_pipeline")  # the passes, inside compile
     spy(artifact, "decode_graph_module")  # rebuilding stored graphs, inside load_artifact
     spy(runtime_module, "PrefillProgram")  # splitting the prefill programs, inside Runtime()
     target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
     graphspec.compile(target, draft, k=2, batch_sizes=(1,), device="cpu", dtype="float32", max_seq_len=64,
                       modes=("greedy",), out=tmp_path / "art")  # fmt: skip
     graphspec.Runtime.load(tmp_path / "art")
-    assert set(seen) == {"run_pipeline", "decode_graph_module", "PrefillProgram"}
+    assert set(seen) == {"decode_graph_module", "PrefillProgram"}
     assert not any(enabled for calls in seen.values() for enabled in calls), seen
     assert gc.isenabled()
