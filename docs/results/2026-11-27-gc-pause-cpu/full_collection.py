@@ -4,6 +4,10 @@ import graphspec
 
 rt = graphspec.Runtime.load(sys.argv[1])
 gc.collect()
-t = time.perf_counter(); gc.collect(); print(f"full collection after load: {1e3*(time.perf_counter()-t):.0f} ms, tracked objects {len(gc.get_objects())}")
+t = time.perf_counter()
+gc.collect()
+print(f"full collection after load: {1e3 * (time.perf_counter() - t):.0f} ms, tracked objects {len(gc.get_objects())}")
 gc.freeze()
-t = time.perf_counter(); gc.collect(); print(f"after freeze: {1e3*(time.perf_counter()-t):.0f} ms, frozen {gc.get_freeze_count()}")
+t = time.perf_counter()
+gc.collect()
+print(f"after freeze: {1e3 * (time.perf_counter() - t):.0f} ms, frozen {gc.get_freeze_count()}")

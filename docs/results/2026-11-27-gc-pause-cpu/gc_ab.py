@@ -1,6 +1,7 @@
 # ruff: noqa  (the script as run, kept with its results)
 import gc, sys, time
 import graphspec
+
 off = sys.argv[1] == "off"
 if off:
     gc.disable()
