@@ -373,7 +373,9 @@ def train(name, model, stream, heldout, args, steps, lr, budget, deadline, teach
         if done % args.eval_every == 0 or done == cap.steps:
             entry = {"step": done, "train_ce": ce.item(), "train_loss": loss.item(), "seconds": cap.elapsed()}
             entry.update({k: v.item() for k, v in entry_extra.items()})
+            evaluating = time.time()
             entry.update(evaluate(model, heldout, args, teacher))
+            cap.after_evaluation(done, time.time() - evaluating, args.eval_every)
             log.append(entry)
             fields = (f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items())
             print(f"[{name}] " + " ".join(fields), flush=True)

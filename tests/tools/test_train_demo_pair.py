@@ -166,3 +166,17 @@ def test_a_corpus_without_the_held_out_modules_is_refused_before_tokenizing(tmp_
     monkeypatch.setattr(train_demo_pair, "train_tokenizer", lambda *a: pytest.fail("tokenized"))
     with pytest.raises(SystemExit, match="none of the held-out modules"):
         train_demo_pair.main(["--smoke", "--stdlib", str(tmp_path / "lib"), "--out", str(tmp_path / "out")])
+
+
+def test_step_cap_fits_again_once_the_first_evaluation_says_what_evaluations_cost():
+    cap = demo_training.StepCap(steps=10_000, budget=10.0)
+    cap.per_step = 0.001  # the probe's 1 ms a step: 9,000 steps would fit
+    cap.after_evaluation(250, seconds=0.5, every=250)  # but each evaluation takes 0.5 s: 3 ms a step in all
+    assert cap.capped and 250 <= cap.steps <= 250 + int(10.0 / 0.003)
+    fitted = cap.steps
+    cap.after_evaluation(500, seconds=5.0, every=250)  # fitted once: later evaluations do not move it
+    assert cap.steps == fitted
+    cheap = demo_training.StepCap(steps=1_000, budget=10.0)
+    cheap.per_step = 0.001
+    cheap.after_evaluation(250, seconds=0.01, every=250)  # everything still fits: the request stands
+    assert (cheap.steps, cheap.capped) == (1_000, False)
