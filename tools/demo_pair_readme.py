@@ -81,10 +81,12 @@ def part_bytes(metadata: dict, part: str) -> int:
 
 
 def acceptance_table(results: dict) -> list[str]:
+    # Measurements recorded before measure_acceptance reported steps outside loops have no such column.
+    outside = all("steps_outside_loops" in result for result in results.values())
     lines = [
         "| drafter | steps | mean accepted drafts (0..4) | mean tokens per step | acceptance at draft position "
-        "1 / 2 / 3 / 4 | accepted 0/1/2/3/4 (steps) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "1 / 2 / 3 / 4 | accepted 0/1/2/3/4 (steps) |" + (" outside loops: mean accepted (steps) |" if outside else ""),
+        "| --- | --- | --- | --- | --- | --- |" + (" --- |" if outside else ""),
     ]
     order = list(DRAFTER_LABELS)
     for name, result in sorted(results.items(), key=lambda item: order.index(item[0]) if item[0] in order else 99):
@@ -93,6 +95,7 @@ def acceptance_table(results: dict) -> list[str]:
         lines.append(
             f"| {DRAFTER_LABELS.get(name, name)} | {result['steps']} | **{result['mean_accepted']:.3f}** | "
             f"{result['mean_tokens_per_step']:.3f} | {positions} | {histogram} |"
+            + (f" {result['mean_accepted_outside_loops']:.3f} ({result['steps_outside_loops']}) |" if outside else "")
         )
     return lines
 

@@ -14,8 +14,10 @@ length; tests/tools/test_demo_dflash.py checks it equal to graphspec's DFlash dr
 weights) and n-gram prompt lookup (graphspec's rule, ngram 1..3; fewer than K proposals never accept filler).
 
 Reported: mean accepted drafts per step (0..K, the issue's "accepted length"), mean tokens per step
-(accepted + 1), the acceptance rate at each draft position (fraction of steps with n >= i), and the
-histogram of n. Prompts are --prompt-tokens tokens from held-out stdlib files (the split recorded in
+(accepted + 1), the acceptance rate at each draft position (fraction of steps with n >= i), the
+histogram of n, and the mean over the steps outside loops (a step whose first target token completes
+a 4-gram already in the text is in a loop, where any drafter that reads the context does well).
+Prompts are --prompt-tokens tokens from held-out stdlib files (the split recorded in
 graphspec/examples), starting at a line chosen from a hash of the file path, so runs are repeatable.
 
     PYTHONPATH=. python3 tools/measure_acceptance.py                      # the shipped demo pair
@@ -64,6 +66,10 @@ class Result:
     per_prompt_mean_accepted: list[float]
     distinct_4gram_ratio: float  # mean over prompts of distinct/total 4-grams in the target's continuation
     sources: list[str]
+    # The steps outside loops (in_loop): how many, and their mean accepted drafts. Inside a loop any drafter
+    # that reads the context predicts well, so this is the fairer number between targets that loop unequally.
+    steps_outside_loops: int = 0
+    mean_accepted_outside_loops: float = 0.0
 
 
 def heldout_prompts(tokenizer, count: int, length: int, stdlib: Path | None = None) -> list[tuple[str, list[int]]]:
@@ -210,22 +216,40 @@ def continuation(target, prompt: list[int], k: int, new_tokens: int, eos: set[in
     return tokens, new_tokens
 
 
-def simulate(target, draft, prompt: list[int], k: int, new_tokens: int, eos: set[int]) -> tuple[list[int], float]:
+def in_loop(full: list[int], at: int) -> bool:
+    """Whether full[at] completes a 4-gram that already occurred in full[:at] (the step starting there
+    continues a loop of the text so far)."""
+    if at < 3:
+        return False
+    gram = tuple(full[at - 3 : at + 1])
+    return any(tuple(full[i - 3 : i + 1]) == gram for i in range(3, at))
+
+
+def simulate(
+    target, draft, prompt: list[int], k: int, new_tokens: int, eos: set[int]
+) -> tuple[list[int], float, list[int]]:
     """Accepted count of every speculation step while greedily generating `new_tokens` from `prompt`,
-    and the distinct-4-gram ratio of the target's continuation (low when greedy decoding loops)."""
+    the distinct-4-gram ratio of the target's continuation (low when greedy decoding loops), and the
+    accepted counts of the steps outside loops (in_loop)."""
     drafter = draft if hasattr(draft, "proposer") else DraftModel(draft)
     tokens, length = continuation(target, prompt, k, new_tokens, eos)
     full = prompt + tokens
     accepted = replay(drafter.proposer(full, k), full, len(prompt), length, k)
     grams = [tuple(tokens[i : i + 4]) for i in range(max(1, length - 3))]
-    return accepted, len(set(grams)) / len(grams)
+    outside, at = [], len(prompt)
+    for n in accepted:
+        if not in_loop(full, at):
+            outside.append(n)
+        at += n + 1
+    return accepted, len(set(grams)) / len(grams), outside
 
 
 def measure(target, draft, prompts: list[tuple[str, list[int]]], k: int, new_tokens: int, eos: set[int]) -> Result:
     """`draft`: a draft model, or a drafter of this module (DraftModel, NGram, Head)."""
     runs = [simulate(target, draft, ids, k, new_tokens, eos) for _, ids in prompts]
-    per_prompt = [accepted for accepted, _ in runs]
+    per_prompt = [accepted for accepted, _, _ in runs]
     steps = [n for run in per_prompt for n in run]
+    outside = [n for _, _, run in runs for n in run]
     return Result(
         k=k,
         prompts=len(prompts),
@@ -235,8 +259,10 @@ def measure(target, draft, prompts: list[tuple[str, list[int]]], k: int, new_tok
         position_acceptance=[sum(n >= i for n in steps) / len(steps) for i in range(1, k + 1)],
         histogram=[sum(n == i for n in steps) for i in range(k + 1)],
         per_prompt_mean_accepted=[sum(run) / len(run) for run in per_prompt],
-        distinct_4gram_ratio=sum(ratio for _, ratio in runs) / len(runs),
+        distinct_4gram_ratio=sum(ratio for _, ratio, _ in runs) / len(runs),
         sources=[name for name, _ in prompts],
+        steps_outside_loops=len(outside),
+        mean_accepted_outside_loops=sum(outside) / len(outside) if outside else 0.0,
     )
 
 
@@ -284,6 +310,10 @@ def report(name: str, result: Result, prompts, args) -> None:
     print(f"mean accepted draft tokens per step (0..{args.k}): {result.mean_accepted:.3f}")
     print(f"mean tokens per step (accepted + 1):          {result.mean_tokens_per_step:.3f}")
     print(f"distinct 4-gram ratio of the target's greedy continuations: {result.distinct_4gram_ratio:.3f}")
+    print(
+        f"mean accepted outside loops: {result.mean_accepted_outside_loops:.3f} over {result.steps_outside_loops} "
+        f"of {result.steps} steps (a step is in a loop when its first target token completes a 4-gram seen before)"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Result]:
