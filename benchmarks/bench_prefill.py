@@ -33,6 +33,7 @@ device (or the tiny stand-ins with --preset tiny-llama), in one run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -148,16 +149,13 @@ def cold_start(artifact: Path, tokens: int, seed: int, profile: Path | None = No
     to ready, then the same request twice. profile: write the load's cProfile summary there."""
     from graphspec.triton_binaries import RECORDER
 
-    profiler = cProfile.Profile() if profile is not None else None
+    profiler = cProfile.Profile()
     begin = time.perf_counter()
-    if profiler is not None:
-        profiler.enable()
-    runtime = graphspec.Runtime.load(artifact)
-    common.sync(runtime.device)
-    if profiler is not None:
-        profiler.disable()
+    with profiler if profile is not None else contextlib.nullcontext():
+        runtime = graphspec.Runtime.load(artifact)
+        common.sync(runtime.device)
     ready_s = time.perf_counter() - begin
-    if profiler is not None:
+    if profile is not None:
         text = io.StringIO()
         for order in ("cumulative", "tottime"):
             pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(60)

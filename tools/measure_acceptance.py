@@ -68,8 +68,8 @@ class Result:
     sources: list[str]
     # The steps outside loops (in_loop): how many, and their mean accepted drafts. Inside a loop any drafter
     # that reads the context predicts well, so this is the fairer number between targets that loop unequally.
-    steps_outside_loops: int = 0
-    mean_accepted_outside_loops: float = 0.0
+    steps_outside_loops: int
+    mean_accepted_outside_loops: float
 
 
 def heldout_prompts(tokenizer, count: int, length: int, stdlib: Path | None = None) -> list[tuple[str, list[int]]]:
