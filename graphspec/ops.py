@@ -195,6 +195,17 @@ def _(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> Non
     return None
 
 
+def qk_norm_reference(
+    q: Tensor, k: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor]:
+    """Qwen3's per-head rms_norm of q and of k over the head dim, each only where its weight is given."""
+    if q_norm is not None:
+        q = rms_norm_reference(q, q_norm, eps)
+    if k_norm is not None:
+        k = rms_norm_reference(k, k_norm, eps)
+    return q, k
+
+
 def rotary_kv_write_reference(
     q: Tensor,
     k: Tensor,
@@ -205,8 +216,13 @@ def rotary_kv_write_reference(
     layer: int,
     slot_ids: Tensor,
     start_pos: Tensor,
+    q_norm: Tensor | None = None,
+    k_norm: Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> Tensor:
-    # Exactly rotary then kv_write: the same roundings in the same order, so bit-identical to the pair.
+    # Exactly [rms_norm of q and k,] rotary then kv_write: the same roundings in the same order, so
+    # bit-identical to those ops.
+    q, k = qk_norm_reference(q, k, q_norm, k_norm, norm_eps)
     q_out, k_out = rotary_reference(q, k, cos, sin)
     _write_rows(cache, layer, slot_ids, start_pos, k_out, v)
     return q_out.contiguous()
@@ -223,15 +239,20 @@ def rotary_kv_write(
     layer: int,
     slot_ids: Tensor,
     start_pos: Tensor,
+    q_norm: Tensor | None = None,
+    k_norm: Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> Tensor:
     """rotary(q, k, cos, sin) followed by the in-place kv_write of the rotated k and v, as one op:
     returns q rotated (contiguous [B, Hq, T, D]); the rotated k exists only in the cache. Shapes as in
-    rotary and kv_write. The fuse_rotary_kv pass makes it from the pair."""
-    return rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos)
+    rotary and kv_write. The fuse_rotary_kv pass makes it from the pair. With q_norm and k_norm ([D]
+    weights; per-head norms) q and k are first rms_norm'ed over the head dim (fuse_qk_norm folds them in:
+    DFlash's context rows, whose k is normed and q is that same k)."""
+    return rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, q_norm, k_norm, norm_eps)
 
 
 @torch.library.register_fake("graphspec::rotary_kv_write")
-def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos):
+def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, q_norm=None, k_norm=None, norm_eps=1e-6):
     return q.new_empty(q.shape)
 
 
@@ -297,17 +318,6 @@ def _(q: Tensor, cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor,
     return q.new_empty((batch, t, heads, head_dim))
 
 
-def qk_norm_reference(
-    q: Tensor, k: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float
-) -> tuple[Tensor, Tensor]:
-    """Qwen3's per-head rms_norm of q and of k over the head dim, each only where its weight is given."""
-    if q_norm is not None:
-        q = rms_norm_reference(q, q_norm, eps)
-    if k_norm is not None:
-        k = rms_norm_reference(k, k_norm, eps)
-    return q, k
-
-
 def rotary_kv_attention_reference(
     q: Tensor,
     k: Tensor,
@@ -326,8 +336,7 @@ def rotary_kv_attention_reference(
 ) -> Tensor:
     # Exactly [rms_norm of q and k,] rotary_kv_write, then attention (block_attention when not causal):
     # bit-identical to those ops.
-    q, k = qk_norm_reference(q, k, q_norm, k_norm, norm_eps)
-    q_rot = rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos)
+    q_rot = rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, q_norm, k_norm, norm_eps)
     return attention_reference(q_rot, cache, layer, slot_ids, start_pos, scale, causal).contiguous()
 
 

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, next_power_of_2, round_to
+from graphspec.kernels.rms_norm import scale_rows
 from torch import Tensor
 
 from graphspec import library
@@ -77,10 +78,15 @@ def rotate_heads(
     stride_sb,
     stride_st,
     stride_sd,
+    q_norm_ptr,  # QK_NORM only: [D] weights of the per-head rms_norm of q and of k, before the rotation
+    k_norm_ptr,
+    norm_eps,
     DTYPE: tl.constexpr,
+    QK_NORM: tl.constexpr,
 ):
     """The rotated halves (out1, out2) [BLOCK_H, BLOCK_HALF] in DTYPE (the model dtype) of token
-    (b, t) of each head of a head_block: q rows for q heads, k rows for k heads, garbage elsewhere."""
+    (b, t) of each head of a head_block: q rows for q heads, k rows for k heads, garbage elsewhere.
+    QK_NORM: each row rms_norm'ed first (q_norm weights for q heads, k_norm for k heads)."""
     # cos/sin [B, T, D] rows for (b, t), cast to the model dtype like the reference, then held in fp32.
     cos_row = cos_ptr + b * stride_cb + t * stride_ct
     sin_row = sin_ptr + b * stride_sb + t * stride_st
@@ -104,6 +110,21 @@ def rotate_heads(
     )
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
+    if QK_NORM:  # kernels/rms_norm.py's arithmetic over the row's two halves (padding columns hold 0)
+        inverse = 1.0 / tl.sqrt_rn((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * half) + norm_eps)
+        is_q_row = is_q[:, None]
+        w1 = tl.where(
+            is_q_row,
+            tl.load(q_norm_ptr + col, mask=col_ok, other=0.0).to(tl.float32)[None, :],
+            tl.load(k_norm_ptr + col, mask=col_ok, other=0.0).to(tl.float32)[None, :],
+        )
+        w2 = tl.where(
+            is_q_row,
+            tl.load(q_norm_ptr + half + col, mask=col_ok, other=0.0).to(tl.float32)[None, :],
+            tl.load(k_norm_ptr + half + col, mask=col_ok, other=0.0).to(tl.float32)[None, :],
+        )
+        x1 = scale_rows(x1, inverse, w1, DTYPE)
+        x2 = scale_rows(x2, inverse, w2, DTYPE)
     # Each product rounded to the dtype, then the sum (a no-op chain for fp32).
     out1 = round_to(round_to(x1 * cos1[None, :], DTYPE) - round_to(x2 * sin1[None, :], DTYPE), DTYPE).to(DTYPE)
     out2 = round_to(round_to(x2 * cos2[None, :], DTYPE) + round_to(x1 * sin2[None, :], DTYPE), DTYPE).to(DTYPE)
@@ -152,7 +173,8 @@ def rotary_kernel(
     out1, out2 = rotate_heads(
         q_ptr, k_ptr, cos_ptr, sin_ptr, b, t, heads, k_heads, is_q, is_k, col, col_ok, half,
         stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
-        stride_cb, stride_ct, stride_cd, stride_sb, stride_st, stride_sd, q_out_ptr.dtype.element_ty,
+        stride_cb, stride_ct, stride_cd, stride_sb, stride_st, stride_sd, q_ptr, q_ptr, 0.0,
+        q_out_ptr.dtype.element_ty, False,
     )  # fmt: skip
     store_heads(q_out_ptr, out1, out2, b, heads, t, q_heads, half, col, is_q[:, None] & col_ok[None, :], T)
     store_heads(k_out_ptr, out1, out2, b, k_heads, t, kv_heads, half, col, is_k[:, None] & col_ok[None, :], T)

@@ -6,7 +6,8 @@ so the rounding is the reference's (bit-identical in bf16): each q head's rotate
 each k head's rotated row and the same head's v row go to the cache at slot slot_ids[b], position
 start_pos[b] + t, through kernels/kv_write.py's helpers: the same cast to the cache dtype, int64 cache
 offsets, and the same out-of-range drop (a token whose slot or position lies outside the cache writes
-no K/V; its q row is still rotated).
+no K/V; its q row is still rotated). With q_norm/k_norm (fuse_qk_norm) each head row is rms_norm'ed in
+registers first, as in kernels/rotary.py's rotate_heads.
 """
 
 from __future__ import annotations
@@ -73,15 +74,20 @@ def rotary_kv_write_kernel(
     stride_cache_h,
     stride_cache_p,
     stride_cache_d,
+    q_norm_ptr,  # QK_NORM only: [D] weights of the per-head rms_norm of q and of k, before the rotation
+    k_norm_ptr,
+    norm_eps,
     T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    QK_NORM: tl.constexpr,
 ):
     b, t, heads, k_heads, is_q, is_k, col, col_ok = head_block(q_heads, kv_heads, half, T, BLOCK_H, BLOCK_HALF)
     out1, out2 = rotate_heads(
         q_ptr, k_ptr, cos_ptr, sin_ptr, b, t, heads, k_heads, is_q, is_k, col, col_ok, half,
         stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
-        stride_cb, stride_ct, stride_cd, stride_sb, stride_st, stride_sd, q_out_ptr.dtype.element_ty,
+        stride_cb, stride_ct, stride_cd, stride_sb, stride_st, stride_sd, q_norm_ptr, k_norm_ptr, norm_eps,
+        q_out_ptr.dtype.element_ty, QK_NORM,
     )  # fmt: skip
     store_heads(q_out_ptr, out1, out2, b, heads, t, q_heads, half, col, is_q[:, None] & col_ok[None, :], T)
 
@@ -113,17 +119,25 @@ def rotary_kv_write(
     layer: int,
     slot_ids: Tensor,
     start_pos: Tensor,
+    q_norm: Tensor | None = None,
+    k_norm: Tensor | None = None,
+    norm_eps: float = 1e-6,
     block_h: int = CONFIGS["default"]["block_h"],
     num_warps: int = CONFIGS["default"]["num_warps"],
 ) -> Tensor:
     """Rotary of q [B, Hq, T, D] and k [B, Hkv, T, D] with cos/sin [B, T, D], the rotated k and v
     [B, Hkv, T, D] written into cache [L, 2, SLOTS, Hkv, S, D] at positions start_pos[b] + t of slot
     slot_ids[b], layer `layer` (out-of-range targets skipped). Any input strides; returns q rotated,
-    contiguous."""
+    contiguous. With q_norm and k_norm ([D] contiguous weights) each head row is rms_norm'ed first."""
     check_device(q, k, v, cos, sin, cache, slot_ids, start_pos)
     check_qk(q, k, "rotary_kv_write")
     check_kv(cache, k, v, "rotary_kv_write")
     batch, q_heads, t, dim = q.shape
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("rotary_kv_write kernel: q_norm and k_norm come together (or neither)")
+    for weight in () if q_norm is None else (q_norm, k_norm):
+        if weight.shape != (dim,) or weight.stride(0) != 1 or weight.dtype != q.dtype:
+            raise ValueError(f"rotary_kv_write kernel: norm weights must be contiguous [{dim}] {q.dtype}")
     kv_heads = k.shape[1]
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if batch * t == 0:
@@ -134,7 +148,8 @@ def rotary_kv_write(
     rotary_kv_write_kernel[grid](
         q, k, v, cos, sin, q_out, k_cache, v_cache, slot_ids, start_pos, q_heads, kv_heads, dim // 2,
         cache.shape[2], cache.shape[4], *q.stride(), *k.stride(), *v.stride(), *cos.stride(), *sin.stride(),
-        *k_cache.stride(), T=t, BLOCK_H=block_h, BLOCK_HALF=next_power_of_2(dim // 2), num_warps=num_warps,
+        *k_cache.stride(), q if q_norm is None else q_norm, q if k_norm is None else k_norm, norm_eps,
+        T=t, BLOCK_H=block_h, BLOCK_HALF=next_power_of_2(dim // 2), QK_NORM=q_norm is not None, num_warps=num_warps,
     )  # fmt: skip
     return q_out
 
@@ -150,13 +165,17 @@ def rotary_kv_write_triton(
     layer: int,
     slot_ids: Tensor,
     start_pos: Tensor,
+    q_norm: Tensor | None,
+    k_norm: Tensor | None,
+    norm_eps: float,
     block_h: int,
     num_warps: int,
 ) -> Tensor:
     """graphspec::rotary_kv_write lowered to rotary_kv_write_kernel; the trailing ints are CONFIG_FIELDS."""
-    return rotary_kv_write(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, block_h, num_warps)
+    args = (q, k, v, cos, sin, cache, layer, slot_ids, start_pos, q_norm, k_norm, norm_eps)
+    return rotary_kv_write(*args, block_h, num_warps)
 
 
 @torch.library.register_fake("graphspec::rotary_kv_write_triton")
-def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, block_h, num_warps):
+def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, q_norm, k_norm, norm_eps, block_h, num_warps):
     return q.new_empty(q.shape)

@@ -223,8 +223,11 @@ class DFlashHead(nn.Module):
 
     forward("context", features [B, T, F], start [B], slot_ids, cache, cos, sin) -> cache: every
     layer's K/V of hidden_norm(fc(features)) at positions start .. start+T-1 (cos/sin [B, T, D] of them).
-    forward("block", tokens [B, T], start [B], slot_ids, cache, cos, sin) -> (normed hidden [B, T, H],
-    cache): the non-causal block forward at positions start .. start+T-1, its K/V written first."""
+    forward("step", (features [B, Tc, F], tokens [B, T]), (context start [B], block start [B]), slot_ids,
+    cache, cos, sin) -> (normed hidden [B, T, H], cache): the context's K/V as above, then the non-causal
+    block forward at positions block start .. +T-1, its K/V written first; cos/sin [B, Tc + T, D] of the
+    context positions then the block's. Each layer projects the context rows and the block rows in one
+    GEMM (its q/k/v weight read once per step, not twice; the context rows' q columns are dropped)."""
 
     def __init__(self, spec: ModelSpec, features: int, target: DecoderLM, inv_freq: Tensor, rope_scale: float) -> None:
         super().__init__()
@@ -244,8 +247,8 @@ class DFlashHead(nn.Module):
     def forward(
         self,
         mode: str,
-        inputs: Tensor,
-        start: Tensor,
+        inputs: Any,
+        start: Any,
         slot_ids: Tensor,
         cache: Tensor,
         cos: Tensor,
@@ -255,42 +258,78 @@ class DFlashHead(nn.Module):
         # One forward with a mode, so torch.func.functional_call binds the step's parameters to both.
         if mode == "context":
             return self.write_context(inputs, start, slot_ids, cache, cos, sin, in_place)
-        if mode == "block":
-            return self.block(inputs, start, slot_ids, cache, cos, sin, in_place)
-        raise ValueError(f"DFlashHead mode must be 'context' or 'block', got {mode!r}")
+        if mode == "step":
+            return self.step(*inputs, *start, slot_ids, cache, cos, sin, in_place)
+        raise ValueError(f"DFlashHead mode must be 'context' or 'step', got {mode!r}")
+
+    def context(self, features: Tensor) -> Tensor:
+        """The context rows [B, T, H]: hidden_norm(fc(features))."""
+        return ops.rms_norm(self.fc(features), self.hidden_norm.weight, self.spec.rms_norm_eps)
 
     def write_context(
         self, features: Tensor, start: Tensor, slot_ids: Tensor, cache: Tensor, cos: Tensor, sin: Tensor, in_place: bool
     ) -> Tensor:
-        eps = self.spec.rms_norm_eps
-        context = ops.rms_norm(self.fc(features), self.hidden_norm.weight, eps)  # [B, T, H]
-        batch, t, _ = context.shape
+        context = self.context(features)
         for layer in self.layers:
             attn = layer.self_attn
             q_rows = attn.num_heads * attn.head_dim
             # Only k and v of the context rows: the fused q/k/v weight's rows past q (a view, no copy).
             bias = None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[q_rows:]
-            k, v = F.linear(context, attn.qkv_proj.weight[q_rows:], bias).chunk(2, dim=-1)
-            k = k.view(batch, t, attn.num_kv_heads, attn.head_dim)
-            v = v.view(batch, t, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
-            if attn.qk_norm:
-                k = ops.rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
-            k = k.transpose(1, 2)  # [B, Hkv, T, D]
-            _, k = ops.rotary(k, k, cos, sin)  # the op rotates a (q, k) pair; k stands in for q
-            if in_place:
-                ops.kv_write(cache, attn.layer, slot_ids, start, k, v)
-            else:
-                cache = ops.kv_update(cache, attn.layer, slot_ids, start, k, v)
+            kv = F.linear(context, attn.qkv_proj.weight[q_rows:], bias)
+            cache = self.write_kv(attn, kv, start, slot_ids, cache, cos, sin, in_place)
         return cache
 
-    def block(
-        self, tokens: Tensor, start: Tensor, slot_ids: Tensor, cache: Tensor, cos: Tensor, sin: Tensor, in_place: bool
+    @staticmethod
+    def write_kv(
+        attn: nn.Module,
+        kv: Tensor,
+        start: Tensor,
+        slot_ids: Tensor,
+        cache: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        in_place: bool,
+    ) -> Tensor:
+        """The context rows' projected k and v (kv [B, T, 2 x kv width]) normed, roped and written."""
+        batch, t, _ = kv.shape
+        k, v = kv.chunk(2, dim=-1)
+        k = k.view(batch, t, attn.num_kv_heads, attn.head_dim)
+        v = v.view(batch, t, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+        if attn.qk_norm:
+            k = ops.rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
+        k = k.transpose(1, 2)  # [B, Hkv, T, D]
+        _, k = ops.rotary(k, k, cos, sin)  # the op rotates a (q, k) pair; k stands in for q
+        if in_place:
+            ops.kv_write(cache, attn.layer, slot_ids, start, k, v)
+            return cache
+        return ops.kv_update(cache, attn.layer, slot_ids, start, k, v)
+
+    def step(
+        self,
+        features: Tensor,
+        tokens: Tensor,
+        context_start: Tensor,
+        block_start: Tensor,
+        slot_ids: Tensor,
+        cache: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        in_place: bool,
     ) -> tuple[Tensor, Tensor]:
+        context = self.context(features)
+        rows = context.shape[1]
         residual = self.embed_tokens(tokens)  # [B, T, H]
         layers = self.layers
         hidden = ops.rms_norm(residual, layers[0].input_layernorm.weight, self.spec.rms_norm_eps)
         for index, layer in enumerate(layers):
-            attn_out, cache = layer.self_attn(hidden, cos, sin, start, slot_ids, cache, in_place)
+            attn = layer.self_attn
+            qkv = attn.qkv_proj(torch.cat((context, hidden), dim=1))  # [B, Tc + T, q + k + v]
+            # The context's K/V first: its dead rows lie at L-1 or later, where the block writes over them.
+            kv = qkv[:, :rows, attn.num_heads * attn.head_dim :]
+            cache = self.write_kv(attn, kv, context_start, slot_ids, cache, cos[:, :rows], sin[:, :rows], in_place)
+            attn_out, cache = attn.attend(
+                qkv[:, rows:], cos[:, rows:], sin[:, rows:], block_start, slot_ids, cache, in_place
+            )
             norm = layer.post_attention_layernorm
             hidden, residual = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps)
             norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.norm
@@ -435,16 +474,12 @@ class DFlash(Drafter):
         positions = torch.cat((context_start[:, None] + offsets, block_start[:, None] + offsets), dim=1)
         cos, sin = rope_tables(positions, params["inv_freq"], self.head.rope_scale)  # [B, 2(K+1), D]
 
-        def head(mode: str, value: Tensor, at: Tensor, cache: Tensor, rows: slice) -> Any:
-            args = (mode, value, at, slot_ids, cache, cos[:, rows], sin[:, rows])
-            return torch.func.functional_call(self.head, params, args)
-
-        # 1. Context K/V of the previous verify's rows; the dead ones land at L-1 or later, under the block.
-        cache = head("context", features, context_start, cache, slice(0, k + 1))
-        # 2. The block [x_{L-1}, MASK x K], non-causal; mask slot j predicts the token at its own position.
+        # Context K/V of the previous verify's rows (the dead ones land at L-1 or later, under the block),
+        # then the block [x_{L-1}, MASK x K], non-causal; mask slot j predicts the token at its own position.
         mask = torch.full((length.shape[0], k), self.config.mask_token_id, dtype=torch.int64, device=length.device)
         tokens = torch.cat((inputs["last_tokens"][:, 1:], mask), dim=1)  # [B, K+1]
-        out, cache = head("block", tokens, block_start, cache, slice(k + 1, 2 * (k + 1)))
+        args = ("step", (features, tokens), (context_start, block_start), slot_ids, cache, cos, sin)
+        out, cache = torch.func.functional_call(self.head, params, args)
         # Contiguous [B, K, H] (a small copy): the strided slice would trace to a bmm against the lm_head
         # expanded B times (each row reading all of it), and numerics="invariant" has no bmm kernel.
         masks = out[:, 1:].contiguous()

@@ -224,7 +224,23 @@ def fits_rotary_kv_write(node: fx.Node) -> bool:
     if values is None or len(node.args) < 9 or type(node.args[6]) is not int:
         return False
     q, k, v, cos, sin, cache, slot_ids, start_pos = values
-    return _rotary_fits(q, k, cos, sin) and _kv_write_fits(cache, node.args[6], slot_ids, start_pos, k, v)
+    return (
+        _rotary_fits(q, k, cos, sin)
+        and _kv_write_fits(cache, node.args[6], slot_ids, start_pos, k, v)
+        and _norms_fit(node, 9, q)
+    )
+
+
+def _norms_fit(node: fx.Node, first: int, q: torch.Tensor) -> bool:
+    """The optional per-head norm weights at args first, first + 1 (fuse_qk_norm): both or neither, each
+    [D] contiguous in q's dtype."""
+    norms = [arg for arg in positional_args(node)[first : first + 2] if arg is not None]
+    weights = _vals_at(node, range(first, first + len(norms))) if norms else []
+    return (
+        len(norms) in (0, 2)
+        and weights is not None
+        and all(w.shape == (q.shape[-1],) and w.stride(0) == 1 and w.dtype == q.dtype for w in weights)
+    )
 
 
 def fits_rotary_kv_attention(node: fx.Node) -> bool:
@@ -234,20 +250,15 @@ def fits_rotary_kv_attention(node: fx.Node) -> bool:
     if values is None or len(node.args) < 10 or type(node.args[6]) is not int:
         return False
     q, k, v, cos, sin, cache, slot_ids, start_pos = values
-    # Optional per-head norm weights (args 10, 11; fuse_qk_norm): both or neither, [D] contiguous, q's dtype;
-    # arg 13, causal, a plain bool.
+    # Optional per-head norm weights at args 10, 11 (_norms_fit); arg 13, causal, a plain bool.
     if not isinstance(positional_args(node)[13], bool):
         return False
-    norms = [arg for arg in node.args[10:12] if arg is not None]
-    weights = _vals_at(node, range(10, 10 + len(norms))) if norms else []
     return (
         _attention_fits(q, cache)
         and k.dtype == v.dtype == cache.dtype
         and _rotary_fits(q, k, cos, sin)
         and _kv_write_fits(cache, node.args[6], slot_ids, start_pos, k, v)
-        and len(norms) in (0, 2)
-        and weights is not None
-        and all(w.shape == (q.shape[-1],) and w.stride(0) == 1 and w.dtype == q.dtype for w in weights)
+        and _norms_fit(node, 10, q)
     )
 
 

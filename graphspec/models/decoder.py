@@ -89,8 +89,23 @@ class Attention(nn.Module):
         """(out [B, T, hidden], cache); with last_index [B], a third value: the output [B, 1, hidden] of
         each row's query at t = last_index[b] alone, attending to the cache as written (its whole chunk is
         in it, but causality stops it at its own position)."""
-        batch, t, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(list(self.qkv_proj.parts.values()), dim=-1)  # views, no copies
+        return self.attend(self.qkv_proj(x), cos, sin, start_pos, slot_ids, cache, in_place, last_index)
+
+    def attend(
+        self,
+        qkv: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        start_pos: Tensor,
+        slot_ids: Tensor,
+        cache: Tensor,
+        in_place: bool,
+        last_index: Tensor | None = None,
+    ) -> tuple[Tensor, ...]:
+        """forward from the q/k/v projection qkv [B, T, q + k + v widths] on: callers that project more
+        rows than they attend with (DFlash's context rows share the block's GEMM) pass their rows' part."""
+        batch, t, _ = qkv.shape
+        q, k, v = qkv.split(list(self.qkv_proj.parts.values()), dim=-1)  # views, no copies
         q = q.view(batch, t, self.num_heads, self.head_dim)
         k = k.view(batch, t, self.num_kv_heads, self.head_dim)
         v = v.view(batch, t, self.num_kv_heads, self.head_dim)
@@ -109,7 +124,7 @@ class Attention(nn.Module):
         out = self.o_proj(out.view(batch, t, self.num_heads * self.head_dim))
         if last_index is None:
             return out, cache
-        rows = torch.arange(batch, device=x.device)
+        rows = torch.arange(batch, device=qkv.device)
         q_last = q[rows, :, last_index][:, :, None]  # [B, Hq, 1, D], rotated
         last = ops.attention(q_last, cache, self.layer, slot_ids, start_pos + last_index, self.scale)  # [B, 1, Hq, D]
         return out, cache, self.o_proj(last.view(batch, 1, self.num_heads * self.head_dim))

@@ -34,13 +34,11 @@ ROTARY_KV_WRITE = torch.ops.graphspec.rotary_kv_write.default
 ATTENTION = torch.ops.graphspec.attention.default
 BLOCK_ATTENTION = torch.ops.graphspec.block_attention.default
 FUSED = torch.ops.graphspec.rotary_kv_attention.default
-# rotary_kv_attention's defaults for q_norm, k_norm and norm_eps, the arguments before `causal`
-NO_NORMS = tuple(argument.default_value for argument in FUSED._schema.arguments[10:13])
 
 
 def fusable(write: fx.Node, attention: fx.Node) -> bool:
     """Whether the write can move down to the attention's position inside one fused op."""
-    cache, layer, slot_ids, start_pos = positional_args(write)[5:]
+    cache, layer, slot_ids, start_pos = positional_args(write)[5:9]
     q_rot, a_cache, a_layer, a_slots, a_start, _ = positional_args(attention)
     if q_rot is not write or (a_cache, a_layer, a_slots, a_start) != (cache, layer, slot_ids, start_pos):
         return False
@@ -60,11 +58,13 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         if not fusable(write, attention):
             kept += 1
             continue
-        q, k, v, cos, sin, cache, layer, slot_ids, start_pos = positional_args(write)
-        scale = positional_args(attention)[5]
-        args = (q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale)
+        *write_args, q_norm, k_norm, norm_eps = positional_args(write)
+        args = (*write_args, positional_args(attention)[5])  # and the attention's scale
+        norms = (q_norm, k_norm, norm_eps)  # the write's, if folded already: they move along
         if attention.target is BLOCK_ATTENTION:
-            args += (*NO_NORMS, False)  # causal=False
+            args += (*norms, False)  # causal=False
+        elif q_norm is not None or k_norm is not None:
+            args += norms
         with graph.inserting_before(attention):
             node = graph.call_function(FUSED, args)
         tag([node], NAME, region_for(attention))

@@ -1,10 +1,13 @@
-"""Fold per-head q/k norms (Qwen3) into the rotary_kv_attention that reads them: two launches fewer per layer.
+"""Fold per-head q/k norms (Qwen3) into the rotary_kv_attention or rotary_kv_write that reads them: one or
+two launches fewer per layer.
 
-Input:  an in-place graph (after fuse_kv_attention) in which a graphspec::rotary_kv_attention without
-        norms takes q = transpose(graphspec::rms_norm(xq, wq, eps), 1, 2) and k = transpose(rms_norm(xk,
-        wk, eps), 1, 2), each rms_norm read only by its transpose and each transpose only by the op.
+Input:  an in-place graph (after fuse_kv_attention) in which a graphspec::rotary_kv_attention or
+        rotary_kv_write without norms takes q = transpose(graphspec::rms_norm(xq, wq, eps), 1, 2) and
+        k = transpose(rms_norm(xk, wk, eps), 1, 2), each rms_norm read only by its transpose and each
+        transpose only by the op. q and k may be the same node (DFlash's context rows: only k matters,
+        the op rotates it as q too, and the norm is folded once).
 Output: the op takes transpose(xq, 1, 2) and transpose(xk, 1, 2) (the same transpose nodes, re-pointed)
-        and q_norm=wq, k_norm=wk, norm_eps=eps; the two rms_norm nodes are gone. Other ops unchanged.
+        and q_norm=wq, k_norm=wk, norm_eps=eps; the rms_norm nodes are gone. Other ops unchanged.
         Same results: the op's reference applies rms_norm first, over the head dim, which the
         transpose (of dims 1 and 2) does not move.
 
@@ -14,7 +17,8 @@ Output: the op takes transpose(xq, 1, 2) and transpose(xk, 1, 2) (the same trans
 
 Why: Qwen3 normalizes each q and k head before the rotation: two launches per layer and forward that
 each read a few kilobytes (597 of the 2019 launches of a Qwen3-8B/0.6B step were norms); the attention
-kernel holds every q head row and the step's k rows in registers anyway.
+kernel holds every q head row and the step's k rows in registers anyway. A DFlash drafter's context
+rows (Qwen3-shaped layers) norm their k before a rotary_kv_write: one launch per drafter layer.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from graphspec.passes.cleanup import may_mutate, nodes_between, tag, tidy
 
 NAME = "fuse_qk_norm"
 
-FUSED = torch.ops.graphspec.rotary_kv_attention.default
+# Op -> the position of its q_norm argument (k_norm and norm_eps follow).
+FOLDS = {torch.ops.graphspec.rotary_kv_attention.default: 10, torch.ops.graphspec.rotary_kv_write.default: 9}
 RMS_NORM = torch.ops.graphspec.rms_norm.default
 TRANSPOSE = torch.ops.aten.transpose.int
 
@@ -50,30 +55,33 @@ def normed_input(arg: object, op: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node, f
 def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     graph = gm.graph
     folded, kept = 0, 0
-    for op in list(graph.find_nodes(op="call_function", target=FUSED)):
-        args = positional_args(op)
-        if args[10] is not None or args[11] is not None:
-            continue  # norms already folded
-        q, k = normed_input(args[0], op), normed_input(args[1], op)
-        if q is None and k is None:
-            continue  # no per-head norms: not the pattern
-        # The norms move down to the op: nothing in between may write what they read.
-        moved = [node for match in (q, k) if match for node in nodes_between(match[1], op)]
-        if q is None or k is None or q[3] != k[3] or any(may_mutate(node) for node in moved):
-            kept += 1
-            continue
-        for transpose, norm, x, _ in (q, k):
-            transpose.replace_input_with(norm, x)
-            tag([transpose], NAME)
-        # The node's own arguments past the norms (causal, when given) stay as they are.
-        op.args = (*args[:10], positional_args(q[1])[1], positional_args(k[1])[1], q[3], *op.args[13:])
-        op.kwargs = {}
-        tag([op], NAME)
-        graph.erase_node(q[1])
-        graph.erase_node(k[1])
-        folded += 1
+    for target, first in FOLDS.items():
+        for op in list(graph.find_nodes(op="call_function", target=target)):
+            args = positional_args(op)
+            if args[first] is not None or args[first + 1] is not None:
+                continue  # norms already folded
+            q, k = normed_input(args[0], op), normed_input(args[1], op)
+            if q is None and k is None:
+                continue  # no per-head norms: not the pattern
+            # The norms move down to the op: nothing in between may write what they read.
+            moved = [node for match in (q, k) if match for node in nodes_between(match[1], op)]
+            if q is None or k is None or q[3] != k[3] or any(may_mutate(node) for node in moved):
+                kept += 1
+                continue
+            norms = {q[1]: q[2], k[1]: k[2]}  # one entry when q and k are the same normed node
+            for transpose in {q[0], k[0]}:
+                transpose.replace_input_with(transpose.args[0], norms[transpose.args[0]])
+                tag([transpose], NAME)
+            # The node's own arguments past the norms (causal, when given) stay as they are.
+            weights = (positional_args(q[1])[1], positional_args(k[1])[1], q[3])
+            op.args = (*args[:first], *weights, *op.args[first + 3 :])
+            op.kwargs = {}
+            tag([op], NAME)
+            for norm in norms:
+                graph.erase_node(norm)
+            folded += 1
     stats = {"folded": folded, "kept": kept}
     if not folded:
-        return PassResult(gm, changed=False, stats=stats, note="no per-head q/k norm before a rotary_kv_attention")
+        return PassResult(gm, changed=False, stats=stats, note="no per-head q/k norm before a rotary op")
     tidy(gm, dead_code=False)  # in place from here on (passes/cleanup.py)
     return PassResult(gm, changed=True, stats=stats)

@@ -9,7 +9,14 @@ from graphspec.kernels import rotary_kv_write as kernel
 from torch.library import opcheck
 
 from graphspec.ops import rotary_reference
-from tests.kernels.helpers import DEVICE, bits, generator, poison_allocator, projection_inputs
+from tests.kernels.helpers import (
+    DEVICE,
+    assert_rounding_equal,
+    bits,
+    generator,
+    poison_allocator,
+    projection_inputs,
+)
 
 LAYERS, SLOTS, SEQ = 2, 5, 16
 
@@ -81,9 +88,67 @@ def test_single_token_int32_indices_default_config() -> None:
     expected_cache = cache.clone()
     expected = kernel.rotary_kv_write_reference(q, k, v, cos, sin, expected_cache, 1, slots, start)
     config = kernel.CONFIGS["default"].values()
-    q_out = torch.ops.graphspec.rotary_kv_write_triton(q, k, v, cos, sin, cache, 1, slots, start, *config)
+    q_out = torch.ops.graphspec.rotary_kv_write_triton(
+        q, k, v, cos, sin, cache, 1, slots, start, None, None, 1e-6, *config
+    )
     assert torch.equal(q_out, expected)
     assert torch.equal(bits(cache), bits(expected_cache))
+
+
+def norm_weights(head_dim: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = generator(seed)
+    return tuple((torch.rand(head_dim, generator=g) + 0.5).to(DEVICE, dtype) for _ in range(2))
+
+
+def assert_normed_equal(out: torch.Tensor, expected: torch.Tensor) -> None:
+    """The folded norm sums a row's squares as its two halves' sums (the reference: one mean), so fp32
+    results may differ in the last bit; bf16 ones round the same (helpers.assert_rounding_equal)."""
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    else:
+        assert_rounding_equal(out, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(4, 2, 64), (6, 3, 96)])
+def test_qk_norm_matches_reference(dtype: torch.dtype, q_heads: int, kv_heads: int, head_dim: int) -> None:
+    """Per-head norms folded in (fuse_qk_norm): each q and k head row rms_norm'ed before the rotation,
+    the normed, rotated k in the cache; head blocks of 4 straddle the q/k boundary."""
+    q, k, v, cos, sin, cache = make_inputs(3, q_heads, kv_heads, 4, head_dim, dtype, seed=8)
+    q_weight, k_weight = norm_weights(head_dim, dtype, seed=8)
+    slots, start = index(4, 0, 2), index(5, 0, SEQ - 4)
+    expected_cache = cache.clone()
+    args = (slots, start, q_weight, k_weight, 1e-6)
+    expected = kernel.rotary_kv_write_reference(q, k, v, cos, sin, expected_cache, 1, *args)
+    q_out = kernel.rotary_kv_write(q, k, v, cos, sin, cache, 1, *args, block_h=4)
+    assert_normed_equal(q_out, expected)
+    assert_normed_equal(cache, expected_cache)
+    # The norms did something: without them the rotated q differs.
+    assert not torch.allclose(
+        q_out, kernel.rotary_kv_write_reference(q, k, v, cos, sin, cache.clone(), 1, slots, start)
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_k_as_its_own_q_with_norm(dtype: torch.dtype) -> None:
+    """DFlash's context rows: q is the same tensor as k (only the cache write matters) and both norm
+    weights are k_norm's, as fuse_qk_norm folds them."""
+    _, k, v, cos, sin, cache = make_inputs(2, 2, 2, 5, 64, dtype, seed=9)
+    weight, _ = norm_weights(64, dtype, seed=9)
+    slots, start = index(1, 3), index(0, 7)
+    expected_cache = cache.clone()
+    kernel.rotary_kv_write_reference(k, k, v, cos, sin, expected_cache, 0, slots, start, weight, weight, 1e-5)
+    kernel.rotary_kv_write(k, k, v, cos, sin, cache, 0, slots, start, weight, weight, 1e-5)
+    assert_normed_equal(cache, expected_cache)
+
+
+def test_qk_norm_needs_both_weights() -> None:
+    q, k, v, cos, sin, cache = make_inputs(2, 4, 2, 3, 64, torch.float32, seed=10)
+    weight, _ = norm_weights(64, torch.float32, seed=10)
+    with pytest.raises(ValueError, match="come together"):
+        kernel.rotary_kv_write(q, k, v, cos, sin, cache, 0, index(0, 1), index(0, 0), weight, None)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernel.rotary_kv_write(q, k, v, cos, sin, cache, 0, index(0, 1), index(0, 0), weight[:32], weight[:32])
 
 
 def test_targets_outside_the_cache_are_dropped_and_q_still_rotated() -> None:
@@ -125,21 +190,37 @@ def test_shape_mismatch_raises() -> None:
 def test_rotary_kv_write_triton_opcheck() -> None:
     """The op's schema says it mutates `cache` and only that, and its fake matches."""
     q, k, v, cos, sin, cache = make_inputs(2, 4, 2, 3, 64, torch.bfloat16, seed=6)
-    opcheck(torch.ops.graphspec.rotary_kv_write_triton, (q, k, v, cos, sin, cache, 1, index(4, 0), index(3, 0), 4, 4))
+    args = (q, k, v, cos, sin, cache, 1, index(4, 0), index(3, 0))
+    opcheck(torch.ops.graphspec.rotary_kv_write_triton, (*args, None, None, 1e-6, 4, 4))
+    q_weight, k_weight = norm_weights(64, torch.bfloat16, seed=6)
+    opcheck(torch.ops.graphspec.rotary_kv_write_triton, (*args, q_weight, k_weight, 1e-6, 4, 4))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("batch", "t"), [(1, 5), (64, 9)])
-def test_rotary_kv_write_real_shapes_gpu(batch: int, t: int) -> None:
-    """8B-class attention: 32 q heads, 8 kv heads of 128, bf16, rows in a shuffled subset of 65 slots."""
+@pytest.mark.parametrize("normed", [False, True])
+def test_rotary_kv_write_real_shapes_gpu(batch: int, t: int, normed: bool) -> None:
+    """8B-class attention: 32 q heads, 8 kv heads of 128, bf16, rows in a shuffled subset of 65 slots;
+    normed: with per-head norms folded in (a Qwen3-shaped DFlash drafter's context rows)."""
     q, k, v, cos, sin, _ = make_inputs(batch, 32, 8, t, 128, torch.bfloat16, seed=batch)
     g = generator(batch)
     cache = torch.randn(2, 2, 65, 8, 256, 128, generator=g).to(DEVICE, torch.bfloat16)
     slots = torch.randperm(65, generator=g)[:batch].to(DEVICE)
     start = torch.randint(0, 256 - t + 1, (batch,), generator=g).to(DEVICE)
-    q_out, got, expected, expected_cache = run_both([q, k, v, cos, sin, cache], 1, slots, start, **kernel.CONFIGS[90])
-    assert torch.equal(q_out, expected)
-    assert torch.equal(bits(got), bits(expected_cache))
+    if not normed:
+        q_out, got, expected, expected_cache = run_both(
+            [q, k, v, cos, sin, cache], 1, slots, start, **kernel.CONFIGS[90]
+        )
+        assert torch.equal(q_out, expected)
+        assert torch.equal(bits(got), bits(expected_cache))
+        return
+    q_weight, k_weight = norm_weights(128, torch.bfloat16, seed=batch)
+    expected_cache = cache.clone()
+    args = (slots, start, q_weight, k_weight, 1e-6)
+    expected = kernel.rotary_kv_write_reference(q, k, v, cos, sin, expected_cache, 1, *args)
+    q_out = kernel.rotary_kv_write(q, k, v, cos, sin, cache, 1, *args, **kernel.CONFIGS[90])
+    assert_rounding_equal(q_out, expected)
+    assert_rounding_equal(cache, expected_cache)
 
 
 @pytest.mark.gpu

@@ -173,6 +173,9 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
                 cache = torch.zeros(2, 2, 3, 1, 16, 64, dtype=dtype)
                 start_pos, slot_ids = torch.tensor([4, 0]), torch.tensor([2, 0])
                 rotary_kv_write.rotary_kv_write(q, k, v, cos, sin, cache, 1, slot_ids, start_pos, **config)
+                # With per-head norms folded in (fuse_qk_norm; a DFlash drafter's context rows: q is k).
+                norm = torch.rand(64, dtype=dtype) + 0.5
+                rotary_kv_write.rotary_kv_write(k, k, v, cos, sin, cache, 1, slot_ids, start_pos, norm, norm, 1e-6)
         lowered.add("rotary_kv_write")
         # The invariant matmul with a bias (no test checkpoint has one), bf16 at a 1B projection's K.
         from graphspec.kernels import addmm

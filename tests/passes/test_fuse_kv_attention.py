@@ -34,6 +34,19 @@ def test_write_and_its_block_attention_become_one_non_causal_op():
     graphs.assert_graph_equal(result.gm, graphs.rotary_kv_chain(fused_attention=True, block=True))
 
 
+def test_norms_already_folded_into_the_write_move_to_the_fused_op():
+    """The pipeline folds norms after this pass, but a write that has them keeps them."""
+    gm = fused_input(regions=("verify",))
+    write = nodes_of(gm, graphs.ROTARY_KV_WRITE)[0]
+    with gm.graph.inserting_before(write):
+        weights = [gm.graph.placeholder(name) for name in ("q_weight", "k_weight")]
+    write.args = (*write.args, *weights, 1e-5)
+    gm.recompile()
+    result = fuse_kv_attention.run(gm, CTX)
+    (fused,) = nodes_of(result.gm, graphs.ROTARY_KV_ATTENTION)
+    assert fused.args[9:] == (0.5, *weights, 1e-5)
+
+
 def test_fused_op_takes_the_region_of_the_attention():
     gm = fuse_kv_attention.run(fused_input(regions=("draft", "verify")), CTX).gm
     fused = nodes_of(gm, graphs.ROTARY_KV_ATTENTION)

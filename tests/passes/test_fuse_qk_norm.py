@@ -91,3 +91,32 @@ def test_real_step_folds_every_draft_layer_and_matches_eager(step_case, mode):
     norms = [len(g.graph.find_nodes(op="call_function", target=RMS_NORM)) for g in (before, gm)]
     assert norms == [norms[1] + 8, 3]  # what is left: each forward's first input norm
     step_case.assert_matches_eager(gm, mode)  # bit for bit against the traced program
+
+
+def context_write(folded: bool = False) -> fx.GraphModule:
+    """A DFlash drafter's context rows: k [B, T, H, D] normed, transposed, and handed to rotary_kv_write as
+    both its q and its k (only the cache write matters). folded=True: what fuse_qk_norm must make of it."""
+    graph = fx.Graph()
+    _, k, v, cos, sin, cache, slots, start, _, k_weight = (graph.placeholder(name) for name in NAMES)
+    if not folded:
+        k = graph.call_function(RMS_NORM, (k, k_weight, 1e-5))
+    k_t, v_t = (graph.call_function(TRANSPOSE, (x, 1, 2)) for x in (k, v))
+    norms = (k_weight, k_weight, 1e-5) if folded else ()
+    graph.call_function(graphs.ROTARY_KV_WRITE, (k_t, k_t, v_t, cos, sin, cache, 1, slots, start, *norms))
+    graph.output((cache,))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_context_write_folds_its_k_norm_once():
+    result = fuse_qk_norm.run(context_write(), CTX)
+    assert result.changed and result.stats == {"folded": 1, "kept": 0}
+    graphs.assert_graph_equal(result.gm, context_write(folded=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_folded_context_write_computes_the_same_bits(dtype: torch.dtype):
+    inputs = chain_inputs(dtype)
+    expected_inputs, got_inputs = [x.clone() for x in inputs], [x.clone() for x in inputs]
+    context_write()(*expected_inputs)
+    fuse_qk_norm.run(context_write(), CTX).gm(*got_inputs)
+    assert torch.equal(got_inputs[5], expected_inputs[5]) and not torch.equal(got_inputs[5], inputs[5])
