@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graphspec.kernels import rms_norm
 from graphspec.kernels import rotary_kv_write as kernel
 from torch.library import opcheck
 
@@ -16,6 +17,7 @@ from tests.kernels.helpers import (
     generator,
     poison_allocator,
     projection_inputs,
+    rel_error,
 )
 
 LAYERS, SLOTS, SEQ = 2, 5, 16
@@ -214,13 +216,34 @@ def test_rotary_kv_write_real_shapes_gpu(batch: int, t: int, normed: bool) -> No
         assert torch.equal(q_out, expected)
         assert torch.equal(bits(got), bits(expected_cache))
         return
+    # Against the launches the fold replaces: rms_norm's kernel on q and k (the same arithmetic but the
+    # row sum's order), then this kernel without norms; bits may differ where a normed value lands one
+    # ulp apart (and the rotation's cancellations stretch that), so: rarely, and no further from the
+    # exact fp32 result than those launches are.
     q_weight, k_weight = norm_weights(128, torch.bfloat16, seed=batch)
-    expected_cache = cache.clone()
-    args = (slots, start, q_weight, k_weight, 1e-6)
-    expected = kernel.rotary_kv_write_reference(q, k, v, cos, sin, expected_cache, 1, *args)
-    q_out = kernel.rotary_kv_write(q, k, v, cos, sin, cache, 1, *args, **kernel.CONFIGS[90])
-    assert_rounding_equal(q_out, expected)
-    assert_rounding_equal(cache, expected_cache)
+    q_normed = rms_norm.rms_norm(q, q_weight, 1e-6).transpose(1, 2).contiguous().transpose(1, 2)
+    k_normed = rms_norm.rms_norm(k, k_weight, 1e-6)
+    unfused_cache, exact_cache = cache.clone(), cache.float()
+    config = kernel.CONFIGS[90]
+    unfused = kernel.rotary_kv_write(q_normed, k_normed, v, cos, sin, unfused_cache, 1, slots, start, **config)
+    exact = kernel.rotary_kv_write_reference(
+        q.float(),
+        k.float(),
+        v.float(),
+        cos,
+        sin,
+        exact_cache,
+        1,
+        slots,
+        start,
+        q_weight.float(),
+        k_weight.float(),
+        1e-6,
+    )
+    q_out = kernel.rotary_kv_write(q, k, v, cos, sin, cache, 1, slots, start, q_weight, k_weight, 1e-6, **config)
+    for got, launches, truth in ((q_out, unfused, exact), (cache, unfused_cache, exact_cache)):
+        assert (got != launches).float().mean() < 0.01
+        assert rel_error(got, truth) <= 1.5 * rel_error(launches, truth) + 1e-6
 
 
 @pytest.mark.gpu
