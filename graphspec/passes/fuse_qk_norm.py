@@ -69,7 +69,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
                 kept += 1
                 continue
             norms = {q[1]: q[2], k[1]: k[2]}  # one entry when q and k are the same normed node
-            for transpose in {q[0], k[0]}:
+            for transpose in dict.fromkeys((q[0], k[0])):  # once when q and k are one node
                 transpose.replace_input_with(transpose.args[0], norms[transpose.args[0]])
                 tag([transpose], NAME)
             # The node's own arguments past the norms (causal, when given) stay as they are.
