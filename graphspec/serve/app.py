@@ -2,8 +2,9 @@
 
 Each request is checked (pydantic for the JSON, then the engine's own checks) before it is queued, so
 a bad request gets a 4xx OpenAI error and never reaches the loop. Tokens come back from the engine's
-thread through call_soon_threadsafe into the request's asyncio queue; a streaming client that goes away
-cancels its request, which frees its cache slot at the next step boundary.
+thread through call_soon_threadsafe into the request's asyncio queue; a client that goes away, streaming or
+waiting for a whole response, cancels its request, which frees its cache slot (or its place in the queue) at
+the next step boundary.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ class Sink:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the event loop has closed (server shutting down): nobody is listening
             pass
+
+
+# The status of the reply to a client that disconnected before its whole response was ready: nobody reads
+# it; 499 is nginx's "client closed request", what access logs then show.
+CLIENT_GONE = 499
 
 
 def create_app(
@@ -114,6 +120,31 @@ def create_app(
         finally:
             handle.cancel()  # a no-op once finished; frees the slot of a client that went away
 
+    async def final_result(request: Request, handle: RequestHandle, sink: Sink) -> GenerationResult | None:
+        """A whole response's result; None when the client disconnects first (the request is cancelled).
+        A streaming response notices a client that left when it next writes; a whole one writes once, at
+        the end, so it listens for the disconnect meanwhile (as vLLM's with_cancellation does)."""
+
+        async def result() -> GenerationResult:
+            async for item in items(handle, sink):
+                if isinstance(item, GenerationResult):
+                    return item
+            raise AssertionError("the engine ended a request without a result")
+
+        async def disconnected() -> None:
+            # FastAPI has read the whole body, so the next ASGI message is the client's disconnect.
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        waiting, leaving = asyncio.ensure_future(result()), asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait((waiting, leaving), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            leaving.cancel()
+            if not waiting.done():
+                waiting.cancel()  # items() then cancels the engine request
+        return None if waiting.cancelled() else waiting.result()
+
     def usage(result: GenerationResult) -> dict[str, int]:
         done = len(result.token_ids)
         return {
@@ -128,7 +159,7 @@ def create_app(
     # ---------------------------------------------------------------------------------------------
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Any:
+    async def completions(body: CompletionRequest, request: Request) -> Any:
         check_model(body.model)
         prompt = body.single_prompt()
         params = body.sampling(body.max_tokens, body.logprobs == 0, sample_default)
@@ -145,10 +176,11 @@ def create_app(
             return {**head, "choices": [choice_], **(extra or {})}
 
         if not body.stream:
-            async for item in items(handle, sink):
-                if isinstance(item, GenerationResult):
-                    return chunk(choice(item.text or "", item.token_ids, item.logprobs, item.finish_reason),
-                                 {"usage": usage(item)})  # fmt: skip
+            item = await final_result(request, handle, sink)
+            if item is None:
+                return Response(status_code=CLIENT_GONE)
+            return chunk(choice(item.text or "", item.token_ids, item.logprobs, item.finish_reason),
+                         {"usage": usage(item)})  # fmt: skip
 
         text = TextStream(tokenizer, params.stop) if tokenizer is not None else None
 
@@ -167,7 +199,7 @@ def create_app(
         return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> Any:
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         prompt = render(runtime.tokenizer, chat_template, messages, body.tools)
@@ -181,16 +213,17 @@ def create_app(
             return {**head, "choices": [choice_]}
 
         if not body.stream:
-            async for item in items(handle, sink):
-                if isinstance(item, GenerationResult):
-                    parser = ChannelParser(markers, is_tool_call) if markers else None
-                    whole = channels(parser, item.text or "", final=True)
-                    message: dict[str, Any] = {"role": "assistant", **channel_fields(whole, 0)}
-                    message.setdefault("content", "")
-                    reason = "tool_calls" if whole.tool_calls else item.finish_reason
-                    out = {"index": 0, "message": message, "finish_reason": reason}
-                    out["logprobs"] = chat_logprobs(tokenizer, item.token_ids, item.logprobs)
-                    return {**chunk(out, "chat.completion"), "usage": usage(item)}
+            item = await final_result(request, handle, sink)
+            if item is None:
+                return Response(status_code=CLIENT_GONE)
+            parser = ChannelParser(markers, is_tool_call) if markers else None
+            whole = channels(parser, item.text or "", final=True)
+            message: dict[str, Any] = {"role": "assistant", **channel_fields(whole, 0)}
+            message.setdefault("content", "")
+            reason = "tool_calls" if whole.tool_calls else item.finish_reason
+            out = {"index": 0, "message": message, "finish_reason": reason}
+            out["logprobs"] = chat_logprobs(tokenizer, item.token_ids, item.logprobs)
+            return {**chunk(out, "chat.completion"), "usage": usage(item)}
 
         text = TextStream(tokenizer, params.stop)
         parser = ChannelParser(markers, is_tool_call) if markers else None

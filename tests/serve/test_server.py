@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -294,6 +295,42 @@ def test_a_disconnected_stream_frees_its_slot_and_the_others_finish_intact(clien
     assert texts == {i: solo[i] for i in (0, 2, 3, 4)}
     assert cancelled_count(base_url) == before + 1
     assert runtime.engine.load == (0, 0)
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S  # only bounds a hang
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+def test_a_client_that_leaves_a_whole_response_cancels_its_request(client, runtime, base_url, route):
+    """A non-streaming request whose client disconnects while it waits for a slot leaves as cancelled
+    instead of running to its end; the streams holding the slots finish intact."""
+    prompts = [f"def h{i}(x):\n    " for i in range(4)]
+    options = dict(model=MODEL, temperature=0, max_tokens=60, extra_body={"stop_token_ids": []})
+    solo = [runtime.tokenizer.decode(engine_tokens(runtime, p, max_tokens=60, stop_token_ids=())) for p in prompts]
+    before = cancelled_count(base_url)
+    streams = [client.completions.create(prompt=p, stream=True, **options) for p in prompts]
+    first = [next(iter(stream)) for stream in streams]  # all four slots are held now
+    payload = {"model": MODEL, "max_tokens": 60, "temperature": 0}
+    if route == "completions":
+        payload["prompt"] = "def left(x):\n    "
+    else:
+        payload["messages"] = [{"role": "user", "content": "hi"}]
+    body = json.dumps(payload).encode()
+    host, port = base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as raw:
+        head = f"POST /v1/{route} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        raw.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_until(lambda: runtime.engine.load[1] == 1, "the request to wait for a slot")
+    # The connection is closed: the client went away before its response.
+    texts = [first[i].choices[0].text + "".join(c.choices[0].text for c in streams[i]) for i in range(4)]
+    assert texts == solo
+    wait_until(lambda: runtime.engine.load == (0, 0), "the engine to go idle")
+    assert cancelled_count(base_url) == before + 1
+    assert greedy_completion(client, max_tokens=4).choices[0].text  # and the server goes on serving
 
 
 def test_serve_refuses_malformed_channel_markers_before_loading():
