@@ -143,6 +143,7 @@ def create_app(
             leaving.cancel()
             if not waiting.done():
                 waiting.cancel()  # items() then cancels the engine request
+                await asyncio.gather(waiting, return_exceptions=True)  # until it has
         return None if waiting.cancelled() else waiting.result()
 
     def usage(result: GenerationResult) -> dict[str, int]:
