@@ -91,68 +91,75 @@ def create_app(
         if name != model_name:
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {model_name!r}", "model")
 
-    def submit(prompt: str | list[int], params: SamplingParams) -> tuple[RequestHandle, Sink]:
-        if prompt == "" or prompt == []:
+    def submit(prompts: list[str | list[int]], params: list[SamplingParams]) -> tuple[list[RequestHandle], Sink]:
+        """Queue one engine request per choice, tagged with its index, into one sink: all of them or, when
+        one is refused, none."""
+        if any(prompt == "" or prompt == [] for prompt in prompts):
             raise ApiError(400, "prompt is empty; it needs at least one token", "prompt")
         sink = Sink(asyncio.get_running_loop())
         try:
-            handle = runtime.engine.submit(prompt, params, out=sink)
+            choices = [
+                (prompt, param, index) for index, (prompt, param) in enumerate(zip(prompts, params, strict=True))
+            ]
+            handles = runtime.engine.submit_all(choices, out=sink)
         except InputError as error:
             raise ApiError(400, str(error)) from None
-        return handle, sink
+        return handles, sink
 
-    async def items(handle: RequestHandle, sink: Sink) -> AsyncIterator[Delta | GenerationResult]:
-        """The request's deltas then its result, timing them; cancels the request if abandoned."""
-        arrival = last = time.perf_counter()
+    async def items(handles: list[RequestHandle], sink: Sink) -> AsyncIterator[tuple[int, Delta | GenerationResult]]:
+        """(choice index, item): each choice's deltas then its result, as they come, until every choice has
+        its result; timed per choice. Cancels the requests if abandoned."""
+        arrival, last = time.perf_counter(), {}  # choice index -> when its last delta came
+        pending = len(handles)
         try:
-            while True:
-                _, item = await sink.queue.get()
+            while pending:
+                index, item = await sink.queue.get()
                 if isinstance(item, BaseException):
                     raise ApiError(500, f"generation failed: {item}", kind="internal_error")
                 now = time.perf_counter()
                 if isinstance(item, GenerationResult):
                     metrics.e2e.observe(now - arrival)
-                    yield item
-                    return
-                (metrics.ttft if last == arrival else metrics.itl).observe(now - last)
-                last = now
-                yield item
+                    pending -= 1
+                else:
+                    (metrics.itl if index in last else metrics.ttft).observe(now - last.get(index, arrival))
+                    last[index] = now
+                yield index, item
         finally:
-            handle.cancel()  # a no-op once finished; frees the slot of a client that went away
+            for handle in handles:
+                handle.cancel()  # a no-op once finished; frees the slot of a client that went away
 
-    async def final_result(request: Request, handle: RequestHandle, sink: Sink) -> GenerationResult | None:
-        """A whole response's result; None when the client disconnects first (the request is cancelled).
-        A streaming response notices a client that left when it next writes; a whole one writes once, at
-        the end, so it listens for the disconnect meanwhile (as vLLM's with_cancellation does)."""
+    async def final_results(
+        request: Request, handles: list[RequestHandle], sink: Sink
+    ) -> list[GenerationResult] | None:
+        """A whole response's results, by choice index; None when the client disconnects first (its requests
+        are cancelled). A streaming response notices a client that left when it next writes; a whole one
+        writes once, at the end, so it listens for the disconnect meanwhile (as vLLM's with_cancellation
+        does)."""
 
-        async def result() -> GenerationResult:
-            async for item in items(handle, sink):
-                if isinstance(item, GenerationResult):
-                    return item
-            raise AssertionError("the engine ended a request without a result")
+        async def results() -> list[GenerationResult]:
+            done = {index: item async for index, item in items(handles, sink) if isinstance(item, GenerationResult)}
+            return [done[index] for index in range(len(handles))]
 
         async def disconnected() -> None:
             # FastAPI has read the whole body, so the next ASGI message is the client's disconnect.
             while (await request.receive())["type"] != "http.disconnect":
                 pass
 
-        waiting, leaving = asyncio.ensure_future(result()), asyncio.ensure_future(disconnected())
+        waiting, leaving = asyncio.ensure_future(results()), asyncio.ensure_future(disconnected())
         try:
             await asyncio.wait((waiting, leaving), return_when=asyncio.FIRST_COMPLETED)
         finally:
             leaving.cancel()
             if not waiting.done():
-                waiting.cancel()  # items() then cancels the engine request
+                waiting.cancel()  # items() then cancels the engine requests
                 await asyncio.gather(waiting, return_exceptions=True)  # until it has
         return None if waiting.cancelled() else waiting.result()
 
-    def usage(result: GenerationResult) -> dict[str, int]:
-        done = len(result.token_ids)
-        return {
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": done,
-            "total_tokens": result.prompt_tokens + done,
-        }
+    def usage(results: list[GenerationResult], n: int) -> dict[str, int]:
+        """OpenAI's usage: each prompt's tokens once (its n choices share it), every choice's completion."""
+        prompt = sum(result.prompt_tokens for result in results[::n])
+        done = sum(len(result.token_ids) for result in results)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
     def sse(payload: dict[str, Any]) -> str:
         return f"data: {json.dumps(payload)}\n\n"
@@ -162,39 +169,48 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         check_model(body.model)
-        prompt = body.single_prompt()
-        params = body.sampling(body.max_tokens, body.logprobs == 0, sample_default)
-        handle, sink = submit(prompt, params)
-        ident, tokenizer = f"cmpl-{uuid.uuid4().hex}", runtime.tokenizer
+        params = body.sampling(body.max_tokens, body.logprobs == 0, sample_default)  # checks n first
+        prompts = body.prompts()
+        # Choice i * n + j: prompt i's j-th choice (OpenAI's order).
+        handles, sink = submit([p for p in prompts for _ in params], params * len(prompts))
+        ident, tokenizer, n = f"cmpl-{uuid.uuid4().hex}", runtime.tokenizer, body.n
 
-        def choice(text: str, ids: list[int], logprobs: list[float] | None, reason: str | None) -> dict[str, Any]:
-            out: dict[str, Any] = {"index": 0, "text": text, "finish_reason": reason, "token_ids": ids}
+        def choice(
+            index: int, text: str, ids: list[int], logprobs: list[float] | None, reason: str | None
+        ) -> dict[str, Any]:
+            out: dict[str, Any] = {"index": index, "text": text, "finish_reason": reason, "token_ids": ids}
             out["logprobs"] = completion_logprobs(tokenizer, ids, logprobs) if logprobs is not None else None
             return out
 
-        def chunk(choice_: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        def chunk(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> dict[str, Any]:
             head = {"id": ident, "object": "text_completion", "created": int(time.time()), "model": model_name}
-            return {**head, "choices": [choice_], **(extra or {})}
+            return {**head, "choices": choices, **(extra or {})}
 
         if not body.stream:
-            item = await final_result(request, handle, sink)
-            if item is None:
+            results = await final_results(request, handles, sink)
+            if results is None:
                 return Response(status_code=CLIENT_GONE)
-            return chunk(choice(item.text or "", item.token_ids, item.logprobs, item.finish_reason),
-                         {"usage": usage(item)})  # fmt: skip
+            choices = [choice(i, r.text or "", r.token_ids, r.logprobs, r.finish_reason) for i, r in enumerate(results)]
+            return chunk(choices, {"usage": usage(results, n)})
 
-        text = TextStream(tokenizer, params.stop) if tokenizer is not None else None
+        texts = [
+            TextStream(tokenizer, param.stop) if tokenizer is not None else None for param in params * len(prompts)
+        ]
+        logprobs = params[0].logprobs
 
         async def events() -> AsyncIterator[str]:
-            async for item in items(handle, sink):
+            results: dict[int, GenerationResult] = {}
+            async for index, item in items(handles, sink):
+                text = texts[index]
                 if isinstance(item, Delta):
                     delta = text.add(item.token_ids) if text else ""
-                    yield sse(chunk(choice(delta, item.token_ids, item.logprobs, None)))
+                    yield sse(chunk([choice(index, delta, item.token_ids, item.logprobs, None)]))
                 else:
+                    results[index] = item
                     rest = text.finish(item.text or "") if text else ""
-                    yield sse(chunk(choice(rest, [], [] if params.logprobs else None, item.finish_reason)))
-                    if (body.stream_options or {}).get("include_usage"):
-                        yield sse({**chunk(choice("", [], None, None)), "choices": [], "usage": usage(item)})
+                    yield sse(chunk([choice(index, rest, [], [] if logprobs else None, item.finish_reason)]))
+            if (body.stream_options or {}).get("include_usage"):
+                yield sse(chunk([], {"usage": usage([results[i] for i in range(len(handles))], n)}))
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -206,48 +222,58 @@ def create_app(
         prompt = render(runtime.tokenizer, chat_template, messages, body.tools)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = body.sampling(max_tokens, body.checked_logprobs(), sample_default)
-        handle, sink = submit(prompt, params)
+        handles, sink = submit([prompt] * len(params), params)
         ident, tokenizer = f"chatcmpl-{uuid.uuid4().hex}", runtime.tokenizer
 
-        def chunk(choice_: dict[str, Any], obj: str = "chat.completion.chunk") -> dict[str, Any]:
+        def chunk(choices: list[dict[str, Any]], obj: str = "chat.completion.chunk") -> dict[str, Any]:
             head = {"id": ident, "object": obj, "created": int(time.time()), "model": model_name}
-            return {**head, "choices": [choice_]}
+            return {**head, "choices": choices}
 
-        if not body.stream:
-            item = await final_result(request, handle, sink)
-            if item is None:
-                return Response(status_code=CLIENT_GONE)
+        def whole_choice(index: int, result: GenerationResult) -> dict[str, Any]:
             parser = ChannelParser(markers, is_tool_call) if markers else None
-            whole = channels(parser, item.text or "", final=True)
+            whole = channels(parser, result.text or "", final=True)
             message: dict[str, Any] = {"role": "assistant", **channel_fields(whole, 0)}
             message.setdefault("content", "")
-            reason = "tool_calls" if whole.tool_calls else item.finish_reason
-            out = {"index": 0, "message": message, "finish_reason": reason}
-            out["logprobs"] = chat_logprobs(tokenizer, item.token_ids, item.logprobs)
-            return {**chunk(out, "chat.completion"), "usage": usage(item)}
+            reason = "tool_calls" if whole.tool_calls else result.finish_reason
+            out = {"index": index, "message": message, "finish_reason": reason}
+            out["logprobs"] = chat_logprobs(tokenizer, result.token_ids, result.logprobs)
+            return out
 
-        text = TextStream(tokenizer, params.stop)
-        parser = ChannelParser(markers, is_tool_call) if markers else None
+        if not body.stream:
+            results = await final_results(request, handles, sink)
+            if results is None:
+                return Response(status_code=CLIENT_GONE)
+            choices = [whole_choice(index, result) for index, result in enumerate(results)]
+            return {**chunk(choices, "chat.completion"), "usage": usage(results, len(params))}
+
+        texts = [TextStream(tokenizer, param.stop) for param in params]
+        parsers = [ChannelParser(markers, is_tool_call) if markers else None for _ in params]
+        calls = [0] * len(params)  # tool calls streamed so far, per choice
 
         async def events() -> AsyncIterator[str]:
-            yield sse(chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}))
-            calls = 0
-            async for item in items(handle, sink):
+            for index in range(len(params)):
+                yield sse(
+                    chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+                )
+            results: dict[int, GenerationResult] = {}
+            async for index, item in items(handles, sink):
                 if isinstance(item, Delta):
-                    parsed = channels(parser, text.add(item.token_ids), final=False)
+                    parsed = channels(parsers[index], texts[index].add(item.token_ids), final=False)
                     logprobs = chat_logprobs(tokenizer, item.token_ids, item.logprobs)
                 else:
-                    parsed = channels(parser, text.finish(item.text or ""), final=True)
+                    parsed = channels(parsers[index], texts[index].finish(item.text or ""), final=True)
                     logprobs = None
-                fields = channel_fields(parsed, calls)
-                calls += len(parsed.tool_calls)
+                fields = channel_fields(parsed, calls[index])
+                calls[index] += len(parsed.tool_calls)
                 if fields or logprobs:
-                    yield sse(chunk({"index": 0, "delta": fields, "logprobs": logprobs, "finish_reason": None}))
+                    yield sse(chunk([{"index": index, "delta": fields, "logprobs": logprobs, "finish_reason": None}]))
                 if isinstance(item, GenerationResult):
-                    reason = "tool_calls" if calls else item.finish_reason
-                    yield sse(chunk({"index": 0, "delta": {}, "finish_reason": reason}))
-                    if (body.stream_options or {}).get("include_usage"):
-                        yield sse({**chunk({}), "choices": [], "usage": usage(item)})
+                    results[index] = item
+                    reason = "tool_calls" if calls[index] else item.finish_reason
+                    yield sse(chunk([{"index": index, "delta": {}, "finish_reason": reason}]))
+            if (body.stream_options or {}).get("include_usage"):
+                usage_ = usage([results[index] for index in range(len(params))], len(params))
+                yield sse({**chunk([]), "usage": usage_})
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

@@ -8,6 +8,7 @@ Fields beyond OpenAI's, as vLLM spells them: top_k, stop_token_ids. Sampling def
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from graphspec.runtime.requests import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's completions default
+MAX_CHOICES = 128  # choices per request (n x prompts): each is an engine request of its own
 
 
 class ApiError(Exception):
@@ -67,10 +69,12 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
 
-    def sampling(self, max_tokens: int | None, logprobs: bool, sample_default: bool) -> SamplingParams:
-        """SamplingParams of this request; ApiError for values no engine check covers."""
-        if self.n != 1:
-            raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}", "n")
+    def sampling(self, max_tokens: int | None, logprobs: bool, sample_default: bool) -> list[SamplingParams]:
+        """SamplingParams of each of the n choices of a prompt; ApiError for values no engine check covers.
+        With a seed, choice j samples with seed + j (choice 0 is what the same request with n = 1 gives),
+        so the choices differ from each other and each is reproducible."""
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise ApiError(400, f"n must be in 1..{MAX_CHOICES}, got {self.n}", "n")
         for name, value in (self.model_extra or {}).items():
             if name == "tool_choice" and value == "none" and not getattr(self, "tools", None):
                 continue  # OpenAI's own default when a request has no tools, as some clients send it
@@ -84,7 +88,7 @@ class SamplingFields(BaseModel):
         if not math.isfinite(temperature):
             raise ApiError(400, f"temperature must be a finite number >= 0, got {temperature}", "temperature")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(
+        params = SamplingParams(
             max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
             temperature=temperature,
             top_k=self.top_k or 0,
@@ -94,6 +98,8 @@ class SamplingFields(BaseModel):
             stop=tuple(stop),
             logprobs=logprobs,
         )
+        seeds = [None] * self.n if self.seed is None else [self.seed + j for j in range(self.n)]
+        return [replace(params, seed=seed) for seed in seeds]
 
 
 class CompletionRequest(SamplingFields):
@@ -101,19 +107,19 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = None
     echo: bool = False
 
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts: one, or a list of them (strings or token-id lists)."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ApiError(400, "one prompt per request (a list of prompts is not supported)", "prompt")
-            prompt = prompt[0]
+        prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+        if len(prompts) * self.n > MAX_CHOICES:
+            raise ApiError(400, f"{len(prompts)} prompts x n={self.n} choices is more than {MAX_CHOICES}", "prompt")
         if self.echo:
             raise ApiError(400, "echo is not supported", "echo")
         if self.logprobs not in (None, 0):
             raise ApiError(
                 400, "logprobs: only each emitted token's own logprob is available; pass logprobs=0", "logprobs"
             )
-        return prompt
+        return prompts
 
 
 class ChatMessage(BaseModel):

@@ -124,6 +124,45 @@ def test_seeded_sampling_is_reproducible_and_equals_the_engine(client, runtime):
     assert first == runtime.tokenizer.decode(expected)
 
 
+def test_n_choices_of_several_prompts_whole_and_streamed(client, runtime):
+    """Choice i * n + j is prompt i's j-th; with a seed, choice j samples with seed + j, so each equals the
+    single-choice request with that seed; usage counts each prompt once and every choice's tokens."""
+    prompts = [PROMPT, "class Queue:\n    def "]
+    options = dict(model=MODEL, temperature=1.0, top_p=0.95, max_tokens=10, extra_body={"stop_token_ids": []})
+    singles = [
+        [client.completions.create(prompt=p, seed=40 + j, **options).choices[0] for j in range(3)] for p in prompts
+    ]
+    whole = client.completions.create(prompt=prompts, n=3, seed=40, **options)
+    assert [c.index for c in whole.choices] == list(range(6))
+    assert [c.text for c in whole.choices] == [c.text for row in singles for c in row]
+    prompt_tokens = sum(len(runtime.tokenizer(p)["input_ids"]) for p in prompts)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt_tokens, 60)
+    texts, reasons, usage = [""] * 6, [None] * 6, None
+    stream = client.completions.create(
+        prompt=prompts, n=3, seed=40, stream=True, stream_options={"include_usage": True}, **options
+    )
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+        usage = chunk.usage or usage
+    assert texts == [c.text for c in whole.choices] and reasons == ["length"] * 6
+    assert usage.completion_tokens == 60 and usage.prompt_tokens == prompt_tokens
+
+
+def test_n_greedy_chat_choices_are_the_single_choice(client):
+    messages = [{"role": "user", "content": "import os"}]
+    options = dict(model=MODEL, messages=messages, temperature=0, max_tokens=8)
+    single = client.chat.completions.create(**options).choices[0].message.content
+    whole = client.chat.completions.create(n=2, **options)
+    assert [(c.index, c.message.content) for c in whole.choices] == [(0, single), (1, single)]
+    texts = ["", ""]
+    for chunk in client.chat.completions.create(n=2, stream=True, **options):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [single, single]
+
+
 def test_chat_completion_uses_the_default_template_and_streams_the_same_text(client, runtime):
     messages = [{"role": "system", "content": "Python only."}, {"role": "user", "content": "import os"}]
     whole = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=16)
@@ -215,7 +254,10 @@ def late_work(base_url: str) -> dict[str, float]:
         ({"max_tokens": -3}, "BadRequestError", "max_new_tokens"),
         ({"prompt": [5, 99999]}, "BadRequestError", "outside"),
         ({"prompt": [5] * 400}, "BadRequestError", "exceeds max_seq_len"),
-        ({"n": 2}, "BadRequestError", "n must be 1"),
+        ({"n": 0}, "BadRequestError", "n must be in 1..128"),
+        ({"n": 129}, "BadRequestError", "n must be in 1..128"),
+        ({"prompt": ["a", "b", "c"], "n": 50}, "BadRequestError", "more than 128"),
+        ({"prompt": [[5, 6], [5] * 400]}, "BadRequestError", "exceeds max_seq_len"),  # one bad prompt of two
         ({"presence_penalty": 1.5}, "BadRequestError", "presence_penalty is not supported"),
         ({"frequency_penalty": 0.5}, "BadRequestError", "frequency_penalty is not supported"),
         ({"logit_bias": {"5": 100}}, "BadRequestError", "logit_bias is not supported"),
