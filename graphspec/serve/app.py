@@ -221,6 +221,8 @@ def create_app(
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         prompt = render(runtime.tokenizer, chat_template, messages, body.tools)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        if max_tokens is None:  # OpenAI's chat default (and vLLM's): as many as the context leaves room for
+            max_tokens = max(1, runtime.max_seq_len - len(prompt) - runtime.k - 1)
         params = body.sampling(max_tokens, body.checked_logprobs(), sample_default)
         handles, sink = submit([prompt] * len(params), params)
         ident, tokenizer = f"chatcmpl-{uuid.uuid4().hex}", runtime.tokenizer

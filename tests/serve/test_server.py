@@ -150,6 +150,16 @@ def test_n_choices_of_several_prompts_whole_and_streamed(client, runtime):
     assert usage.completion_tokens == 60 and usage.prompt_tokens == prompt_tokens
 
 
+def test_chat_without_max_tokens_runs_to_the_end_of_the_context(client, runtime):
+    """OpenAI's chat default is not completions' 16 tokens: as many as the cache leaves room for."""
+    messages = [{"role": "user", "content": "import os"}]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, extra_body={"stop_token_ids": []}
+    )  # fmt: skip
+    room = runtime.max_seq_len - chat.usage.prompt_tokens - runtime.k - 1
+    assert (chat.usage.completion_tokens, chat.choices[0].finish_reason) == (room, "length")
+
+
 def test_n_greedy_chat_choices_are_the_single_choice(client):
     messages = [{"role": "user", "content": "import os"}]
     options = dict(model=MODEL, messages=messages, temperature=0, max_tokens=8)
