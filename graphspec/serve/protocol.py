@@ -98,6 +98,10 @@ class SamplingFields(BaseModel):
             stop=tuple(stop),
             logprobs=logprobs,
         )
+        if self.seed is not None and self.n > 1 and self.seed + self.n - 1 >= 2**63:  # the engine's seed range
+            raise ApiError(
+                400, f"seed + n - 1 must be below 2**63 (choice j samples with seed + j), got {self.seed}", "seed"
+            )
         seeds = [None] * self.n if self.seed is None else [self.seed + j for j in range(self.n)]
         return [replace(params, seed=seed) for seed in seeds]
 

@@ -267,6 +267,7 @@ def late_work(base_url: str) -> dict[str, float]:
         ({"n": 0}, "BadRequestError", "n must be in 1..128"),
         ({"n": 129}, "BadRequestError", "n must be in 1..128"),
         ({"prompt": ["a", "b", "c"], "n": 50}, "BadRequestError", "more than 128"),
+        ({"n": 3, "seed": 2**63 - 2}, "BadRequestError", "seed + n - 1 must be below 2**63"),
         ({"prompt": [[5, 6], [5] * 400]}, "BadRequestError", "exceeds max_seq_len"),  # one bad prompt of two
         ({"presence_penalty": 1.5}, "BadRequestError", "presence_penalty is not supported"),
         ({"frequency_penalty": 0.5}, "BadRequestError", "frequency_penalty is not supported"),
