@@ -72,7 +72,7 @@ class SamplingFields(BaseModel):
     def sampling(self, max_tokens: int | None, logprobs: bool, sample_default: bool) -> list[SamplingParams]:
         """SamplingParams of each of the n choices of a prompt; ApiError for values no engine check covers.
         With a seed, choice j samples with seed + j (choice 0 is what the same request with n = 1 gives),
-        so the choices differ from each other and each is reproducible."""
+        so each choice draws on its own and is reproducible."""
         if not 1 <= self.n <= MAX_CHOICES:
             raise ApiError(400, f"n must be in 1..{MAX_CHOICES}, got {self.n}", "n")
         for name, value in (self.model_extra or {}).items():
