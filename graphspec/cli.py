@@ -28,6 +28,8 @@ from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.pipeline import PASS_NAMES, describe
 from graphspec.trace_prefill import chunk_sizes
 
+API_KEY_VARIABLE = "GRAPHSPEC_API_KEY"  # `graphspec serve --api-key`'s default
+
 EXAMPLES = """\
 examples:
   graphspec compile ./Llama-3.1-8B-Instruct --draft ./Llama-3.2-1B-Instruct \\
@@ -422,6 +424,13 @@ def build_parser() -> Parser:
         "--cpu-draft-dtype", choices=("float32", "bfloat16"), default="float32", help="as for `graphspec generate`"
     )
     serve_parser.add_argument("--allow-mismatch", action="store_true", help="as for `graphspec generate`")
+    serve_parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_VARIABLE),
+        metavar="KEY",
+        help=f"require `Authorization: Bearer KEY` on every /v1/ request (/health and /metrics stay open); default: "
+        f"${API_KEY_VARIABLE}, which keeps the key out of the process list",
+    )
     serve_parser.set_defaults(run=run_serve, subparser=serve_parser)
     return parser
 
@@ -681,7 +690,12 @@ def run_serve(args: argparse.Namespace) -> int:
         markers = Markers(*parts, starts_in_reasoning=args.starts_in_reasoning)
     template = Path(args.chat_template).read_text() if args.chat_template else None
     runtime_options = {"compile_cpu": args.compile_cpu, "cpu_draft_dtype": args.cpu_draft_dtype}
-    serve(args.artifact, args.host, args.port, args.model_name, template, markers, args.allow_mismatch, runtime_options)
+    if args.api_key is not None and not args.api_key.strip():
+        raise UsageError(f"--api-key (or ${API_KEY_VARIABLE}) is empty; leave it unset to serve without a key")
+    serve(
+        args.artifact, args.host, args.port, args.model_name, template, markers, args.allow_mismatch, runtime_options,
+        args.api_key,
+    )  # fmt: skip
     return 0
 
 

@@ -21,9 +21,11 @@ def serve(
     markers: Any = None,
     allow_mismatch: bool = False,
     runtime_options: dict[str, Any] | None = None,
+    api_key: str | None = None,
 ) -> None:
     """Bind host:port, load the artifact (compiling or capturing every step before it listens) and serve
-    it until interrupted. runtime_options: Runtime's own (compile_cpu, cpu_draft_dtype)."""
+    it until interrupted. runtime_options: Runtime's own (compile_cpu, cpu_draft_dtype). api_key: required
+    on every /v1/ request (None: open)."""
     import uvicorn
 
     from graphspec.runtime.runtime import Runtime
@@ -34,7 +36,7 @@ def serve(
         phases = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in runtime.startup_seconds.items())
         where = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         print(f"graphspec serve: {artifact} ready on {where} ({phases})", flush=True)
-        app = create_app(runtime, model_name or Path(artifact).resolve().name, chat_template, markers)
+        app = create_app(runtime, model_name or Path(artifact).resolve().name, chat_template, markers, api_key)
         # The loaded graphs are hundreds of thousands of objects this process keeps until it exits. Frozen
         # (after one last collection), the collector's full passes while serving no longer walk them: one
         # such pass over an 8B pair's graphs took 0.31 s on a CPU, a stall of every request in flight.

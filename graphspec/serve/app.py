@@ -10,6 +10,7 @@ the next step boundary.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -50,12 +51,39 @@ class Sink:
 CLIENT_GONE = 499
 
 
+class RequireApiKey:
+    """ASGI middleware: every /v1/ request must carry `Authorization: Bearer <key>` (else a 401 in OpenAI's
+    error JSON); /health and /metrics stay open for probes and scrapers, as in vLLM. Pure ASGI, not
+    Starlette's BaseHTTPMiddleware, so streamed responses and the disconnect listener see the raw channel."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            sent = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(sent, self.expected):  # constant time: the key does not leak by timing
+                error = ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`")
+                await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(
-    runtime: Any, model_name: str, chat_template: str | None = None, markers: Markers | None = None
+    runtime: Any,
+    model_name: str,
+    chat_template: str | None = None,
+    markers: Markers | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The app serving `runtime` as model `model_name`. markers: split chat output into reasoning,
-    content and tool calls with these marker strings (None: all output is content)."""
+    content and tool calls with these marker strings (None: all output is content). api_key: require it
+    on every /v1/ request (RequireApiKey)."""
     app = FastAPI(title="graphspec", version="0.1.0")
+    if api_key is not None:
+        if not api_key:
+            raise ValueError("api_key is empty: pass None to serve without one")
+        app.add_middleware(RequireApiKey, key=api_key)
     metrics = Metrics(runtime.k, model_name, lambda: runtime.engine.load, lambda: runtime.stats)
     runtime.engine.listeners.append(metrics)
     app.state.metrics = metrics

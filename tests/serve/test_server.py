@@ -406,6 +406,39 @@ def leave_a_whole_response(client, runtime, base_url, route) -> None:
     assert greedy_completion(client, max_tokens=4).choices[0].text  # and the server goes on serving
 
 
+@pytest.fixture(scope="module")
+def keyed_url(runtime) -> str:
+    yield from run_server(create_app(runtime, MODEL, api_key="s3cret"))
+
+
+def test_an_api_key_guards_the_v1_routes_and_leaves_probes_open(keyed_url):
+    keyed = openai.OpenAI(base_url=f"{keyed_url}/v1", api_key="s3cret", max_retries=0, timeout=WAIT_S)
+    text = keyed.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6).choices[0].text
+    streamed = keyed.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in streamed) == text
+    for key in ("wrong", "s3cre"):  # a prefix of the key is wrong too
+        wrong = openai.OpenAI(base_url=f"{keyed_url}/v1", api_key=key, max_retries=0, timeout=WAIT_S)
+        with pytest.raises(openai.AuthenticationError) as raised:
+            wrong.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+        assert "API key" in raised.value.message
+    assert httpx.get(f"{keyed_url}/v1/models").status_code == 401  # no Authorization header at all
+    assert httpx.get(f"{keyed_url}/health").status_code == 200 and httpx.get(f"{keyed_url}/metrics").status_code == 200
+
+
+def test_serve_takes_its_api_key_from_the_environment_and_refuses_an_empty_one(monkeypatch):
+    from graphspec.cli import main
+
+    calls = []
+    monkeypatch.setattr("graphspec.serve.serve", lambda *args: calls.append(args))
+    monkeypatch.setenv("GRAPHSPEC_API_KEY", "from-env")
+    assert main(["serve", "some-artifact"]) == 0 and calls[-1][-1] == "from-env"
+    assert main(["serve", "some-artifact", "--api-key", "flag"]) == 0 and calls[-1][-1] == "flag"
+    monkeypatch.setenv("GRAPHSPEC_API_KEY", " ")
+    assert main(["serve", "some-artifact"]) == 2 and len(calls) == 2  # refused before serving
+    monkeypatch.delenv("GRAPHSPEC_API_KEY")
+    assert main(["serve", "some-artifact"]) == 0 and calls[-1][-1] is None
+
+
 def test_serve_refuses_malformed_channel_markers_before_loading():
     from graphspec.cli import main
 
