@@ -385,7 +385,7 @@ def build_parser() -> Parser:
         "serve",
         help="serve a compiled artifact over an OpenAI-compatible HTTP API",
         description="Load ART and serve /v1/completions, /v1/chat/completions (SSE streaming), /v1/models, "
-        "/health and /metrics (Prometheus) with continuous batching. Needs the `serve` extra: "
+        "/tokenize, /detokenize, /health and /metrics (Prometheus) with continuous batching. Needs the `serve` extra: "
         "pip install 'graphspec[serve]'.",
         formatter_class=HelpFormatter,
     )
@@ -428,7 +428,7 @@ def build_parser() -> Parser:
         "--api-key",
         default=os.environ.get(API_KEY_VARIABLE),
         metavar="KEY",
-        help=f"require `Authorization: Bearer KEY` on every /v1/ request (/health and /metrics stay open); default: "
+        help=f"require `Authorization: Bearer KEY` on every request but /health and /metrics; default: "
         f"${API_KEY_VARIABLE}, which keeps the key out of the process list",
     )
     serve_parser.set_defaults(run=run_serve, subparser=serve_parser)

@@ -25,7 +25,7 @@ def serve(
 ) -> None:
     """Bind host:port, load the artifact (compiling or capturing every step before it listens) and serve
     it until interrupted. runtime_options: Runtime's own (compile_cpu, cpu_draft_dtype). api_key: required
-    on every /v1/ request (None: open)."""
+    on every request but /health and /metrics (None: open)."""
     import uvicorn
 
     from graphspec.runtime.runtime import Runtime

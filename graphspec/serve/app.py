@@ -23,12 +23,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from graphspec.errors import InputError
+from graphspec.inputs import check_prompts
 from graphspec.runtime.engine import RequestHandle
 from graphspec.runtime.requests import Delta, GenerationResult, SamplingParams
 from graphspec.serve.channels import ChannelDelta, ChannelParser, Markers
 from graphspec.serve.chat import render
 from graphspec.serve.metrics import Metrics
-from graphspec.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from graphspec.serve.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from graphspec.serve.text import TextStream
 
 
@@ -51,16 +58,19 @@ class Sink:
 CLIENT_GONE = 499
 
 
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # served without the API key: probes and scrapers
+
+
 class RequireApiKey:
-    """ASGI middleware: every /v1/ request must carry `Authorization: Bearer <key>` (else a 401 in OpenAI's
-    error JSON); /health and /metrics stay open for probes and scrapers, as in vLLM. Pure ASGI, not
+    """ASGI middleware: every request but OPEN_PATHS must carry `Authorization: Bearer <key>` (else a 401 in
+    OpenAI's error JSON); /health and /metrics stay open for probes and scrapers, as in vLLM. Pure ASGI, not
     Starlette's BaseHTTPMiddleware, so streamed responses and the disconnect listener see the raw channel."""
 
     def __init__(self, app: Any, key: str) -> None:
         self.app, self.expected = app, f"Bearer {key}".encode()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             sent = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(sent, self.expected):  # constant time: the key does not leak by timing
                 error = ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`")
@@ -193,6 +203,32 @@ def create_app(
         return f"data: {json.dumps(payload)}\n\n"
 
     # ---------------------------------------------------------------------------------------------
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        """The ids a completion or chat request with this prompt or these messages would start from (vLLM's
+        endpoint): a client can budget max_tokens against max_model_len before it asks."""
+        check_model(body.model)
+        which = body.which()
+        if isinstance(which, list) and which and isinstance(which[0], dict):
+            ids = render(runtime.tokenizer, chat_template, which, body.tools)
+        else:
+            try:
+                [ids] = check_prompts([which], runtime.vocab_size, runtime.tokenizer)
+            except InputError as error:
+                raise ApiError(400, str(error), "prompt") from None
+        return {"count": len(ids), "max_model_len": runtime.max_seq_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        check_model(body.model)
+        if runtime.tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer to decode with", "tokens")
+        try:
+            [ids] = check_prompts([body.tokens], runtime.vocab_size)
+        except InputError as error:
+            raise ApiError(400, str(error), "tokens") from None
+        return {"prompt": runtime.tokenizer.decode(ids)}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:

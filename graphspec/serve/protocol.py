@@ -154,3 +154,25 @@ class ChatCompletionRequest(SamplingFields):
         if self.top_logprobs:
             raise ApiError(400, "top_logprobs is not supported (each emitted token's logprob is)", "top_logprobs")
         return self.logprobs
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize body: a prompt (as /v1/completions takes it) or chat messages (rendered as
+    /v1/chat/completions renders them, with the generation prompt)."""
+
+    model: str
+    prompt: str | list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    def which(self) -> str | list[dict[str, str]] | list[int]:
+        if (self.prompt is None) == (self.messages is None):
+            raise ApiError(400, "give exactly one of prompt and messages", "prompt")
+        if self.messages is not None:
+            return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return self.prompt
+
+
+class DetokenizeRequest(BaseModel):
+    model: str
+    tokens: list[int]

@@ -124,6 +124,27 @@ def test_seeded_sampling_is_reproducible_and_equals_the_engine(client, runtime):
     assert first == runtime.tokenizer.decode(expected)
 
 
+def test_tokenize_counts_what_a_request_starts_from_and_detokenize_inverts_it(client, base_url):
+    counted = httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "prompt": PROMPT}).json()
+    completion = greedy_completion(client, max_tokens=2)
+    assert counted["count"] == len(counted["tokens"]) == completion.usage.prompt_tokens
+    assert counted["max_model_len"] == 320
+    messages = [{"role": "user", "content": "import os"}]
+    chat = httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "messages": messages}).json()
+    reply = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=2)
+    assert chat["count"] == reply.usage.prompt_tokens
+    back = httpx.post(f"{base_url}/detokenize", json={"model": MODEL, "tokens": counted["tokens"]}).json()
+    assert back["prompt"].endswith(PROMPT)
+    for path, body in [
+        ("/tokenize", {"model": MODEL}),
+        ("/tokenize", {"model": MODEL, "prompt": PROMPT, "messages": messages}),
+        ("/detokenize", {"model": MODEL, "tokens": [5, 10**9]}),
+    ]:
+        response = httpx.post(f"{base_url}{path}", json=body)
+        assert response.status_code == 400 and response.json()["error"]["message"]
+    assert httpx.post(f"{base_url}/tokenize", json={"model": "gpt-4", "prompt": "x"}).status_code == 404
+
+
 def test_n_choices_of_several_prompts_whole_and_streamed(client, runtime):
     """Choice i * n + j is prompt i's j-th; with a seed, choice j samples with seed + j, so each equals the
     single-choice request with that seed; usage counts each prompt once and every choice's tokens."""
@@ -422,6 +443,7 @@ def test_an_api_key_guards_the_v1_routes_and_leaves_probes_open(keyed_url):
             wrong.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
         assert "API key" in raised.value.message
     assert httpx.get(f"{keyed_url}/v1/models").status_code == 401  # no Authorization header at all
+    assert httpx.post(f"{keyed_url}/tokenize", json={"model": MODEL, "prompt": "x"}).status_code == 401
     assert httpx.get(f"{keyed_url}/health").status_code == 200 and httpx.get(f"{keyed_url}/metrics").status_code == 200
 
 
