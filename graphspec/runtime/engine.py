@@ -140,6 +140,9 @@ class Engine:
         # Called on the loop thread: on_step(buffers, live rows, accepted counts) after each step's tokens are
         # handed out, on_finish(request) when a request ends (metrics, tests).
         self.listeners: list[object] = []
+        # "Type: message" of the last failed step, None once a step has run since (or none ever failed):
+        # a server's /health reports it, so a balancer stops routing to an engine whose every step fails.
+        self.failure: str | None = None
 
     # ---------------------------------------------------------------------------------------------
     # Caller side (any thread)
@@ -230,8 +233,10 @@ class Engine:
                 self._admit(newcomers)
                 if self._live:
                     self._step()
+                    self.failure = None
             except Exception as error:  # a bug, not a bad request: fail what is running, keep serving
                 log.exception("engine step failed; failing the live requests")
+                self.failure = f"{type(error).__name__}: {error}"
                 failed = {r.id: r for r in [*self._live, *newcomers] if r.finish_reason is None}
                 for request in failed.values():
                     request.finish_reason = "error"

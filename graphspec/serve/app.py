@@ -112,9 +112,13 @@ def create_app(
         return JSONResponse(ApiError(400, message, where or None).body(), status_code=400)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> JSONResponse:
+        """200 while the engine serves; 503 with the error while its last step failed (until one succeeds)."""
         running, waiting = runtime.engine.load
-        return {"status": "ok", "running": running, "waiting": waiting}
+        failure = runtime.engine.failure
+        if failure is not None:
+            return JSONResponse({"status": "error", "error": failure, "running": running, "waiting": waiting}, 503)
+        return JSONResponse({"status": "ok", "running": running, "waiting": waiting})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

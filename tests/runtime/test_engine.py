@@ -254,6 +254,8 @@ def test_a_failing_step_fails_the_live_requests_and_the_engine_keeps_serving(run
     for handle in handles:
         with pytest.raises(RuntimeError, match="injected"):
             handle.result()
+    assert runtime.engine.failure == "RuntimeError: injected prefill failure"  # what /health reports
     monkeypatch.setattr(runtime, "prefill", real_prefill)
     assert runtime.engine.load == (0, 0)
     assert alone(runtime, [3, 4, 5], params) == solo
+    assert runtime.engine.failure is None  # a step ran since

@@ -461,6 +461,25 @@ def test_serve_takes_its_api_key_from_the_environment_and_refuses_an_empty_one(m
     assert main(["serve", "some-artifact"]) == 0 and calls[-1][-1] is None
 
 
+def test_health_is_503_while_the_engines_steps_fail_and_200_again_after_one_succeeds(
+    client, runtime, base_url, monkeypatch
+):
+    assert httpx.get(f"{base_url}/health").status_code == 200
+    real_prefill = runtime.prefill
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected device failure")
+
+    monkeypatch.setattr(runtime, "prefill", broken)
+    with pytest.raises(openai.InternalServerError):
+        greedy_completion(client, max_tokens=4)
+    health = httpx.get(f"{base_url}/health")
+    assert health.status_code == 503 and health.json()["error"] == "RuntimeError: injected device failure"
+    monkeypatch.setattr(runtime, "prefill", real_prefill)
+    assert greedy_completion(client, max_tokens=4).choices[0].text
+    assert httpx.get(f"{base_url}/health").status_code == 200
+
+
 def test_serve_refuses_malformed_channel_markers_before_loading():
     from graphspec.cli import main
 
