@@ -27,7 +27,7 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
     def body(self) -> dict[str, Any]:
-        code = "model_not_found" if self.status == 404 else None
+        code = {404: "model_not_found", 401: "invalid_api_key"}.get(self.status)  # OpenAI's codes for these
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}}
 
 

@@ -441,7 +441,7 @@ def test_an_api_key_guards_the_v1_routes_and_leaves_probes_open(keyed_url):
         wrong = openai.OpenAI(base_url=f"{keyed_url}/v1", api_key=key, max_retries=0, timeout=WAIT_S)
         with pytest.raises(openai.AuthenticationError) as raised:
             wrong.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
-        assert "API key" in raised.value.message
+        assert "API key" in raised.value.message and raised.value.code == "invalid_api_key"
     assert httpx.get(f"{keyed_url}/v1/models").status_code == 401  # no Authorization header at all
     assert httpx.post(f"{keyed_url}/tokenize", json={"model": MODEL, "prompt": "x"}).status_code == 401
     assert httpx.get(f"{keyed_url}/health").status_code == 200 and httpx.get(f"{keyed_url}/metrics").status_code == 200
