@@ -93,6 +93,7 @@ from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.file_digest import copy_and_digest, digest_file, mismatched_blocks
 from graphspec.gc_pause import paused_gc
+from graphspec.lowering.registry import kernel_module
 from graphspec.models.loading import (
     VOLATILE_CONFIG_KEYS,
     LoadedModel,
@@ -695,12 +696,10 @@ def resolve_op(name: str) -> torch._ops.OpOverload:
 
 
 def _import_kernel_module(op: str) -> bool:
-    """Import the graphspec.kernels module that defines kernel op `op` by the naming rule
-    (lowering/registry.py): <name>_triton in <name>.py, <name>_cpu in <name>_cpu.py. False where there
-    is no such module."""
-    name = op.removesuffix("_triton")
+    """Import the graphspec.kernels module that defines kernel op `op` (registry.kernel_module's naming
+    rule); False where there is no such module."""
     try:
-        importlib.import_module(f"graphspec.kernels.{name}")
+        kernel_module(op)
     except ImportError:
         return False
     return True

@@ -562,14 +562,20 @@ def _module(op: str) -> ModuleType:
     return importlib.import_module(f"graphspec.kernels.{op}")
 
 
+def kernel_module(kernel_op: str) -> ModuleType:
+    """The graphspec.kernels module that defines (registers, once imported) kernel op `kernel_op`, by the
+    naming rule: <op>_triton in kernels/<op>.py, <op>_cpu in kernels/<op>_cpu.py. ImportError if none."""
+    return _module(kernel_op.removesuffix("_triton"))
+
+
 def _entry(op: str, key: int | str | tuple[int | str, str]) -> KernelEntry:
-    module = _module(op)
+    module = kernel_module(f"{op}_triton")
     kernel = getattr(torch.ops.graphspec, f"{op}_triton").default
     return KernelEntry(op, key, kernel, dict(module.CONFIGS[key]), KERNELS[op])
 
 
 def _cpu_entry(op: str) -> KernelEntry:
-    module = _module(f"{op}_cpu")
+    module = kernel_module(f"{op}_cpu")
     kernel = getattr(torch.ops.graphspec, f"{op}_cpu").default
     return KernelEntry(op, CPU, kernel, dict(module.CONFIGS[CPU]), CPU_KERNELS[op])
 
