@@ -180,6 +180,7 @@ def cold_start(artifact: Path, tokens: int, seed: int, profile: Path | None = No
         "triton_kernels_carried": len(json.loads((artifact / "manifest.json").read_text())["triton_cache"]),
         "startup_seconds": runtime.startup_seconds,
         "warm_up_seconds": runtime.warm_up_seconds,
+        "capture_phase_seconds": runtime.capture_phase_seconds,
         "imported_during_start_up": imported,
         "prompt_tokens": tokens,
         "new_tokens": 16,
@@ -328,6 +329,9 @@ def print_table(report: dict[str, Any], shapes) -> None:
         if cold.get("warm_up_seconds"):
             parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cold["warm_up_seconds"].items())
             print(f"  warm-up and capture by kind: {parts}")
+        if cold.get("capture_phase_seconds"):
+            parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cold["capture_phase_seconds"].items())
+            print(f"  warm-up and capture by phase: {parts}")
         imported = [name for name, done in cold.get("imported_during_start_up", {}).items() if done]
         shown = ", ".join(imported) or "neither torch._dynamo nor torchvision"
         print(f"  imported by the import of graphspec and start-up: {shown}")

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 
@@ -30,6 +34,20 @@ class Counters:
 
 # One process-wide instance: compile() and Runtime add to it; tests reset it.
 COUNTERS = Counters()
+
+# Host seconds spent in named phases of start-up, process-wide (what a Runtime's warm-up reports by
+# phase: the eager warm-up runs, recording the captures, instantiating the CUDA graphs).
+PHASE_SECONDS: defaultdict[str, float] = defaultdict(float)
+
+
+@contextmanager
+def timed(phase: str) -> Iterator[None]:
+    """Add the host time the block takes to PHASE_SECONDS[phase]."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        PHASE_SECONDS[phase] += time.perf_counter() - began
 
 
 def compiled_graphs() -> int:

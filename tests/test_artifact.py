@@ -692,7 +692,7 @@ print(json.dumps({"tokens": tokens, "traces": COUNTERS.traces, "pipeline_runs": 
                   "captures": COUNTERS.captures, "kernels_built": RECORDER.built,
                   "kernels_loaded": len(RECORDER.folders), "dynamo": "torch._dynamo" in sys.modules,
                   "kernel_modules": sorted(m for m in sys.modules if m.startswith("graphspec.kernels.")),
-                  "warm_up": sorted(runtime.warm_up_seconds)}))
+                  "warm_up": sorted(runtime.warm_up_seconds), "capture_phases": runtime.capture_phase_seconds}))
 """
 
 
@@ -752,6 +752,8 @@ def test_gpu_artifact_with_kernels_replays_the_same_tokens_in_a_fresh_process(ch
     assert "graphspec.kernels.rms_norm" in fresh["kernel_modules"]
     assert not [m for m in fresh["kernel_modules"] if "gated_delta" in m or "gdn" in m], fresh["kernel_modules"]
     assert fresh["warm_up"] == ["first_requests", "prefill_programs", "steps"]  # where warm_up_and_capture went
+    phases = fresh["capture_phases"]  # and by phase: every capture warmed up, recorded and instantiated
+    assert sorted(phases) == ["instantiate", "record", "warm_up_runs"] and all(s > 0 for s in phases.values()), phases
     assert fresh["tokens"] == expected
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 
 from graphspec import ops
-from graphspec.counters import COUNTERS
+from graphspec.counters import COUNTERS, timed
 from graphspec.drafters.base import Drafter, PrefillEnd
 from graphspec.runtime.buffers import pick_bucket
 from graphspec.runtime.graphs import (
@@ -125,7 +125,7 @@ class PrefillProgram:
         if self.inputs["tokens"].is_cuda:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(stream), timed("warm_up_runs"):
                 self.warm_up()
             torch.cuda.current_stream().wait_stream(stream)
         compiles = TRITON_COMPILES.count

@@ -16,7 +16,7 @@ import torch
 from graphspec import ops
 from graphspec.compiled import Compiled
 from graphspec.compiler import compile
-from graphspec.counters import COUNTERS
+from graphspec.counters import COUNTERS, PHASE_SECONDS
 from graphspec.cublas import use_no_workspace
 from graphspec.drafters.base import PrefillView
 from graphspec.errors import InputError
@@ -178,6 +178,8 @@ class Runtime:
         # Where warm_up's time went: seconds per kind of program prepared (host time: a capture's queued
         # work finishes in the next kind's), and the first requests'.
         self.warm_up_seconds: dict[str, float] = {}
+        # Of which (CUDA): the eager warm-up runs, recording the captures, instantiating the graphs.
+        self.capture_phase_seconds: dict[str, float] = {}
         if warm_up:
             warming = time.perf_counter()
             self.warm_up()
@@ -200,10 +202,13 @@ class Runtime:
         from tqdm.auto import tqdm  # here: importing graphspec should not pull it in
 
         what = "warm-up and capture" if self.device.startswith("cuda") else "compile CPU steps"
+        phases_before = dict(PHASE_SECONDS)
         for kind, prepare in tqdm(pending, desc=f"graphspec: {what}", unit="graph"):
             began = time.perf_counter()
             prepare()
             self.warm_up_seconds[kind] = self.warm_up_seconds.get(kind, 0.0) + time.perf_counter() - began
+        for phase in ("warm_up_runs", "record", "instantiate"):
+            self.capture_phase_seconds[phase] = PHASE_SECONDS[phase] - phases_before.get(phase, 0.0)
         if self.device.startswith("cuda"):
             began = time.perf_counter()
             self._first_requests()
