@@ -72,11 +72,6 @@ import torch
 import torch.fx as fx
 from safetensors.torch import load_file, save_file
 
-try:  # fx's lazily compiled GraphModule (torch >= 2.3; what Inductor builds its graphs with)
-    from torch.fx._lazy_graph_module import _LazyGraphModule as LazyGraphModule
-except ImportError:  # pragma: no cover - another torch: every graph compiles its code at once, as before
-    LazyGraphModule = fx.GraphModule
-
 from graphspec import trace
 from graphspec.compiled import Compiled, device_sm, prefill_graph_name
 from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, SpecConfig
@@ -108,6 +103,7 @@ from graphspec.models.loading import (
     stands_in_for,
 )
 from graphspec.pipeline import PIPELINE, PREFILL_PIPELINE
+from graphspec.runtime.node_program import LazyGraphModule
 from graphspec.trace import model_inputs
 from graphspec.trace_prefill import PrefillSignature, chunk_sizes
 from graphspec.triton_binaries import FOLDER as TRITON_FOLDER
@@ -734,7 +730,8 @@ def decode_graph_module(
 ) -> fx.GraphModule:
     """Rebuild the GraphModule from encode_graph_module's records: children first, then parents. `lazy`:
     the root generates its Python code (fx's recompile, about half of a rebuild) only when something calls
-    it or reads its code: a prefill program runs as the two parts split from it, never whole."""
+    it or reads its code: on CUDA the runtime warms up and captures a loaded graph through
+    runtime/node_program.py, and a prefill program runs as the two parts split from it, never whole."""
     built: dict[str, fx.GraphModule] = {}
     # Deepest paths first, so every call_module target exists when its parent is built.
     for path in sorted(modules, key=lambda p: -(p.count(".") + 1 if p else 0)):
@@ -1098,7 +1095,7 @@ def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:
         name = entry["name"]
         constants = load_file(str(path / entry["constants"])) if entry.get("constants") else {}
         try:
-            gm = decode_graph_module(graph_docs[name]["modules"], constants, name)
+            gm = decode_graph_module(graph_docs[name]["modules"], constants, name, lazy=True)
         except (KeyError, ValueError, TypeError, AttributeError, RuntimeError) as error:
             raise ArtifactError(
                 f"{path / entry['graph']}: cannot rebuild the graph ({type(error).__name__}: {error}); "

@@ -43,6 +43,7 @@ from graphspec.counters import COUNTERS, timed
 from graphspec.lowering import lower_kernels
 from graphspec.op_nodes import is_attention
 from graphspec.runtime.buffers import StepBuffers
+from graphspec.runtime.node_program import runner
 from graphspec.triton_binaries import RECORDER as TRITON_KERNELS
 
 # Eager runs of a program on a side stream before its capture: the first loads every Triton kernel and
@@ -366,16 +367,19 @@ class StepGraph:
             if self.on_cuda:
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
+                # A loaded graph has no generated code (artifact.decode_graph_module): its two runs in
+                # Python, this one and the capture, walk its nodes (node_program) instead of generating it.
+                run = runner(self.gm)
                 with torch.cuda.stream(stream), timed("warm_up_runs"):
                     for _ in range(WARM_UP_RUNS):
-                        self.gm(*self.args)
+                        run(*self.args)
                 torch.cuda.current_stream().wait_stream(stream)
             compiles = TRITON_COMPILES.count
             if self.mode == "piecewise":
                 self._capture_pieces()
             else:
                 recorder = self.new_recorder(self.pool)
-                self.outputs = recorder.capture(self.cpu_step() or self.gm, self.args)
+                self.outputs = recorder.capture(self.cpu_step() or runner(self.gm), self.args)
                 self.recorders.append(recorder)
                 COUNTERS.captures += 1
             self.compiles_during_capture = TRITON_COMPILES.count - compiles

@@ -36,6 +36,7 @@ from graphspec.runtime.graphs import (
     cpu_table_copy,
     pieces,
 )
+from graphspec.runtime.node_program import runner
 from graphspec.runtime.prefill_split import split_first_token
 from graphspec.trace_prefill import FEATURE_OUTPUT, PREFILL_INPUTS, PREFILL_OUTPUTS, chunk_plan, new_prefill_inputs
 
@@ -110,13 +111,14 @@ class PrefillProgram:
     def warm_up(self) -> None:
         """Run the parts over the parked inputs, as a capture will (Triton JIT, cuBLAS setup): the whole
         program never runs, so a loaded one (built lazily, artifact.decode_graph_module) never generates
-        its code."""
+        its code, and the parts (lazy too) run through node_program here and in the capture."""
         self.park()
+        first, rest = runner(self.first_part), self.rest_part and runner(self.rest_part)
         with torch.inference_mode():
             for _ in range(WARM_UP_RUNS):
-                outputs = self.first_part(*self.args)
-                if self.rest_part is not None:
-                    self.rest_part(*self.args, *outputs[len(self.output_names) :])
+                outputs = first(*self.args)
+                if rest is not None:
+                    rest(*self.args, *outputs[len(self.output_names) :])
 
     def warm_up_and_capture(self) -> None:
         """Warm up (warm_up) on a side stream, then capture each part, every row parked; the rest's
@@ -131,10 +133,11 @@ class PrefillProgram:
         compiles = TRITON_COMPILES.count
         recorder = self.new_recorder(self.pool)
         with torch.inference_mode():
-            self.outputs = recorder.capture(self.first_part, self.args)
+            self.outputs = recorder.capture(runner(self.first_part), self.args)
             if self.rest_part is not None:
                 rest_recorder = self.new_recorder(self.pool)
-                rest_recorder.capture(self.rest_part, [*self.args, *self.outputs[len(self.output_names) :]])
+                crossing = self.outputs[len(self.output_names) :]
+                rest_recorder.capture(runner(self.rest_part), [*self.args, *crossing])
                 self.rest_recorder = rest_recorder
                 COUNTERS.captures += 1
         self.recorder = recorder

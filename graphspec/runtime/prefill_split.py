@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from graphspec.runtime.node_program import LazyGraphModule
+
 
 @dataclass(frozen=True)
 class SplitProgram:
@@ -84,7 +86,8 @@ def split_first_token(gm: fx.GraphModule, first_outputs: int) -> SplitProgram | 
     for node in rest:
         values[node] = rest_graph.node_copy(node, values.__getitem__)
     rest_graph.output(())
-    return SplitProgram(fx.GraphModule(gm, first_graph), fx.GraphModule(gm, rest_graph), len(crossing))
+    # Lazy: on CUDA the parts run only to be warmed up and captured, through node_program.
+    return SplitProgram(LazyGraphModule(gm, first_graph), LazyGraphModule(gm, rest_graph), len(crossing))
 
 
 def _states_touched(graph: fx.Graph, states: set[fx.Node]) -> dict[fx.Node, set[fx.Node]]:
