@@ -2,6 +2,7 @@
 """Cold start of the 8B/1B artifact (buckets 1,4,8, both modes) in fresh processes, alternating the
 experiment's setting: captured graphs instantiated one after another, or on GRAPHSPEC_INSTANTIATE_THREADS
 threads, after every capture. Prints load-to-ready and the warm-up's phases of each process.
+(GRAPHSPEC_INSTANTIATE_THREADS was a knob of this experiment's working tree only; it bought nothing and was removed.)
 
     python docs/results/2026-11-27-instantiate-probe/coldstart_ab.py [rounds] [profile file]
 
