@@ -363,13 +363,13 @@ class StepGraph:
     def warm_up_and_capture(self) -> None:
         """Warm up on a side stream, then capture, both with every row invalid; then restore row_valid.
         Triton JIT, cuBLAS handle and workspace setup all happen in the warm-up, never in a replay."""
+        # A loaded graph has no generated code (artifact.decode_graph_module): its two runs in Python,
+        # the warm-up and the capture, walk its nodes (node_program) instead of generating it.
+        run = runner(self.gm)
         with every_row_invalid(self.buffers):
             if self.on_cuda:
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
-                # A loaded graph has no generated code (artifact.decode_graph_module): its two runs in
-                # Python, this one and the capture, walk its nodes (node_program) instead of generating it.
-                run = runner(self.gm)
                 with torch.cuda.stream(stream), timed("warm_up_runs"):
                     for _ in range(WARM_UP_RUNS):
                         run(*self.args)
@@ -379,7 +379,7 @@ class StepGraph:
                 self._capture_pieces()
             else:
                 recorder = self.new_recorder(self.pool)
-                self.outputs = recorder.capture(self.cpu_step() or runner(self.gm), self.args)
+                self.outputs = recorder.capture(self.cpu_step() or run, self.args)
                 self.recorders.append(recorder)
                 COUNTERS.captures += 1
             self.compiles_during_capture = TRITON_COMPILES.count - compiles

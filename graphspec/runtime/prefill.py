@@ -18,6 +18,7 @@ of it: the logits and hidden state of the rows whose prompt ends in the chunk.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -108,12 +109,17 @@ class PrefillProgram:
         self.inputs["start_pos"].zero_()
         self.inputs["last_index"].zero_()
 
+    @functools.cached_property
+    def part_runners(self) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
+        """What the warm-up and the capture call for the first part and the rest (node_program.runner)."""
+        return runner(self.first_part), None if self.rest_part is None else runner(self.rest_part)
+
     def warm_up(self) -> None:
         """Run the parts over the parked inputs, as a capture will (Triton JIT, cuBLAS setup): the whole
         program never runs, so a loaded one (built lazily, artifact.decode_graph_module) never generates
         its code, and the parts (lazy too) run through node_program here and in the capture."""
         self.park()
-        first, rest = runner(self.first_part), self.rest_part and runner(self.rest_part)
+        first, rest = self.part_runners
         with torch.inference_mode():
             for _ in range(WARM_UP_RUNS):
                 outputs = first(*self.args)
@@ -132,12 +138,12 @@ class PrefillProgram:
             torch.cuda.current_stream().wait_stream(stream)
         compiles = TRITON_COMPILES.count
         recorder = self.new_recorder(self.pool)
+        first, rest = self.part_runners
         with torch.inference_mode():
-            self.outputs = recorder.capture(runner(self.first_part), self.args)
-            if self.rest_part is not None:
+            self.outputs = recorder.capture(first, self.args)
+            if rest is not None:
                 rest_recorder = self.new_recorder(self.pool)
-                crossing = self.outputs[len(self.output_names) :]
-                rest_recorder.capture(runner(self.rest_part), [*self.args, *crossing])
+                rest_recorder.capture(rest, [*self.args, *self.outputs[len(self.output_names) :]])
                 self.rest_recorder = rest_recorder
                 COUNTERS.captures += 1
         self.recorder = recorder
