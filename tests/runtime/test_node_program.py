@@ -96,15 +96,18 @@ def test_runner_walks_the_nodes_of_a_lazy_module_and_leaves_it_without_code() ->
     assert runner(gm) is gm  # a module with its code runs as itself
 
 
-def test_a_step_graph_run_node_by_node_equals_the_step_bitwise(checkpoint_factory) -> None:
+@pytest.mark.parametrize("capture", ["auto", "piecewise"])
+def test_a_step_graph_run_node_by_node_equals_the_step_bitwise(checkpoint_factory, capture: str) -> None:
     """A real compiled step (fp32, CPU), loaded as an artifact loads it (lazily): the node program and the
-    generated code give bit-identical outputs and caches from the same rows and cache contents."""
+    generated code give bit-identical outputs and caches from the same rows and cache contents. Piecewise,
+    the program walks the top-level graph and calls its pieces (call_module)."""
     compiled = graphspec.compile(
         checkpoint_factory("llama", seed=5),
         checkpoint_factory("llama", seed=6, num_hidden_layers=1, hidden_size=32, intermediate_size=64),
-        k=3, batch_sizes=(4,), dtype="float32", device="cpu", max_seq_len=64,
+        k=3, batch_sizes=(4,), dtype="float32", device="cpu", max_seq_len=64, capture=capture,
     )  # fmt: skip
     gm = compiled.graphs[("greedy", 4)]
+    assert any(node.op == "call_module" for node in gm.graph.nodes) == (capture == "piecewise")
     modules, constants = encode_graph_module(gm, "step")
     loaded = decode_graph_module(modules, constants, "step", lazy=True)
     generator = torch.Generator().manual_seed(0)

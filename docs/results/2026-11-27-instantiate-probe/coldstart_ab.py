@@ -33,8 +33,15 @@ with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
     draft_dir = write_checkpoint(Path(workdir) / "draft", draft_shape, "cuda", seed=2)
     began = time.perf_counter()
     compiled = graphspec.compile(
-        target_dir, draft_dir, k=4, batch_sizes=(1, 4, 8), dtype="bfloat16", device="cuda", max_seq_len=8192,
-        prefill_tokens=4096, modes=("greedy", "sample"),
+        target_dir,
+        draft_dir,
+        k=4,
+        batch_sizes=(1, 4, 8),
+        dtype="bfloat16",
+        device="cuda",
+        max_seq_len=8192,
+        prefill_tokens=4096,
+        modes=("greedy", "sample"),
     )
     runtime = graphspec.Runtime(compiled)  # warm: fills the Triton cache the artifact carries
     artifact = Path(workdir) / "artifact"
@@ -44,8 +51,11 @@ with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
     common.free_device_memory()
     for round_ in range(rounds):
         for threads in ("0", "4"):
-            env = {**os.environ, "GRAPHSPEC_INSTANTIATE_THREADS": threads,
-                   "TRITON_CACHE_DIR": str(Path(workdir) / f"triton_{round_}_{threads}")}
+            env = {
+                **os.environ,
+                "GRAPHSPEC_INSTANTIATE_THREADS": threads,
+                "TRITON_CACHE_DIR": str(Path(workdir) / f"triton_{round_}_{threads}"),
+            }
             command = [sys.executable, str(bench), "--cold-start-artifact", str(artifact), "--cold-start-tokens", "512"]
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
             if done.returncode:
@@ -55,14 +65,20 @@ with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
             phases = ", ".join(f"{k} {v:.2f}" for k, v in cold["startup_seconds"].items())
             warm = ", ".join(f"{k} {v:.2f}" for k, v in cold["warm_up_seconds"].items())
             capture = ", ".join(f"{k} {v:.2f}" for k, v in cold["capture_phase_seconds"].items())
-            print(f"threads {threads}: load to ready {cold['load_to_ready_s']:.2f} s; first/second request "
-                  f"{cold['first_request_ms']:.0f}/{cold['second_request_ms']:.0f} ms; compiles "
-                  f"{cold['triton_compiles_during_requests']}, captures {cold['captures_during_requests']}\n"
-                  f"  phases: {phases}\n  warm-up: {warm}\n  capture: {capture}", flush=True)
+            print(
+                f"threads {threads}: load to ready {cold['load_to_ready_s']:.2f} s; first/second request "
+                f"{cold['first_request_ms']:.0f}/{cold['second_request_ms']:.0f} ms; compiles "
+                f"{cold['triton_compiles_during_requests']}, captures {cold['captures_during_requests']}\n"
+                f"  phases: {phases}\n  warm-up: {warm}\n  capture: {capture}",
+                flush=True,
+            )
     if profile:
         env = {**os.environ, "TRITON_CACHE_DIR": str(Path(workdir) / "triton_profile")}
         command = [sys.executable, str(bench), "--cold-start-artifact", str(artifact), "--cold-start-tokens", "512"]
         done = subprocess.run([*command, "--cold-start-profile", profile], capture_output=True, text=True, env=env)
-        print(f"profiled cold start: exit {done.returncode}, load to ready "
-              f"{json.loads(done.stdout.strip().splitlines()[-1])['load_to_ready_s']:.2f} s" if not done.returncode
-              else done.stderr[-3000:])
+        print(
+            f"profiled cold start: exit {done.returncode}, load to ready "
+            f"{json.loads(done.stdout.strip().splitlines()[-1])['load_to_ready_s']:.2f} s"
+            if not done.returncode
+            else done.stderr[-3000:]
+        )
