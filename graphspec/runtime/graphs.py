@@ -43,7 +43,7 @@ from graphspec.counters import COUNTERS, timed
 from graphspec.lowering import lower_kernels
 from graphspec.op_nodes import is_attention
 from graphspec.runtime.buffers import StepBuffers
-from graphspec.runtime.node_program import runner
+from graphspec.runtime.node_program import runner, with_code
 from graphspec.triton_binaries import RECORDER as TRITON_KERNELS
 
 # Eager runs of a program on a side stream before its capture: the first loads every Triton kernel and
@@ -492,7 +492,8 @@ class StepGraph:
             attention_cpu_native.build()
             # Static shapes (one graph per bucket), the whole step as one graph: a break would mean
             # something in the step is not traceable, which is a bug to see, not to run around.
-            self._compiled = torch.compile(self.cpu_gm, dynamic=False, fullgraph=True)
+            # A loaded graph's copy is lazy, whose forward torch.compile cannot trace (node_program.with_code).
+            self._compiled = torch.compile(with_code(self.cpu_gm), dynamic=False, fullgraph=True)
             COUNTERS.cpu_compiles += 1
         return self._compiled
 

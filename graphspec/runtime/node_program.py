@@ -138,3 +138,11 @@ def runner(gm: fx.GraphModule) -> Callable[..., Any]:
     if isinstance(gm, LazyGraphModule) and getattr(gm, "_needs_recompile", lambda: False)():
         return NodeProgram(gm)
     return gm
+
+
+def with_code(gm: fx.GraphModule) -> fx.GraphModule:
+    """gm as a GraphModule with its generated code: gm itself, or for a lazy one a plain GraphModule over
+    the same graph and attributes, for torch.compile, which cannot trace a lazy module's forward."""
+    if isinstance(gm, LazyGraphModule) and LazyGraphModule is not fx.GraphModule:
+        return fx.GraphModule(gm, gm.graph, class_name=type(gm).__name__)
+    return gm

@@ -49,6 +49,21 @@ def test_compile_cpu_compiles_every_step_at_start_up_and_none_during_requests(ch
     assert inductor.stats.cpu_compiles_during_requests == 0
 
 
+def test_compile_cpu_compiles_a_loaded_artifact_s_lazily_rebuilt_steps(checkpoint_factory, tmp_path) -> None:
+    """A loaded artifact's step graphs have no generated code (runtime/node_program.py); Inductor is given
+    their CPU copies with code (torch.compile cannot trace a lazy module's forward), the quickstart's path."""
+    target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
+    options = dict(k=2, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=64, modes=("greedy",))
+    graphspec.compile(target, draft, out=tmp_path / "art", **options)
+    before = compiled_graphs()
+    loaded = graphspec.Runtime.load(tmp_path / "art", compile_cpu=True)
+    assert compiled_graphs() - before == 1
+    eager = graphspec.Runtime.from_pretrained(target, draft, **options)
+    prompt = [[1, 2, 3, 4]]
+    got = [r.token_ids for r in loaded.generate(prompt, max_new_tokens=10, stop_token_ids=())]
+    assert got == [r.token_ids for r in eager.generate(prompt, max_new_tokens=10, stop_token_ids=())]
+
+
 def test_a_cpu_step_compiled_inside_a_request_is_counted(checkpoint_factory) -> None:
     target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
     runtime = graphspec.Runtime.from_pretrained(
