@@ -90,7 +90,7 @@ if wants hybrid; then
         "$PYTHON" benchmarks/bench_hybrid.py --json "$OUT/bench_hybrid.json"
 fi
 if wants prefill; then
-    stage "bench_prefill" "${PREFILL_S:-300}" "$OUT/bench_prefill.log" \
+    stage "bench_prefill" "${PREFILL_S:-380}" "$OUT/bench_prefill.log" \
         "$PYTHON" benchmarks/bench_prefill.py --json "$OUT/bench_prefill.json" ${PREFILL_ARGS:-}
 fi
 if wants transfer; then
