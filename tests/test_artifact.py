@@ -147,7 +147,7 @@ def test_a_loaded_runtime_says_where_its_start_up_went(compiled):
         "verify", "checks", "weights", "graphs", "hashing_beside_weights", "state_and_programs", "warm_up_and_capture"
     ]  # fmt: skip
     assert all(seconds >= 0 for seconds in phases.values()), phases
-    assert runtime.warm_up_seconds == {}  # a CPU runtime without compile_cpu prepares nothing ahead
+    assert runtime.warm_up_seconds == {} == runtime.capture_phase_seconds  # a CPU runtime prepares nothing ahead
 
 
 def test_loaded_prefill_programs_are_the_compiled_ones(compiled):

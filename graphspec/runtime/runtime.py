@@ -207,9 +207,10 @@ class Runtime:
             began = time.perf_counter()
             prepare()
             self.warm_up_seconds[kind] = self.warm_up_seconds.get(kind, 0.0) + time.perf_counter() - began
-        for phase in ("warm_up_runs", "record", "instantiate"):
-            self.capture_phase_seconds[phase] = PHASE_SECONDS[phase] - phases_before.get(phase, 0.0)
         if self.device.startswith("cuda"):
+            for phase in ("warm_up_runs", "record", "instantiate"):
+                spent = PHASE_SECONDS[phase] - phases_before.get(phase, 0.0)
+                self.capture_phase_seconds[phase] = self.capture_phase_seconds.get(phase, 0.0) + spent
             began = time.perf_counter()
             self._first_requests()
             torch.cuda.synchronize(self.device)

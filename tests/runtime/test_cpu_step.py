@@ -58,6 +58,7 @@ def test_compile_cpu_compiles_a_loaded_artifact_s_lazily_rebuilt_steps(checkpoin
     before = compiled_graphs()
     loaded = graphspec.Runtime.load(tmp_path / "art", compile_cpu=True)
     assert compiled_graphs() - before == 1
+    assert loaded.capture_phase_seconds == {}  # CUDA-graph phases: nothing captured on the CPU
     eager = graphspec.Runtime.from_pretrained(target, draft, **options)
     prompt = [[1, 2, 3, 4]]
     got = [r.token_ids for r in loaded.generate(prompt, max_new_tokens=10, stop_token_ids=())]
