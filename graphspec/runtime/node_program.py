@@ -98,10 +98,7 @@ class NodeProgram:
             elif node.op == "call_module":
                 function, args, kwargs = gm.get_submodule(node.target), node.args, node.kwargs
             elif node.op == "call_method":
-                function, args, kwargs = operator.methodcaller(node.target), node.args[:1], {}
-                if node.args[1:] or node.kwargs:
-                    function = _method_call(node.target)
-                    args, kwargs = node.args, node.kwargs
+                function, args, kwargs = _method_call(node.target), node.args, node.kwargs
             else:  # pragma: no cover - fx has no other opcodes
                 raise NotImplementedError(f"{node.name}: opcode {node.op}")
             args, kwargs = _template(tuple(args), slots), _template(dict(kwargs), slots)
