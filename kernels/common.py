@@ -135,7 +135,13 @@ def round_to(x, DTYPE: tl.constexpr):
             # above and come out as -0.0 (a NaN input of silu or rms_norm silently turning into zero).
             return tl.where(x == x, bits.to(tl.float32, bitcast=True), float("nan"))
         else:
-            return x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+            # Inline PTX, not `.to(tl.bfloat16)`: LLVM would see through a plain conversion and fuse
+            # across it (round_to(a * b) - c became one bf16 FMA, the product never rounded), so kernels
+            # that repeat the reference's roundings step by step (rotary) came out different.
+            rounded = tl.inline_asm_elementwise(
+                "cvt.rn.bf16.f32 $0, $1;", "=h,f", [x], dtype=tl.bfloat16, is_pure=True, pack=1
+            )
+            return rounded.to(tl.float32)
     elif DTYPE == tl.float16:
         return x.to(tl.float16).to(tl.float32)
     else:

@@ -8,11 +8,11 @@ h // (Hq // Hkv). The output is token-major [B, T, Hq, D].
 
 One program handles one (query block of BLOCK_M tokens, row b, q head): the prefix keys come from the
 cache, the chunk's own keys straight from k and v (not read back from the cache), so no program reads
-what another writes: the programs of q head g * GROUP store the keys and values of their query block
-(the diagonal key blocks they load anyway) into the cache, and nothing in this launch reads those cache
-positions. The chunk loop stops at the block's last query (causal), so a chunk costs about half of its
-full T x T scores; only the blocks that straddle the diagonal (and the prefix's last partial block) are
-masked, the others load and attend without masks.
+what another writes: the programs of q head g * GROUP store the chunk's keys and values of their query
+block into the cache, and nothing in this launch reads those cache positions. The chunk loop stops at
+the block's last query (causal), so a chunk costs about half of its full T x T scores; only the blocks
+that straddle the diagonal (and the prefix's last partial block) are masked, the others load and attend
+without masks.
 """
 
 from __future__ import annotations
@@ -147,6 +147,21 @@ def prefill_attention_kernel(
     k_base = k_ptr + b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
 
+    # The first q head of each kv head stores this block's keys and values into the cache, at the
+    # token's position; positions past the cache and slots outside it get no write, as kv_write drops them.
+    if head % GROUP == 0:
+        chunk_offsets = tokens.to(tl.int64)[:, None] * stride_kt + dims[None, :] * stride_kd
+        k_new = tl.load(k_base + chunk_offsets, mask=token_ok[:, None], other=0.0)
+        v_offsets = tokens.to(tl.int64)[:, None] * stride_vt + dims[None, :] * stride_vd
+        v_new = tl.load(v_base + v_offsets, mask=token_ok[:, None], other=0.0)
+        positions = start + tokens
+        # HACK(triton<=3.9 interpreter): `block & scalar` of bools comes out as an int32 mask that
+        # tl.store refuses; tl.where keeps it bool (as in kernels/rotary_kv_write.py).
+        write = tl.where((slot >= 0) & (slot < slots), token_ok & (positions < seq_capacity), False)
+        cache_offsets = positions[:, None] * stride_cs + dims[None, :] * stride_cd
+        tl.store(key_base + cache_offsets, k_new.to(dtype), mask=write[:, None])
+        tl.store(value_base + cache_offsets, v_new.to(dtype), mask=write[:, None])
+
     # Online softmax state. m_i starts finite so a fully masked block gives exp2(-inf - m_i) = 0 and
     # alpha = 1, never NaN from (-inf) - (-inf).
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -196,20 +211,10 @@ def prefill_attention_kernel(
             mask=in_range[:, None],
             other=0.0,
         )
-        k, v = k.to(dtype), v.to(dtype)
         visible = (key_tokens[None, :] <= tokens[:, None]) & in_range[None, :]
-        m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, qk_scale, True, PRECISION, UPCAST_DOT)
-        # These diagonal keys are this block's own tokens: the first q head of each kv head stores them
-        # and their values into the cache from registers (no second load, and the stores retire while the
-        # program finishes). Positions past the cache and slots outside it get no write, as kv_write drops them.
-        if head % GROUP == 0:
-            positions = start + key_tokens
-            # HACK(triton<=3.9 interpreter): `block & scalar` of bools comes out as an int32 mask that
-            # tl.store refuses; tl.where keeps it bool (as in kernels/rotary_kv_write.py).
-            write = tl.where((slot >= 0) & (slot < slots), in_range & (positions < seq_capacity), False)
-            cache_offsets = positions[:, None] * stride_cs + dims[None, :] * stride_cd
-            tl.store(key_base + cache_offsets, k, mask=write[:, None])
-            tl.store(value_base + cache_offsets, v, mask=write[:, None])
+        m_i, l_i, acc = _attend(
+            q, k.to(dtype), v.to(dtype), visible, m_i, l_i, acc, qk_scale, True, PRECISION, UPCAST_DOT
+        )
 
     # Every query sees at least its own key, so l_i > 0 on real rows; padding rows divide by 1.
     norm = tl.where(l_i > 0, l_i, 1.0)

@@ -1,0 +1,133 @@
+# ruff: noqa  (kernels/common.py at 4cac85a, op registrations cut: the side-by-side A/B's "before")
+"""Launch helpers shared by the kernel files (no op lives here): config lookup, SM count, block sizes.
+
+Every kernel file keeps its configs as data, `CONFIGS = {80: {...}, 90: {...}, "default": {...}}`, each
+value a dict of ints in one fixed key order; the lowered graph passes those ints as trailing op
+arguments in that order, so a dumped graph shows (and a re-loaded one keeps) the exact config.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+
+import torch
+import triton
+import triton.language as tl
+
+# Programs a launch aims for, per SM, when it splits work (split-K attention, vocab splits): enough
+# independent loads in flight to saturate HBM on Ampere/Hopper without making the reduce step large.
+PROGRAMS_PER_SM = 4
+
+# Used when the tensors live on the CPU (TRITON_INTERPRET=1): small, so interpreter tests still
+# exercise the split paths without running many programs.
+INTERPRETER_SMS = 2
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_device(*tensors: torch.Tensor) -> None:
+    """Triton compiles for CUDA only; CPU tensors need the interpreter, chosen before import."""
+    if any(t.device.type != "cuda" for t in tensors) and not interpreting():
+        raise RuntimeError(
+            "graphspec Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 set before the kernel "
+            "modules are imported (tests do this in tests/kernels/conftest.py)"
+        )
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of the device (a host-side property query, no sync; cached)."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_shared_memory(index: int) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
+def shared_memory_per_block(device: torch.device) -> int | None:
+    """Bytes of shared memory one program may opt in to (Triton's "hardware limit"); None off CUDA (the
+    interpreter has no limit). A cached host-side property query."""
+    if device.type != "cuda":
+        return None
+    return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+
+
+SHARED_MARGIN = 16 << 10  # bytes of shared memory fit_shared_memory leaves for what it does not count
+
+
+def fit_shared_memory(q: torch.Tensor, block_m: int, block_n: int, num_stages: int) -> tuple[int, int]:
+    """(block_n, num_stages) cut down until the tiles fit the device's shared memory: every pipeline
+    stage past the first holds a K and a V tile, beside the q tile. The config tables are tuned for
+    bf16 heads of up to 128; heads of 256 need fewer stages or narrower tiles. Neither changes a result
+    (the key blocks are visited in the same order)."""
+    limit = shared_memory_per_block(q.device)
+    if limit is None:
+        return block_n, num_stages
+    row = q.shape[-1] * q.element_size()
+
+    def needs(stages: int, block: int) -> int:  # Triton's own count runs a few KB above it: margin below
+        return (max(stages - 1, 1) * 2 * block + block_m) * row + SHARED_MARGIN
+
+    while num_stages > 1 and needs(num_stages, block_n) > limit:
+        num_stages -= 1
+    while block_n > 16 and needs(num_stages, block_n) > limit:
+        block_n //= 2
+    return block_n, num_stages
+
+
+def config_for(configs: Mapping[int | str, dict[str, int]], sm: int | None) -> dict[str, int]:
+    """The config of an SM from a CONFIGS table: exact SM, else "default"."""
+    return dict(configs.get(sm, configs["default"]))
+
+
+def check_config_table(configs: Mapping[int | str | tuple[int | str, str], dict[str, int]]) -> tuple[str, ...]:
+    """All configs of a table share one key order (it is the op's trailing argument order). Keys are an SM,
+    "default", "invariant" or "cpu", or (one of those, a shape class the kernel's shape_class names)."""
+    fields = tuple(configs["default"])
+    for key, config in configs.items():
+        if tuple(config) != fields or not all(isinstance(v, int) for v in config.values()):
+            raise ValueError(f"CONFIGS[{key!r}] must have int fields {fields} in that order, got {config}")
+        if isinstance(key, tuple) and (len(key) != 2 or key[0] not in configs or not isinstance(key[1], str)):
+            raise ValueError(f"CONFIGS[{key!r}]: a shape-class row is (a key of the table, a class name)")
+    return fields
+
+
+def next_power_of_2(n: int) -> int:
+    return triton.next_power_of_2(max(1, int(n)))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """fp32 x rounded to DTYPE (round to nearest even), returned as fp32 holding an exact DTYPE value.
+
+    Kernels round through this instead of `.to(tl.bfloat16)`: the Triton interpreter (TRITON_INTERPRET=1,
+    triton<=3.9) truncates fp32->bf16 casts, so CPU tests would not see the GPU's rounding; a value
+    that is already exact in bf16 converts identically everywhere. NaN stays NaN (payloads are not
+    preserved).
+    """
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        # Add half an ulp of bf16 (0x7FFF) plus the lowest kept bit (ties to even), then drop 16 bits.
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        # NaN becomes the quiet NaN: the GPU's canonical NaN 0x7FFFFFFF would carry into the sign bit
+        # above and come out as -0.0 (a NaN input of silu or rms_norm silently turning into zero).
+        return tl.where(x == x, bits.to(tl.float32, bitcast=True), float("nan"))
+    elif DTYPE == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x

@@ -1,0 +1,106 @@
+# ruff: noqa  (kernels/silu_mul.py at 4cac85a, op registrations cut: the side-by-side A/B's "before")
+"""graphspec::silu_mul as a Triton kernel: SwiGLU silu(gate) * up of a fused gate/up projection.
+
+Rounding is the reference's (graphspec.ops.silu_mul_reference: F.silu(gate) * up in the input dtype):
+torch's CUDA silu computes x / (1 + exp(-x)) in fp32 (expf, IEEE divide) and rounds to the dtype; the
+multiply by up is one rounding of the exact fp32 product (two bf16/fp16 significands fit in fp32). The
+kernel does the same steps with libdevice's expf and div_rn, so 16-bit outputs are bit-identical to
+torch on the GPU. Under the interpreter exp is numpy's, an fp32 ulp away from torch's CPU exp now and
+then, so CPU results can differ from torch's CPU silu by one 16-bit ulp in rare elements.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from before.common import cdiv, check_config_table, check_device, interpreting, next_power_of_2, round_to
+from torch import Tensor
+from triton.language.extra import libdevice
+
+from graphspec.ops import silu_mul_reference
+
+__all__ = ["CONFIGS", "shape_class", "silu_mul", "silu_mul_reference", "silu_mul_triton", "tile_shape"]
+
+# tile_elems: outputs per program: BLOCK_C = min(tile_elems, padded I) columns x tile_elems // BLOCK_C rows.
+# CONFIGS[90] from benchmarks/bench_launch_configs.py on an H200 (2026-11-22): 512 outputs per program
+# took 1.4-1.5 us per launch at I 8192 and 14336, 1-5 rows (1024: 1.6 us). 80 and default are untuned.
+# (90, "many_rows"): prefill chunks of MANY_ROWS rows or more, from `benchmarks/bench_prefill_kernels.py
+# --sweep` on an H200 (2026-11-27, 466fc1d; 2048 outputs per program against 512: 0.108 against 0.119 ms at
+# 4096 x 14336, 0.018 against 0.021 ms at 512 x 14336).
+CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
+    80: {"tile_elems": 1024, "num_warps": 4},
+    90: {"tile_elems": 512, "num_warps": 4},
+    (90, "many_rows"): {"tile_elems": 2048, "num_warps": 4},
+    "default": {"tile_elems": 1024, "num_warps": 4},
+}
+CONFIG_FIELDS = check_config_table(CONFIGS)
+MANY_ROWS = 512
+
+
+def shape_class(gate_up: Tensor, *_: object) -> str | None:
+    """The config row's shape class (lowering/registry.py): a prefill chunk's many rows take wider tiles."""
+    rows = gate_up.numel() // max(1, gate_up.shape[-1]) if gate_up.dim() else 1
+    return "many_rows" if rows >= MANY_ROWS else None
+
+
+@triton.jit
+def silu_mul_kernel(
+    x_ptr,
+    out_ptr,
+    rows,
+    inter,  # I: gate is columns [0, I) of a row, up columns [I, 2I)
+    col_blocks,
+    stride_xr,
+    stride_xc,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    LIBDEVICE_EXP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = (pid // col_blocks).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    col = (pid % col_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (row < rows)[:, None] & (col < inter)[None, :]
+    gate_ptr = x_ptr + row[:, None] * stride_xr + col[None, :] * stride_xc
+    gate = tl.load(gate_ptr, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gate_ptr + inter * stride_xc, mask=mask, other=0.0).to(tl.float32)
+    if LIBDEVICE_EXP:  # __nv_expf, what torch's CUDA silu calls (tl.exp is ex2.approx-based)
+        e = libdevice.exp(-gate)
+    else:  # the interpreter has no libdevice
+        e = tl.exp(-gate)
+    dtype = out_ptr.dtype.element_ty
+    silu = round_to(tl.div_rn(gate, 1.0 + e), dtype)  # torch's silu: fp32 math, one rounding
+    out = round_to(silu * up, dtype)  # exact product, rounded once, as torch's 16-bit multiply
+    tl.store(out_ptr + row[:, None] * inter + col[None, :], out.to(dtype), mask=mask)
+
+
+def tile_shape(inter: int, tile_elems: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_C) for I = `inter`: columns up to tile_elems (a power of 2), rows fill the rest."""
+    tile = next_power_of_2(tile_elems)  # tl.arange needs powers of 2
+    block_c = min(next_power_of_2(inter), tile)
+    return tile // block_c, block_c
+
+
+def silu_mul(
+    gate_up: Tensor,
+    tile_elems: int = CONFIGS["default"]["tile_elems"],
+    num_warps: int = CONFIGS["default"]["num_warps"],
+) -> Tensor:
+    """silu(gate) * up of gate_up [..., 2I] (any strides); a new contiguous [..., I] of its dtype."""
+    check_device(gate_up)
+    width = gate_up.shape[-1]
+    if width % 2:
+        raise ValueError(f"silu_mul kernel: last dim {width} of gate_up is odd")
+    inter = width // 2
+    out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
+    x2 = gate_up.reshape(-1, width)  # a view when the leading dims collapse (any row stride), else a copy
+    rows = x2.shape[0]
+    if rows == 0 or inter == 0:
+        return out
+    block_r, block_c = tile_shape(inter, tile_elems)
+    col_blocks = cdiv(inter, block_c)
+    silu_mul_kernel[(cdiv(rows, block_r) * col_blocks,)](
+        x2, out, rows, inter, col_blocks, x2.stride(0), x2.stride(1),
+        BLOCK_R=block_r, BLOCK_C=block_c, LIBDEVICE_EXP=not interpreting(), num_warps=num_warps,
+    )  # fmt: skip
+    return out
