@@ -138,8 +138,9 @@ def round_to(x, DTYPE: tl.constexpr):
             # Inline PTX, not `.to(tl.bfloat16)`: LLVM would see through a plain conversion and fuse
             # across it (round_to(a * b) - c became one bf16 FMA, the product never rounded), so kernels
             # that repeat the reference's roundings step by step (rotary) came out different.
+            # Two elements per instruction (cvt.rn.bf16x2.f32 packs its first source into the high half).
             rounded = tl.inline_asm_elementwise(
-                "cvt.rn.bf16.f32 $0, $1;", "=h,f", [x], dtype=tl.bfloat16, is_pure=True, pack=1
+                "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [x], dtype=tl.bfloat16, is_pure=True, pack=2
             )
             return rounded.to(tl.float32)
     elif DTYPE == tl.float16:
