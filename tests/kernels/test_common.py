@@ -1,4 +1,5 @@
-"""kernels/common.py: round_to rounds fp32 like torch's .to() (nearest even), NaN included."""
+"""kernels/common.py: round_to rounds fp32 like torch's .to() (nearest even), NaN included, and keeps each
+rounding step of a compiled kernel; tiles cut to the shared memory."""
 
 from __future__ import annotations
 
@@ -43,6 +44,31 @@ def test_round_to_matches_torch(dtype: torch.dtype) -> None:
     assert out.isnan().equal(expected.isnan())
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
     assert out.signbit()[~out.isnan()].equal(expected.signbit()[~expected.isnan()])
+
+
+@triton.jit
+def rounded_steps_kernel(a_ptr, b_ptr, c_ptr, d_ptr, out_ptr, n, block: tl.constexpr):
+    offsets = tl.arange(0, block)
+    mask = offsets < n
+    a, b = tl.load(a_ptr + offsets, mask=mask).to(tl.float32), tl.load(b_ptr + offsets, mask=mask).to(tl.float32)
+    c, d = tl.load(c_ptr + offsets, mask=mask).to(tl.float32), tl.load(d_ptr + offsets, mask=mask).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    out = round_to(round_to(a * b, dtype) - round_to(c * d, dtype), dtype)
+    tl.store(out_ptr + offsets, out.to(dtype), mask=mask)
+
+
+def test_round_to_keeps_every_rounding_step() -> None:
+    """a * b - c * d in bf16 as torch computes it: each product rounded, then the difference. A compiled
+    round_to that the compiler can see through lets it fuse a product into the subtraction (one bf16
+    FMA, the product never rounded), which is what the plain `.to(tl.bfloat16)` conversion did."""
+    g = generator(1)
+    a, b, c, d = (torch.randn(4096, generator=g).to(torch.bfloat16).to(DEVICE) for _ in range(4))
+    out = torch.empty(4096, dtype=torch.bfloat16, device=DEVICE)
+    rounded_steps_kernel[(1,)](a, b, c, d, out, out.numel(), block=out.numel())
+    expected = a * b - c * d  # torch's bf16 ops: each result rounded
+    fused = (a.float() * b.float() - (c * d).float()).to(torch.bfloat16)  # the product a * b unrounded
+    assert not torch.equal(fused, expected), "the inputs must tell a fused product from a rounded one"
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
