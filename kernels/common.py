@@ -112,38 +112,43 @@ def cdiv(a: int, b: int) -> int:
 
 # Whether this module's @triton.jit functions run under the interpreter: decided, like them, when it is
 # imported (kernel modules are imported lazily, after tests choose TRITON_INTERPRET).
-ROUND_BF16_IN_SOFTWARE = tl.constexpr(interpreting())
+INTERPRETED = tl.constexpr(interpreting())
 
 
 @triton.jit
 def round_to(x, DTYPE: tl.constexpr):
     """fp32 x rounded to DTYPE (round to nearest even), returned as fp32 holding an exact DTYPE value.
 
-    Kernels round through this instead of `.to(tl.bfloat16)`: the Triton interpreter (TRITON_INTERPRET=1,
-    triton<=3.9) truncates fp32->bf16 casts, so CPU tests would not see the GPU's rounding; there the
-    rounding is done on the bits. A compiled kernel uses the hardware conversion (cvt.rn, one instruction
-    against about six integer ones: silu_mul at prefill sizes ran 20% faster), which rounds the same,
-    every fp32 bit pattern (docs/results/2026-11-27-prefill-ab). NaN stays NaN (payloads are not
-    preserved).
+    Kernels round through this instead of `.to(tl.bfloat16)`, for two reasons. The Triton interpreter
+    (TRITON_INTERPRET=1, triton<=3.9) truncates fp32->bf16 casts, so CPU tests would not see the GPU's
+    rounding: there bf16 is rounded on the bits. And in a compiled kernel LLVM sees through a plain
+    conversion and fuses across it: `round_to(a * b) - c` became one 16-bit FMA, the product never
+    rounded, so kernels that repeat the reference's roundings step by step (rotary) came out different.
+    Compiled kernels therefore convert with inline PTX (cvt.rn, two elements per instruction: one
+    instruction where the bit arithmetic took about six integer ones; silu_mul at prefill sizes ran 20%
+    faster), which the optimizer cannot look into; it rounds every fp32 bit pattern as torch does
+    (docs/results/2026-11-27-round-to-ab). NaN stays NaN (payloads are not preserved).
     """
     if DTYPE == tl.bfloat16:
-        if ROUND_BF16_IN_SOFTWARE:
+        if INTERPRETED:
             bits = x.to(tl.uint32, bitcast=True)
             # Add half an ulp of bf16 (0x7FFF) plus the lowest kept bit (ties to even), then drop 16 bits.
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
             # NaN becomes the quiet NaN: the GPU's canonical NaN 0x7FFFFFFF would carry into the sign bit
             # above and come out as -0.0 (a NaN input of silu or rms_norm silently turning into zero).
             return tl.where(x == x, bits.to(tl.float32, bitcast=True), float("nan"))
-        else:
-            # Inline PTX, not `.to(tl.bfloat16)`: LLVM would see through a plain conversion and fuse
-            # across it (round_to(a * b) - c became one bf16 FMA, the product never rounded), so kernels
-            # that repeat the reference's roundings step by step (rotary) came out different.
-            # Two elements per instruction (cvt.rn.bf16x2.f32 packs its first source into the high half).
+        else:  # cvt.rn.bf16x2.f32 packs its first source into the high half
             rounded = tl.inline_asm_elementwise(
                 "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [x], dtype=tl.bfloat16, is_pure=True, pack=2
             )
             return rounded.to(tl.float32)
     elif DTYPE == tl.float16:
-        return x.to(tl.float16).to(tl.float32)
+        if INTERPRETED:  # numpy's conversion rounds to nearest even
+            return x.to(tl.float16).to(tl.float32)
+        else:
+            rounded = tl.inline_asm_elementwise(
+                "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [x], dtype=tl.float16, is_pure=True, pack=2
+            )
+            return rounded.to(tl.float32)
     else:
         return x

@@ -57,16 +57,17 @@ def rounded_steps_kernel(a_ptr, b_ptr, c_ptr, d_ptr, out_ptr, n, block: tl.const
     tl.store(out_ptr + offsets, out.to(dtype), mask=mask)
 
 
-def test_round_to_keeps_every_rounding_step() -> None:
-    """a * b - c * d in bf16 as torch computes it: each product rounded, then the difference. A compiled
-    round_to that the compiler can see through lets it fuse a product into the subtraction (one bf16
-    FMA, the product never rounded), which is what the plain `.to(tl.bfloat16)` conversion did."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round_to_keeps_every_rounding_step(dtype: torch.dtype) -> None:
+    """a * b - c * d in 16 bits as torch computes it: each product rounded, then the difference. A
+    compiled round_to that the compiler can see through lets it fuse a product into the subtraction (one
+    16-bit FMA, the product never rounded), which is what a plain `.to()` conversion did."""
     g = generator(1)
-    a, b, c, d = (torch.randn(4096, generator=g).to(torch.bfloat16).to(DEVICE) for _ in range(4))
-    out = torch.empty(4096, dtype=torch.bfloat16, device=DEVICE)
+    a, b, c, d = (torch.randn(4096, generator=g).to(dtype).to(DEVICE) for _ in range(4))
+    out = torch.empty(4096, dtype=dtype, device=DEVICE)
     rounded_steps_kernel[(1,)](a, b, c, d, out, out.numel(), block=out.numel())
-    expected = a * b - c * d  # torch's bf16 ops: each result rounded
-    fused = (a.float() * b.float() - (c * d).float()).to(torch.bfloat16)  # the product a * b unrounded
+    expected = a * b - c * d  # torch's 16-bit ops: each result rounded
+    fused = (a.float() * b.float() - (c * d).float()).to(dtype)  # the product a * b unrounded
     assert not torch.equal(fused, expected), "the inputs must tell a fused product from a rounded one"
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
