@@ -19,7 +19,7 @@ def make_inputs(batch: int, q_heads: int, kv_heads: int, t: int, head_dim: int, 
     return q, k, angles.cos().to(DEVICE), angles.sin().to(DEVICE)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(4, 4, 64), (8, 2, 128), (6, 3, 96)])
 def test_rotary_matches_reference(dtype: torch.dtype, q_heads: int, kv_heads: int, head_dim: int) -> None:
     q, k, cos, sin = make_inputs(2, q_heads, kv_heads, 3, head_dim, dtype, seed=q_heads)
@@ -27,7 +27,7 @@ def test_rotary_matches_reference(dtype: torch.dtype, q_heads: int, kv_heads: in
     q_out, k_out = kernel.rotary(q, k, cos, sin, block_h=4)  # head blocks straddle the q/k boundary
     q_ref, k_ref = kernel.rotary_reference(q, k, cos, sin)
     assert q_out.is_contiguous() and k_out.is_contiguous()
-    # fp32 on the GPU may fuse a product into an FMA: allow an ulp there; bf16 is bit-exact.
+    # fp32 on the GPU may fuse a product into an FMA: allow an ulp there; 16-bit dtypes are bit-exact.
     tolerance = 2e-6 if dtype == torch.float32 else 0.0
     torch.testing.assert_close(q_out, q_ref, rtol=tolerance, atol=tolerance)
     torch.testing.assert_close(k_out, k_ref, rtol=tolerance, atol=tolerance)
