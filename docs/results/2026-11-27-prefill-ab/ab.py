@@ -1,6 +1,8 @@
-# ruff: noqa  (the script as run, kept with its results)
+# ruff: noqa  (the script as run, kept with its results; its kernels now taken from git)
 """Side by side on one GPU, per layer, CUDA graphs, bf16:
-- prefill attention: kernels/prefill_attention.py now against 4cac85a's (prefill_attention_before.py);
+- prefill attention: fd14864's kernel (its block's K/V stored from the diagonal loop) against 4cac85a's, both
+  taken from git (../2026-11-27-round-to-ab/before.py); run 1 (ab_run1.log) had the scale folded into the exp2
+  argument too, a variant never committed;
 - silu_mul at prefill sizes: the package kernel against two probe variants of it: its two roundings
   through the hardware conversion (cvt.rn, bit-identical on the GPU), and that plus exp2.approx and an
   approximate divide (not bit-identical: how much the exact math costs).
@@ -20,9 +22,12 @@ from triton.language.extra import libdevice
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[2])]
-import prefill_attention_before as before  # noqa: E402
-from graphspec.kernels import prefill_attention, silu_mul  # noqa: E402
-from graphspec.kernels.common import round_to  # noqa: E402
+sys.path.insert(0, str(HERE.parent / "2026-11-27-round-to-ab"))
+import before as before_at  # noqa: E402
+
+before = before_at.load("4cac85a", ["common", "prefill_attention"])["prefill_attention"]
+_now = before_at.load("fd14864", ["common", "prefill_attention", "silu_mul"])
+prefill_attention, silu_mul, round_to = _now["prefill_attention"], _now["silu_mul"], _now["common"].round_to
 
 from benchmarks import common  # noqa: E402
 

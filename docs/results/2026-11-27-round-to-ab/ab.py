@@ -1,5 +1,5 @@
-# ruff: noqa  (the script as run, kept with its results)
-"""round_to through the hardware conversion (now) against the bit arithmetic (4cac85a, before/): the
+# ruff: noqa  (the script as run, kept with its results; 4cac85a's kernels now taken from git by before.py)
+"""round_to through the hardware conversion (now) against the bit arithmetic (4cac85a): the
 kernels that round most, side by side on one GPU, per launch in CUDA graphs, bf16, at a 4096-token
 prefill's shapes (8B: hidden 4096, 32/8 heads x 128, MLP 14336) and a batch-4 K=4 verify's (20 rows).
 Each pair's outputs are compared bit for bit, and round_to itself against torch's conversion on 16M
@@ -17,7 +17,7 @@ import triton.language as tl
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[2])]
-import before.add_rms_norm, before.rotary, before.silu_mul  # noqa: E402
+import before as before_at  # noqa: E402
 from graphspec.kernels import add_rms_norm, rotary, silu_mul  # noqa: E402
 from graphspec.kernels.common import round_to  # noqa: E402
 
@@ -55,11 +55,12 @@ def flat(out):
 
 
 def main():
+    old = before_at.load("4cac85a", ["common", "rms_norm", "silu_mul", "rotary", "add_rms_norm"])
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     modules = {
-        "silu_mul": (before.silu_mul, silu_mul),
-        "add_rms_norm": (before.add_rms_norm, add_rms_norm),
-        "rotary": (before.rotary, rotary),
+        "silu_mul": (old["silu_mul"], silu_mul),
+        "add_rms_norm": (old["add_rms_norm"], add_rms_norm),
+        "rotary": (old["rotary"], rotary),
     }
     print("\nms per launch: before (bit arithmetic) / now (cvt.rn), best of two alternating rounds")
     for rows in (4096, 20):
