@@ -9,6 +9,7 @@ import torch
 import torch.fx as fx
 
 from graphspec import trace
+from graphspec.library import IN_PLACE  # functional state update -> in-place write (graphspec.ops)
 
 
 def graph_lints(gm: fx.GraphModule) -> None:
@@ -52,12 +53,10 @@ SELECT_OPS = (torch.ops.graphspec.select_update.default, torch.ops.graphspec.sel
 
 def _writes(user: fx.Node, state: fx.Node) -> bool:
     """Whether op node `user` writes `state`: an in-place op mutating it, or a functional update of it."""
-    from graphspec.passes.defunctionalize_kv import IN_PLACE
-
     if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
         return False
-    if user.target in IN_PLACE:
-        return user.args[IN_PLACE[user.target][1]] is state
+    if user.target in IN_PLACE:  # a functional update: its state is argument 0
+        return user.args[0] is state
     arguments = user.target._schema.arguments
     return any(
         argument.alias_info is not None and argument.alias_info.is_write and value is state

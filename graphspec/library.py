@@ -12,11 +12,18 @@ straight to the function through the dispatcher. Imports torch only.
 
 from __future__ import annotations
 
+import inspect
+import typing
 from collections.abc import Callable, Iterable
 
 import torch
 
 LIBRARY = torch.library.Library("graphspec", "FRAGMENT")
+
+# Each functional state update (graphspec::<name>_update) -> its in-place write (graphspec::<name>_write),
+# the state being both ops' first argument: filled by state_update_ops, read by defunctionalize_kv (which
+# turns one into the other) and by the graph checks.
+IN_PLACE: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {}
 
 
 def op(qualname: str, *, mutates_args: Iterable[str]) -> Callable[[Callable], torch._ops.OpOverload]:
@@ -51,3 +58,38 @@ def define_schema(schema: str, impl: Callable, fake: Callable | None = None) -> 
         LIBRARY.impl(name, impl, "CompositeExplicitAutograd")
         torch.library.register_fake(f"graphspec::{name}", fake, lib=LIBRARY)
     return getattr(torch.ops.graphspec, name).default
+
+
+def state_update_ops(name: str, write: Callable[..., None]) -> tuple[torch._ops.OpOverload, torch._ops.OpOverload]:
+    """Define the two forms of a state write from one function `write(state, ...) -> None` that writes in
+    place: graphspec::<name>_update, functional (a copy of the state with `write` applied: what tracing
+    emits, so the traced graph has no mutation), and graphspec::<name>_write, `write` itself, marked as
+    mutating the state (what defunctionalize_kv turns the update into). Both schemas come from `write`'s
+    type hints; IN_PLACE records the pair. Returns (update op, write op)."""
+    hints = typing.get_type_hints(write)
+    parameters = [p.replace(annotation=hints[p.name]) for p in inspect.signature(write).parameters.values()]
+
+    def update(state: torch.Tensor, *args: object) -> torch.Tensor:
+        out = state.clone()
+        write(out, *args)
+        return out
+
+    def write_in_place(*args: object) -> None:
+        write(*args)
+
+    update.__signature__ = inspect.Signature(parameters, return_annotation=torch.Tensor)
+    write_in_place.__signature__ = inspect.Signature(parameters, return_annotation=None)
+    update_op = op(f"graphspec::{name}_update", mutates_args=())(update)
+    write_op = op(f"graphspec::{name}_write", mutates_args=(parameters[0].name,))(write_in_place)
+    torch.library.register_fake(f"graphspec::{name}_update", _fake_update, lib=LIBRARY)
+    torch.library.register_fake(f"graphspec::{name}_write", _fake_write, lib=LIBRARY)
+    IN_PLACE[update_op] = write_op
+    return update_op, write_op
+
+
+def _fake_update(state: torch.Tensor, *args: object) -> torch.Tensor:
+    return torch.empty_like(state)
+
+
+def _fake_write(*args: object) -> None:
+    return None

@@ -123,8 +123,9 @@ def _(gate_up: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------------
 
 
-def _write_rows(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> None:
-    # k, v [B, Hkv, T, D] land at positions start_pos[b] + t of slot slot_ids[b].
+def _write_kv_rows(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> None:
+    """KV write: k, v [B, Hkv, T, D] land in layer `layer` of the cache [L, 2, SLOTS, Hkv, S, D] at positions
+    start_pos[b] + t of slot slot_ids[b]."""
     t = k.shape[2]
     positions = start_pos[:, None] + torch.arange(t, device=k.device)  # [B, T]
     slots = slot_ids[:, None].expand_as(positions)
@@ -134,29 +135,8 @@ def _write_rows(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, 
         view[slots, positions] = values.permute(0, 2, 1, 3).to(cache.dtype)
 
 
-@library.op("graphspec::kv_update", mutates_args=())
-def kv_update(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Functional KV write: returns a copy of `cache` with k/v written. Tracing emits this form;
-    the defunctionalize_kv pass turns it into the in-place graphspec::kv_write."""
-    out = cache.clone()
-    _write_rows(out, layer, slot_ids, start_pos, k, v)
-    return out
-
-
-@torch.library.register_fake("graphspec::kv_update")
-def _(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    return torch.empty_like(cache)
-
-
-@library.op("graphspec::kv_write", mutates_args=("cache",))
-def kv_write(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> None:
-    """In-place KV write of k/v [B, Hkv, T, D] at positions start_pos[b] + t of slot slot_ids[b]."""
-    _write_rows(cache, layer, slot_ids, start_pos, k, v)
-
-
-@torch.library.register_fake("graphspec::kv_write")
-def _(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor, v: Tensor) -> None:
-    return None
+# kv_update returns a copy of the cache with k/v written (what tracing emits); kv_write writes in place.
+kv_update, kv_write = library.state_update_ops("kv", _write_kv_rows)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -165,34 +145,13 @@ def _(cache: Tensor, layer: int, slot_ids: Tensor, start_pos: Tensor, k: Tensor,
 
 
 def _write_slot_rows(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> None:
-    # state [SLOTS, S, ...]; values [B, T, ...] land at positions start_pos[b] + t of slot slot_ids[b].
+    """Drafter state write: values [B, T, ...] land in state [SLOTS, S, ...] at positions start_pos[b] + t
+    of slot slot_ids[b]."""
     positions = start_pos[:, None] + torch.arange(values.shape[1], device=values.device)  # [B, T]
     state[slot_ids[:, None].expand_as(positions), positions] = values.to(state.dtype)
 
 
-@library.op("graphspec::slot_update", mutates_args=())
-def slot_update(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> Tensor:
-    """Functional write into a drafter state [SLOTS, S, ...]: a copy with values [B, T, ...] at positions
-    start_pos[b] + t of slot slot_ids[b]. defunctionalize_kv turns it into graphspec::slot_write."""
-    out = state.clone()
-    _write_slot_rows(out, slot_ids, start_pos, values)
-    return out
-
-
-@torch.library.register_fake("graphspec::slot_update")
-def _(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> Tensor:
-    return torch.empty_like(state)
-
-
-@library.op("graphspec::slot_write", mutates_args=("state",))
-def slot_write(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> None:
-    """In-place slot_update."""
-    _write_slot_rows(state, slot_ids, start_pos, values)
-
-
-@torch.library.register_fake("graphspec::slot_write")
-def _(state: Tensor, slot_ids: Tensor, start_pos: Tensor, values: Tensor) -> None:
-    return None
+slot_update, slot_write = library.state_update_ops("slot", _write_slot_rows)
 
 
 def qk_norm_reference(
@@ -224,7 +183,7 @@ def rotary_kv_write_reference(
     # bit-identical to those ops.
     q, k = qk_norm_reference(q, k, q_norm, k_norm, norm_eps)
     q_out, k_out = rotary_reference(q, k, cos, sin)
-    _write_rows(cache, layer, slot_ids, start_pos, k_out, v)
+    _write_kv_rows(cache, layer, slot_ids, start_pos, k_out, v)
     return q_out.contiguous()
 
 
@@ -380,7 +339,7 @@ def prefill_attention_reference(
 ) -> Tensor:
     # Exactly kv_write then attention: the chunk's keys enter the cache first, so query t sees the
     # row's cached prefix (positions < start_pos) and the chunk's keys up to itself.
-    _write_rows(cache, layer, slot_ids, start_pos, k, v)
+    _write_kv_rows(cache, layer, slot_ids, start_pos, k, v)
     return attention_reference(q, cache, layer, slot_ids, start_pos, scale).contiguous()
 
 
@@ -664,65 +623,23 @@ def _(q, k, v, g, beta, state, layer, slot_ids):
 
 
 def _write_layer_rows(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> None:
+    """Per-layer state write: value [B, ...] lands in state [L, SLOTS, ...] at layer `layer`, slot slot_ids[b]."""
     state[layer, slot_ids] = value.to(state.dtype)
 
 
-@library.op("graphspec::layer_state_update", mutates_args=())
-def layer_state_update(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> Tensor:
-    """Functional write of value [B, ...] into state [L, SLOTS, ...] at layer `layer`, slot slot_ids[b]:
-    a copy. defunctionalize_kv turns it into graphspec::layer_state_write."""
-    out = state.clone()
-    _write_layer_rows(out, layer, slot_ids, value)
-    return out
-
-
-@torch.library.register_fake("graphspec::layer_state_update")
-def _(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> Tensor:
-    return torch.empty_like(state)
-
-
-@library.op("graphspec::layer_state_write", mutates_args=("state",))
-def layer_state_write(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> None:
-    """In-place layer_state_update."""
-    _write_layer_rows(state, layer, slot_ids, value)
-
-
-@torch.library.register_fake("graphspec::layer_state_write")
-def _(state: Tensor, layer: int, slot_ids: Tensor, value: Tensor) -> None:
-    return None
+layer_state_update, layer_state_write = library.state_update_ops("layer_state", _write_layer_rows)
 
 
 def _select_rows(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> None:
-    # snapshots [L, B, T, ...]; row b's slot takes snapshot index[b] of every layer. Only the selected
-    # snapshot is read: the others may hold anything (NaN included) without reaching the state.
+    """The "snapshot" rollback rule's commit: slot slot_ids[b] of state [L, SLOTS, ...] takes
+    snapshots[:, b, index[b]] (snapshots [L, B, T, ...], one per verified position; index [B] the row's
+    accepted count). Only the selected snapshot is read: the others may hold anything (NaN included)
+    without reaching the state."""
     rows = torch.arange(snapshots.shape[1], device=snapshots.device)
     state[:, slot_ids] = snapshots[:, rows, index.clamp(0, snapshots.shape[2] - 1)].to(state.dtype)
 
 
-@library.op("graphspec::select_update", mutates_args=())
-def select_update(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> Tensor:
-    """The "snapshot" rollback rule's commit: a copy of state [L, SLOTS, ...] where slot slot_ids[b]
-    holds snapshots[:, b, index[b]] (snapshots [L, B, T, ...], one per verified position; index [B]
-    the row's accepted count). defunctionalize_kv turns it into graphspec::select_write."""
-    out = state.clone()
-    _select_rows(out, slot_ids, snapshots, index)
-    return out
-
-
-@torch.library.register_fake("graphspec::select_update")
-def _(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> Tensor:
-    return torch.empty_like(state)
-
-
-@library.op("graphspec::select_write", mutates_args=("state",))
-def select_write(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> None:
-    """In-place select_update."""
-    _select_rows(state, slot_ids, snapshots, index)
-
-
-@torch.library.register_fake("graphspec::select_write")
-def _(state: Tensor, slot_ids: Tensor, snapshots: Tensor, index: Tensor) -> None:
-    return None
+select_update, select_write = library.state_update_ops("select", _select_rows)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -57,6 +57,33 @@ def test_tracing_records_one_node_and_uses_the_fake() -> None:
     assert targets.count(scaled_add) == 1
 
 
+def _add_rows(state: Tensor, rows: Tensor, values: Tensor, scale: float) -> None:
+    state[rows] += scale * values
+
+
+test_library_rows_update, test_library_rows_write = library.state_update_ops("test_library_rows", _add_rows)
+
+
+def test_state_update_ops_define_a_functional_update_and_its_in_place_write() -> None:
+    update, write = test_library_rows_update, test_library_rows_write
+    assert str(update._schema) == (
+        "graphspec::test_library_rows_update(Tensor state, Tensor rows, Tensor values, float scale) -> Tensor"
+    )
+    assert str(write._schema) == (
+        "graphspec::test_library_rows_write(Tensor(a0!) state, Tensor rows, Tensor values, float scale) -> ()"
+    )
+    assert library.IN_PLACE[update] is write
+    state, rows, values = torch.zeros(4, 2), torch.tensor([1, 3]), torch.ones(2, 2)
+    new = update(state, rows, values, 2.0)
+    assert torch.equal(state, torch.zeros(4, 2)), "the functional update wrote its input"
+    assert torch.equal(new[rows], torch.full((2, 2), 2.0)) and new[[0, 2]].eq(0).all()
+    assert write(state, rows, values, 2.0) is None and torch.equal(state, new)
+    opcheck(update, (torch.randn(4, 2), rows, torch.randn(2, 2), 0.5))
+    opcheck(write, (torch.randn(4, 2), rows, torch.randn(2, 2), 0.5))
+    gm = make_fx(lambda s, r, v: update(s, r, v, 1.0) * 2, tracing_mode="fake")(state, rows, values)
+    assert [node.target for node in gm.graph.nodes if node.op == "call_function"].count(update) == 1
+
+
 def test_only_the_graphspec_namespace() -> None:
     with pytest.raises(ValueError, match="graphspec namespace"):
         library.op("other::name", mutates_args=())

@@ -3,29 +3,22 @@
 Input:  KV, drafter-state and linear-attention state writes as functional ops (graphspec::kv_update /
         slot_update / layer_state_update / select_update return an updated copy).
 Output: each such op whose input version of the cache is not read afterwards becomes the in-place
-        op (graphspec::kv_write) on the graph input it derives from; readers of the new version read
-        that input. Nothing after this pass may assume the graph is pure.
+        op (graphspec::kv_write; graphspec.library.IN_PLACE pairs them) on the graph input it derives
+        from; readers of the new version read that input. Nothing after this pass may assume the graph
+        is pure.
 
     c1 = kv_update(cache, ...); attention(q, c1, ...)   becomes   kv_write(cache, ...); attention(q, cache, ...)
 """
 
 from __future__ import annotations
 
-import torch
 import torch.fx as fx
 
 from graphspec.config import PassContext, PassResult
+from graphspec.library import IN_PLACE  # functional update -> in-place write; the state is argument 0
 from graphspec.passes.cleanup import region_for, tag, tidy
 
 NAME = "defunctionalize_kv"
-
-# functional op -> (in-place op, index of the argument it mutates). A new cache op is a new entry.
-IN_PLACE = {
-    torch.ops.graphspec.kv_update.default: (torch.ops.graphspec.kv_write.default, 0),
-    torch.ops.graphspec.slot_update.default: (torch.ops.graphspec.slot_write.default, 0),
-    torch.ops.graphspec.layer_state_update.default: (torch.ops.graphspec.layer_state_write.default, 0),
-    torch.ops.graphspec.select_update.default: (torch.ops.graphspec.select_write.default, 0),
-}
 
 
 def count_cache_copies(gm: fx.GraphModule) -> int:
@@ -41,18 +34,16 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in IN_PLACE:
             continue
-        in_place_op, mutated = IN_PLACE[node.target]
-        base = node.args[mutated]
+        in_place_op = IN_PLACE[node.target]
+        base = node.args[0]
         # Writing in place is legal only if nothing reads the old version after this write.
         late_readers = [user for user in base.users if user is not node and order[user] > order[node]]
         origin = root.get(base, base)
         if late_readers or origin.op != "placeholder":
             kept += 1
             continue
-        args = list(node.args)
-        args[mutated] = origin
         with graph.inserting_before(node):
-            write = graph.call_function(in_place_op, tuple(args), dict(node.kwargs))
+            write = graph.call_function(in_place_op, (origin, *node.args[1:]), dict(node.kwargs))
         tag([write], NAME, region_for(node))  # the region of the update it replaces
         order[write] = order[node]
         root[node] = origin
