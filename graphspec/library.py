@@ -24,6 +24,9 @@ LIBRARY = torch.library.Library("graphspec", "FRAGMENT")
 # the state being both ops' first argument: filled by state_update_ops, read by defunctionalize_kv (which
 # turns one into the other) and by the graph checks.
 IN_PLACE: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {}
+# The write function behind each such pair, by name, looked up at every call (so a test can swap one in
+# for both forms, as the negative control of the hybrid rollback's G-test does).
+STATE_WRITES: dict[str, Callable[..., None]] = {}
 
 
 def op(qualname: str, *, mutates_args: Iterable[str]) -> Callable[[Callable], torch._ops.OpOverload]:
@@ -65,17 +68,19 @@ def state_update_ops(name: str, write: Callable[..., None]) -> tuple[torch._ops.
     place: graphspec::<name>_update, functional (a copy of the state with `write` applied: what tracing
     emits, so the traced graph has no mutation), and graphspec::<name>_write, `write` itself, marked as
     mutating the state (what defunctionalize_kv turns the update into). Both schemas come from `write`'s
-    type hints; IN_PLACE records the pair. Returns (update op, write op)."""
+    type hints; IN_PLACE records the pair and STATE_WRITES the function. Returns (update op, write op)."""
     hints = typing.get_type_hints(write)
     parameters = [p.replace(annotation=hints[p.name]) for p in inspect.signature(write).parameters.values()]
 
+    STATE_WRITES[name] = write
+
     def update(state: torch.Tensor, *args: object) -> torch.Tensor:
         out = state.clone()
-        write(out, *args)
+        STATE_WRITES[name](out, *args)
         return out
 
     def write_in_place(*args: object) -> None:
-        write(*args)
+        STATE_WRITES[name](*args)
 
     update.__signature__ = inspect.Signature(parameters, return_annotation=torch.Tensor)
     write_in_place.__signature__ = inspect.Signature(parameters, return_annotation=None)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import graphspec
-from graphspec import checks, ops, pipeline, trace
+from graphspec import checks, library, ops, pipeline, trace
 from graphspec.config import PassContext
 from graphspec.drafters.base import Drafter, PrefillChunk, PrefillView, Proposal, State, StepView
 from graphspec.drafters.mtp import Mtp
@@ -285,7 +285,7 @@ def test_the_sampling_g_test_catches_a_wrong_rollback(peaky, monkeypatch):
     def last_snapshot(state, slot_ids, snapshots, index):
         return select_rows(state, slot_ids, snapshots, torch.full_like(index, snapshots.shape[2] - 1))
 
-    monkeypatch.setattr(ops, "_select_rows", last_snapshot)
+    monkeypatch.setitem(library.STATE_WRITES, "select", last_snapshot)  # both select_update and select_write
     p_value, _ = sampling_pit_p_value(*peaky)
     assert p_value < 1e-6
 
