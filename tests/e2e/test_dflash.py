@@ -10,6 +10,7 @@ import graphspec
 from graphspec.runtime.buffers import StepBuffers
 from graphspec.runtime.graphs import StepGraph
 from tests.checkpoints import load_hf
+from tests.e2e.seeded_sampling import assert_seeded_sampling_repeats_and_top_k_1_is_greedy
 from tests.e2e.test_mtp import assert_gpu_run_is_lossless, hf_greedy, prompts
 from tests.engine_hooks import between_steps
 
@@ -141,12 +142,7 @@ def test_all_padding_step_runs(dflash_runtime):
 def test_sampling_is_reproducible_and_greedy_at_top_k_1(dflash_runtime):
     runtime = dflash_runtime(4)
     batch = prompts(seed=4, lengths=[6, 9, 3], vocab=VOCAB)
-    first = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
-    again = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
-    assert [r.token_ids for r in first] == [r.token_ids for r in again]
-    greedy_like = runtime.generate(batch, max_new_tokens=16, temperature=1.0, top_k=1, seed=5, stop_token_ids=[])
-    greedy = runtime.generate(batch, max_new_tokens=16, stop_token_ids=[])
-    assert [r.token_ids for r in greedy_like] == [r.token_ids for r in greedy]
+    assert_seeded_sampling_repeats_and_top_k_1_is_greedy(runtime, batch)
 
 
 def test_artifact_round_trip_keeps_the_drafter(target_dir, drafter_dir, tmp_path):

@@ -15,6 +15,7 @@ import graphspec
 from graphspec.drafters.token_map import write_token_map
 from graphspec.errors import ArtifactError
 from tests.checkpoints import load_hf, make_mtp_checkpoint, split_nextn_head
+from tests.e2e.seeded_sampling import assert_seeded_sampling_repeats_and_top_k_1_is_greedy
 from tests.engine_hooks import between_steps
 
 MAX_SEQ = 128
@@ -118,12 +119,7 @@ def test_accepted_counts_equal_transformers_mtp_generation(mtp_dir, mtp_runtime,
 def test_sampling_is_reproducible_and_greedy_at_top_k_1(mtp_runtime):
     runtime = mtp_runtime(2)
     batch = prompts(seed=4, lengths=[6, 9, 3])
-    first = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
-    again = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
-    assert [r.token_ids for r in first] == [r.token_ids for r in again]
-    greedy_like = runtime.generate(batch, max_new_tokens=16, temperature=1.0, top_k=1, seed=5, stop_token_ids=[])
-    greedy = runtime.generate(batch, max_new_tokens=16, stop_token_ids=[])
-    assert [r.token_ids for r in greedy_like] == [r.token_ids for r in greedy]
+    assert_seeded_sampling_repeats_and_top_k_1_is_greedy(runtime, batch)
 
 
 def test_artifact_round_trip_keeps_the_head(mtp_dir, mtp_runtime, tmp_path):

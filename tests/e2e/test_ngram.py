@@ -8,6 +8,7 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 
 import graphspec
 from tests.e2e.conftest import MAX_SEQ
+from tests.e2e.seeded_sampling import assert_seeded_sampling_repeats_and_top_k_1_is_greedy
 from tests.engine_hooks import between_steps
 
 # Mixed lengths, five prompts over buckets (1, 4): padding rows and a split batch. Repetitive prompts
@@ -104,12 +105,7 @@ def test_dead_history_is_never_read(ngram_runtime):
 def test_sampling_is_reproducible_and_greedy_at_top_k_1(ngram_runtime):
     runtime = ngram_runtime(3, modes=("greedy", "sample"))
     batch = prompts(seed=4, lengths=[6, 9, 3])
-    first = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
-    again = runtime.generate(batch, max_new_tokens=16, temperature=0.9, seed=123)
-    assert [r.token_ids for r in first] == [r.token_ids for r in again]
-    greedy_like = runtime.generate(batch, max_new_tokens=16, temperature=1.0, top_k=1, seed=5)
-    greedy = runtime.generate(batch, max_new_tokens=16)
-    assert [r.token_ids for r in greedy_like] == [r.token_ids for r in greedy]
+    assert_seeded_sampling_repeats_and_top_k_1_is_greedy(runtime, batch)
 
 
 def test_artifact_round_trip_keeps_the_drafter(pair_dirs, tmp_path):
