@@ -17,7 +17,7 @@ def make_inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int):
     return x, residual, weight
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(2, 3, 64), (7, 160)])
 def test_add_rms_norm_matches_reference(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     x, residual, weight = make_inputs(shape, dtype, seed=shape[-1])

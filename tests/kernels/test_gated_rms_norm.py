@@ -35,7 +35,7 @@ def check(out: torch.Tensor, x: torch.Tensor, gate: torch.Tensor, weight: torch.
     assert (diff > 0).float().mean().item() < 2e-2
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(1, 2, 2, 64), (2, 3, 4, 32), (1, 4, 3, 96)])
 def test_gated_rms_norm_matches_reference(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     x, gate, weight = make_inputs(*shape, dtype, seed=sum(shape))

@@ -24,7 +24,7 @@ def check(out: torch.Tensor, reference: torch.Tensor) -> None:
         assert_rounding_equal(out, reference)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(2, 3, 64), (5, 96), (3, 4, 2, 128), (64,)])
 def test_offset_rms_norm_matches_reference(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     x, weight = make_inputs(shape, dtype, seed=len(shape))

@@ -16,7 +16,7 @@ def make_inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> tuple[
     return x, weight
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(2, 3, 64), (5, 96), (3, 4, 2, 128)])
 def test_rms_norm_matches_reference(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     x, weight = make_inputs(shape, dtype, seed=len(shape))
