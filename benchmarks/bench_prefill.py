@@ -296,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
                 for run in range(args.cold_start_runs)
             ]
             report["cold_start"] = median_run(runs)
-            if args.cold_start_profile:  # a second fresh process: the profiler slows what the first timed
-                run_cold_start(artifact, args, Path(workdir) / "empty_triton_cache_2", Path(args.cold_start_profile))
+            if args.cold_start_profile:  # one more fresh process: the profiler slows what the others timed
+                run_cold_start(
+                    artifact, args, Path(workdir) / "empty_triton_cache_profile", Path(args.cold_start_profile)
+                )
     report["seconds"] = time.perf_counter() - started
     print_table(report, shapes)
     if args.json:
