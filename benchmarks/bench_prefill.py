@@ -350,14 +350,14 @@ def print_table(report: dict[str, Any], shapes) -> None:
             f"in an empty Triton cache, {cold.get('triton_kernels_built', '?')} kernels built in all "
             f"({cold.get('triton_kernels_carried', '?')} carried by the artifact)"
         )
-        phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in cold["startup_seconds"].items())
-        print(f"  start-up by phase: {phases}")
-        if cold.get("warm_up_seconds"):
-            parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cold["warm_up_seconds"].items())
-            print(f"  warm-up and capture by kind: {parts}")
-        if cold.get("capture_phase_seconds"):
-            parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cold["capture_phase_seconds"].items())
-            print(f"  warm-up and capture by phase: {parts}")
+        for key, title, digits in (
+            ("startup_seconds", "start-up by phase", 1),
+            ("warm_up_seconds", "warm-up and capture by kind", 2),
+            ("capture_phase_seconds", "warm-up and capture by phase", 2),
+        ):
+            if cold.get(key):
+                parts = ", ".join(f"{name} {seconds:.{digits}f} s" for name, seconds in cold[key].items())
+                print(f"  {title}: {parts}")
         imported = [name for name, done in cold.get("imported_during_start_up", {}).items() if done]
         shown = ", ".join(imported) or "neither torch._dynamo nor torchvision"
         print(f"  imported by the import of graphspec and start-up: {shown}")
