@@ -35,6 +35,7 @@ from graphspec.serve.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    template_messages,
 )
 from graphspec.serve.text import TextStream
 
@@ -286,7 +287,7 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         check_model(body.model)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = template_messages(body.messages)
         prompt = render(runtime.tokenizer, chat_template, messages, body.tools)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:  # OpenAI's chat default (and vLLM's): as many as the context leaves room for

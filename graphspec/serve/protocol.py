@@ -143,6 +143,11 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as the chat template takes them (role, text content)."""
+    return [{"role": m.role, "content": m.text()} for m in messages]
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
@@ -169,7 +174,7 @@ class TokenizeRequest(BaseModel):
         if (self.prompt is None) == (self.messages is None):
             raise ApiError(400, "give exactly one of prompt and messages", "prompt")
         if self.messages is not None:
-            return [{"role": m.role, "content": m.text()} for m in self.messages]
+            return template_messages(self.messages)
         return self.prompt
 
 
