@@ -190,10 +190,34 @@ def attention_kernel(
     row_ok = rows < GROUP * T
     head = kv_head * GROUP + rows // T  # q head of each row, [BLOCK_M]
     token = rows % T
+    out_rows = (b.to(tl.int64) * T + token) * (num_kv_heads * GROUP) + head  # row of contiguous [B, T, Hq]
+
     query_pos = start + token  # cache position of each query; it sees keys at positions <= query_pos
     dims = tl.arange(0, HEAD_DIM)
     q_rows = b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + token.to(tl.int64) * stride_qt
     q = tl.load(q_ptr + q_rows[:, None] + dims[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+
+    # Keys this row can see at all (the last query's window), clamped to the cache capacity, cut into
+    # num_splits chunks of whole BLOCK_N blocks (or fixed split_keys chunks): split `split` covers
+    # positions [lo, hi).
+    kv_len = tl.minimum(start + T, seq_capacity)
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    if split_keys > 0:
+        chunk = split_keys
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    if SPLIT:
+        # The split count follows the cache's capacity (a static grid), so at a short context most
+        # splits start past the row's keys: they store an empty partial (log-sum-exp -inf, output 0,
+        # what the loop below would leave) and go no further. The step's new keys lie below kv_len, in
+        # no such split. q's load comes first all the same: after this test it would wait for start_pos.
+        if lo >= kv_len:
+            part_rows = out_rows * num_splits + split
+            tl.store(part_lse_ptr + part_rows, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
+            tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + dims[None, :],
+                     tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), mask=row_ok[:, None])  # fmt: skip
+            return
+
     # ROTARY: q arrives unrotated and is rotated here, in registers (rotate_half pairs column d with
     # d +- D/2). Same rounding as the rotary kernel, so the rotated q is bit for bit what it stores.
     first_half = dims < HEAD_DIM // 2
@@ -209,16 +233,6 @@ def attention_kernel(
         q = rope(q, q_partner, q_cos, q_sin, first_half[None, :], dtype).to(dtype)
     if UPCAST_DOT:
         q = q.to(tl.float32)
-
-    # Keys this row can see at all (the last query's window), clamped to the cache capacity, cut into
-    # num_splits chunks of whole BLOCK_N blocks (or fixed split_keys chunks): split `split` covers
-    # positions [lo, hi).
-    kv_len = tl.minimum(start + T, seq_capacity)
-    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
-    if split_keys > 0:
-        chunk = split_keys
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, kv_len)
 
     # Slot base in int64: layer/slot/head offsets of an H200-sized cache exceed 2**31 elements. Offsets
     # inside one (layer, kind, slot, head) plane stay int32 (the launcher checks S * stride_s < 2**31).
@@ -290,7 +304,6 @@ def attention_kernel(
 
     has_keys = l_i > 0  # false for rows whose window misses this split entirely
     norm = tl.where(has_keys, l_i, 1.0)
-    out_rows = (b.to(tl.int64) * T + token) * (num_kv_heads * GROUP) + head  # row of contiguous [B, T, Hq]
     if SPLIT:
         # Partials [B, T, Hq, splits, (D)]: normalized output and base-2 log-sum-exp (-inf when empty).
         part_rows = out_rows * num_splits + split
@@ -346,10 +359,12 @@ def attention_reduce_kernel(
 def num_splits(
     batch: int, kv_heads: int, m_blocks: int, seq_capacity: int, block_n: int, programs_per_sm: int, sms: int
 ) -> int:
-    """Split-K factor: about programs_per_sm programs per SM in all, at most one split per key block of
-    the cache and MAX_SPLITS. A function of shapes only, so a CUDA graph replays the same grid."""
+    """Split-K factor: as many splits as keep the programs within programs_per_sm per SM (one wave: a
+    count rounded up past it leaves a second wave of a few programs, 1.2x slower at B = 16 on an H200),
+    at most one split per key block of the cache and MAX_SPLITS. A function of shapes only, so a CUDA
+    graph replays the same grid."""
     programs = batch * kv_heads * m_blocks
-    return max(1, min(MAX_SPLITS, cdiv(seq_capacity, block_n), cdiv(programs_per_sm * sms, programs)))
+    return max(1, min(MAX_SPLITS, cdiv(seq_capacity, block_n), programs_per_sm * sms // programs))
 
 
 def attention(

@@ -70,7 +70,7 @@ def test_attention_matches_reference(dtype: torch.dtype, group: int, head_dim: i
     check(q, cache, 1, slot_ids, start_pos, scale, out)
 
 
-@pytest.mark.parametrize("programs_per_sm", [0, 3, 64])
+@pytest.mark.parametrize("programs_per_sm", [0, 4, 64])
 def test_attention_split_counts_agree(programs_per_sm: int) -> None:
     """One split (direct write), a few, and one per key block (row 0 sees 2 keys: its other splits
     are empty) all agree."""
@@ -78,6 +78,25 @@ def test_attention_split_counts_agree(programs_per_sm: int) -> None:
     splits = kernel.num_splits(2, 2, 1, 70, 16, programs_per_sm, sm_count(DEVICE))
     assert splits == {0: 1, 64: 5}.get(programs_per_sm, splits) and (splits > 1) == (programs_per_sm > 0)
     out = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, block_n=16, programs_per_sm=programs_per_sm)
+    check(q, cache, 0, slot_ids, start_pos, 0.125, out)
+
+
+def test_attention_empty_splits_leave_no_garbage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a short context most splits start past a row's keys, and their programs return early; what
+    they leave must still combine to nothing: with the partial buffers allocated full of NaN, the result
+    is the reference's."""
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs) -> torch.Tensor:
+        tensor = empty(*args, **kwargs)
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+    q, cache, slot_ids, start_pos = make_case(2, 4, 2, 2, 96, 64, torch.float32, seed=17)
+    start_pos[:] = torch.tensor([3, 30])  # 5 and 32 keys of 96: 1 and 2 of the 6 splits hold keys
+    assert kernel.num_splits(2, 2, 1, 96, 16, 64, sm_count(DEVICE)) == 6
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, block_n=16, programs_per_sm=64)
+    monkeypatch.undo()
     check(q, cache, 0, slot_ids, start_pos, 0.125, out)
 
 
