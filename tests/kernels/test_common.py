@@ -57,17 +57,17 @@ def rounded_steps_kernel(a_ptr, b_ptr, c_ptr, d_ptr, out_ptr, n, block: tl.const
     tl.store(out_ptr + offsets, out.to(dtype), mask=mask)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_round_to_keeps_every_rounding_step(dtype: torch.dtype) -> None:
-    """a * b - c * d in 16 bits as torch computes it: each product rounded, then the difference. A
-    compiled round_to that the compiler can see through lets it fuse a product into the subtraction (one
-    16-bit FMA, the product never rounded), which is what a plain `.to()` conversion did."""
+    """a * b - c * d as torch computes it: each product rounded, then the difference. A compiled round_to
+    that the compiler can see through lets it fuse a product into the subtraction (one FMA, the product
+    never rounded), which is what a plain `.to()` conversion did in 16 bits and a plain return in fp32."""
     g = generator(1)
     a, b, c, d = (torch.randn(4096, generator=g).to(dtype).to(DEVICE) for _ in range(4))
     out = torch.empty(4096, dtype=dtype, device=DEVICE)
     rounded_steps_kernel[(1,)](a, b, c, d, out, out.numel(), block=out.numel())
-    expected = a * b - c * d  # torch's 16-bit ops: each result rounded
-    fused = (a.float() * b.float() - (c * d).float()).to(dtype)  # the product a * b unrounded
+    expected = a * b - c * d  # torch's ops: each result rounded
+    fused = (a.double() * b.double() - (c * d).double()).to(dtype)  # the product a * b unrounded
     assert not torch.equal(fused, expected), "the inputs must tell a fused product from a rounded one"
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
