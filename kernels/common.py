@@ -128,9 +128,10 @@ def round_to(x, DTYPE: tl.constexpr):
     instruction where the bit arithmetic took about six integer ones; silu_mul at prefill sizes ran 20%
     faster), which the optimizer cannot look into; it rounds every fp32 bit pattern as torch does
     (docs/results/2026-11-27-round-to-ab). NaN stays NaN (payloads are not preserved). For fp32 the
-    value is returned as it is, through an inline PTX move in compiled kernels: without it LLVM fused
-    `round_to(a * b) + c` into an fp32 FMA just the same, and fp32 rotary on a GPU differed from torch's
-    (and from its own unfused launches) by up to 15 ulps.
+    value is returned as it is, through an inline PTX add of -0.0 in compiled kernels: without it the
+    compiler fused `round_to(a * b) + c` into an fp32 FMA just the same, and fp32 rotary on a GPU
+    differed from torch's (and from its own unfused launches) by up to 15 ulps. (A plain move did not
+    stop ptxas, which contracts a mul and an add without rounding modifiers across it.)
     """
     if DTYPE == tl.bfloat16:
         if INTERPRETED:
@@ -155,5 +156,8 @@ def round_to(x, DTYPE: tl.constexpr):
             return rounded.to(tl.float32)
     elif INTERPRETED:
         return x
-    else:  # fp32 is already rounded; the opaque move keeps LLVM from fusing a product into a later sum
-        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    else:  # x + -0.0 is x (signed zeros and NaN included); an add with an explicit rounding mode is one
+        # that neither LLVM nor ptxas contracts into an FMA (PTX ISA, add), so the product stays rounded
+        return tl.inline_asm_elementwise(
+            "add.rn.f32 $0, $1, 0f80000000;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
