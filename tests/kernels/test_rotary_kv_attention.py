@@ -132,7 +132,10 @@ def norm_weights(head_dim: int, dtype: torch.dtype, seed: int) -> tuple[torch.Te
 @pytest.mark.parametrize(("dtype", "head_dim"), [(torch.float32, 64), (torch.bfloat16, 128)])
 def test_qk_norm_equals_rms_norm_kernel_then_fused_launch(dtype: torch.dtype, head_dim: int) -> None:
     """Qwen3's per-head norms folded in: the same as rms_norm's kernel on q and k first (its arithmetic,
-    reused), to fp32 rounding on a GPU (the row sums reduce in another order) and exactly here."""
+    reused), to fp32 rounding on a GPU (the row sums reduce in another order) and exactly here. In fp32
+    on a GPU the cache is compared by relative error, not ulps: an ulp of difference in a normed value
+    becomes many ulps of a rotated one where the rotation's two products nearly cancel (13.6 ulps seen);
+    in 16 bits the rounding of the normed values absorbs it."""
     inputs, cache, slot_ids, start_pos = make_case(3, 8, 2, 4, 48, head_dim, dtype, seed=12)
     q_weight, k_weight = norm_weights(head_dim, dtype, seed=12)
     q, k, v, cos, sin = inputs
@@ -143,7 +146,10 @@ def test_qk_norm_equals_rms_norm_kernel_then_fused_launch(dtype: torch.dtype, he
     expected = kernel.rotary_kv_attention(q_normed, k_normed, v, cos, sin, expected_cache, 1, slot_ids, start_pos, 0.1)
     out = kernel.rotary_kv_attention(*inputs, cache, 1, slot_ids, start_pos, 0.1, q_weight, k_weight, 1e-6)
     if DEVICE.type == "cuda":
-        assert_rounding_equal(cache, expected_cache)
+        if dtype == torch.float32:
+            assert rel_error(cache, expected_cache) < TOLERANCE[dtype]
+        else:
+            assert_rounding_equal(cache, expected_cache)
         assert rel_error(out, expected) < TOLERANCE[dtype]
     else:
         assert torch.equal(bits(cache), bits(expected_cache)) and torch.equal(bits(out), bits(expected))
