@@ -46,8 +46,8 @@ from graphspec.ops import attention_reference
 __all__ = ["CONFIGS", "attention", "attention_reference", "attention_triton"]
 
 # block_n: keys per loop step; num_warps/num_stages: Triton launch knobs (stages = software-pipelined
-# K/V loads in flight); programs_per_sm: split-K target, programs launched per SM when the batch
-# alone does not fill the GPU (0 = never split). CONFIGS[90] is the fastest of a 72-config sweep on
+# K/V loads in flight); programs_per_sm: split-K target, at most this many programs per SM when the
+# batch alone does not fill the GPU (0 = never split). CONFIGS[90] is the fastest of a 72-config sweep on
 # an H200 (benchmarks/bench_kernels.py --sweep, bf16, D 128, GQA 4): 43 us = 73% of copy bandwidth at
 # B 1 / 32k tokens / K 4, and read bandwidth above the copy rate at B 64 / 4k. 80 and default are
 # untuned guesses (smaller smem footprint). fp32 caches (CPU tests) use IEEE dots and spill on a GPU.
