@@ -360,7 +360,7 @@ def num_splits(
     batch: int, kv_heads: int, m_blocks: int, seq_capacity: int, block_n: int, programs_per_sm: int, sms: int
 ) -> int:
     """Split-K factor: as many splits as keep the programs within programs_per_sm per SM (one wave: a
-    count rounded up past it leaves a second wave of a few programs, 1.2x slower at B = 16 on an H200),
+    count rounded up past it leaves a second wave of a few programs, 1.25x slower at B = 16 on an H200),
     at most one split per key block of the cache and MAX_SPLITS. A function of shapes only, so a CUDA
     graph replays the same grid."""
     programs = batch * kv_heads * m_blocks
