@@ -6,7 +6,8 @@ Shapes are the demo pair's (graphspec/examples/demo_pair) projections at the row
 measurement cycles through enough distinct weights (--rotation-mb) that they stream from memory, not
 from the last-level cache, as one step's weights do. Prints us per call, GB/s of weight read, the
 speedup, the larger relative error of the two results against fp64, and mm_cpu over a bfloat16 copy of
-the same weights (what a drafter's projections run with cpu_draft_dtype="bfloat16").
+the same weights (what a drafter's projections run with cpu_draft_dtype="bfloat16"; "-" on a CPU whose
+oneDNN has no bfloat16 matmul).
 
     python benchmarks/bench_linear_cpu.py [--rows 1,2,5,20] [--threads 1] [--rotation-mb 128]
 """
@@ -68,14 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         weights = [torch.randn(n, k) for _ in range(count)]
         entries = [mm_cpu.pack(w) for w in weights]  # kept alive: the packed copies live as long as these
         # The same values packed as bfloat16 (Runtime(cpu_draft_dtype="bfloat16") packs a drafter's so).
-        halves = [w.clone() for w in weights]
+        halves = [w.clone() for w in weights] if mm_cpu.bfloat16_supported() else []
         entries += [mm_cpu.pack(w, torch.bfloat16) for w in halves]
         assert all(entries)
         for rows in rows_list:
             x = torch.randn(rows, k)
             plain = time_calls(lambda i, x=x, w=weights: torch.mm(x, w[i].t()), count)
             packed = time_calls(lambda i, x=x, w=weights: mm_cpu.mm_cpu(x, w[i].t()), count)
-            half = time_calls(lambda i, x=x, w=halves: mm_cpu.mm_cpu(x, w[i].t()), count)
+            half = time_calls(lambda i, x=x, w=halves: mm_cpu.mm_cpu(x, w[i].t()), count) if halves else None
             exact = torch.mm(x.double(), weights[0].double().t())
             error = max(
                 ((torch.mm(x, weights[0].t()) - exact).norm() / exact.norm()).item(),
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             total_mm, total_packed = total_mm + plain, total_packed + packed
             print(
                 f"{name:<16} {f'{n}x{k}':>11} {rows:>3} {plain * 1e6:9.1f} ({gbs / plain:5.1f}) "
-                f"{packed * 1e6:9.1f} ({gbs / packed:5.1f}) {plain / packed:7.2f}x {error:9.1e} {half * 1e6:9.1f} us"
+                f"{packed * 1e6:9.1f} ({gbs / packed:5.1f}) {plain / packed:7.2f}x {error:9.1e} "
+                + (f"{half * 1e6:9.1f} us" if half is not None else f"{'-':>9} us")  # no bfloat16 on this CPU
             )
         del entries, halves
     print(f"sum over the rows above: torch.mm {total_mm * 1e3:.2f} ms, mm_cpu {total_packed * 1e3:.2f} ms "

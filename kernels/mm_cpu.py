@@ -33,7 +33,7 @@ from torch import Tensor
 
 from graphspec import library
 
-__all__ = ["CONFIGS", "PackedWeight", "mm", "mm_cpu", "pack", "packable"]
+__all__ = ["CONFIGS", "PackedWeight", "bfloat16_supported", "mm", "mm_cpu", "pack", "packable"]
 
 CONFIGS: dict[str, dict[str, int]] = {"cpu": {}}
 
@@ -63,12 +63,22 @@ def packable(weight: Tensor) -> bool:
     )
 
 
+def bfloat16_supported() -> bool:
+    """Whether this CPU's oneDNN multiplies bfloat16 (AVX512-BF16 or AMX, AVX-NE-CONVERT, or AVX512
+    BW/VL/DQ): without it a bfloat16 packed copy cannot be made (an AVX2-only CPU, such as some AMD EPYC
+    VMs)."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def pack(weight: Tensor, dtype: torch.dtype = torch.float32) -> PackedWeight | None:
     """Pack `weight` for mm_cpu and register it; the caller keeps the returned entry alive for as
     long as the packed copy should be used (None: this weight is not packable). dtype bfloat16 packs a
-    bfloat16 copy: mm_cpu then multiplies in bfloat16 (fp32 accumulation) and returns fp32."""
+    bfloat16 copy: mm_cpu then multiplies in bfloat16 (fp32 accumulation) and returns fp32; on a CPU
+    without bfloat16 support (bfloat16_supported) that is a ValueError, never a silent float32 copy."""
     if not packable(weight):
         return None
+    if dtype == torch.bfloat16 and not bfloat16_supported():
+        raise ValueError("mm_cpu: this CPU's oneDNN has no bfloat16 matmul; pack the weight in float32")
     entry = _PACKED.get(weight.data_ptr())
     if entry is None or entry.source() is not weight or entry.packed.dtype != dtype:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype))

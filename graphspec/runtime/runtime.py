@@ -38,7 +38,8 @@ CPU_DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def check_cpu_draft_dtype(value: str, device: str, dtype: str) -> torch.dtype:
     """The torch dtype of Runtime's cpu_draft_dtype, refused (before any work) unless it is one of
-    CPU_DRAFT_DTYPES and anything but "float32" is asked of a float32 artifact on the CPU."""
+    CPU_DRAFT_DTYPES, anything but "float32" is asked of a float32 artifact on the CPU, and a bfloat16
+    copy is asked of a CPU that multiplies bfloat16."""
     if value not in CPU_DRAFT_DTYPES:
         raise InputError(f"cpu_draft_dtype must be one of {', '.join(CPU_DRAFT_DTYPES)}, got {value!r}")
     if value != "float32" and (device != "cpu" or dtype != "float32"):
@@ -46,6 +47,14 @@ def check_cpu_draft_dtype(value: str, device: str, dtype: str) -> torch.dtype:
             f"cpu_draft_dtype={value!r} is for float32 artifacts on the CPU (it packs the drafter's weights "
             f"for the CPU's matmul kernel); this one is {dtype} on {device}"
         )
+    if value == "bfloat16":
+        from graphspec.kernels import mm_cpu  # on first use, as the CPU table imports its kernels
+
+        if not mm_cpu.bfloat16_supported():
+            raise InputError(
+                "cpu_draft_dtype='bfloat16' needs a CPU whose oneDNN multiplies bfloat16 (AVX512-BF16, AMX, "
+                "AVX-NE-CONVERT or AVX512 BW/VL/DQ); this one has none of them: leave it at float32"
+            )
     return CPU_DRAFT_DTYPES[value]
 
 

@@ -75,6 +75,16 @@ def test_a_cpu_step_packs_the_weights_of_its_projections(checkpoint_factory) -> 
     assert pack_mm_weights(step, graph.params[:0]) == []  # nothing to pack without the weights
 
 
+def test_a_bfloat16_copy_is_refused_where_the_cpu_has_no_bfloat16_matmul(monkeypatch) -> None:
+    """oneDNN raises deep inside its reorder on such a CPU; pack says what is missing instead, and never
+    falls back to a float32 copy (the products would silently change)."""
+    monkeypatch.setattr(kernel, "bfloat16_supported", lambda: False)
+    with pytest.raises(ValueError, match="no bfloat16 matmul"):
+        kernel.pack(torch.randn(8, 4), torch.bfloat16)
+    assert kernel.pack(torch.randn(8, 4)) is not None  # float32 copies are unaffected
+
+
+@pytest.mark.skipif(not kernel.bfloat16_supported(), reason="this CPU's oneDNN has no bfloat16 matmul")
 def test_mm_cpu_over_a_bfloat16_copy_multiplies_in_bfloat16_and_returns_fp32() -> None:
     g = generator(3)
     weight, x = torch.randn(96, 40, generator=g), torch.randn(5, 40, generator=g)

@@ -78,6 +78,7 @@ def test_a_cpu_step_compiled_inside_a_request_is_counted(checkpoint_factory) -> 
     assert runtime.stats.cpu_compiles_during_requests == 1  # compiled once, replayed after
 
 
+@pytest.mark.skipif(not mm_cpu.bfloat16_supported(), reason="this CPU's oneDNN has no bfloat16 matmul")
 def test_a_bfloat16_drafter_packs_only_its_own_weights_and_changes_no_token(checkpoint_factory) -> None:
     target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
     options = dict(k=3, batch_sizes=(2,), dtype="float32", device="cpu", max_seq_len=64, modes=("greedy",))
@@ -122,3 +123,15 @@ def test_cpu_draft_dtype_is_refused_where_it_does_not_apply(checkpoint_factory, 
     monkeypatch.setattr("graphspec.artifact.load_artifact", lambda *args, **kwargs: pytest.fail("loaded"))
     with pytest.raises(InputError, match=wrong):  # from the manifest, before the artifact is loaded
         graphspec.Runtime.load(tmp_path / "art", cpu_draft_dtype="bfloat16")
+
+
+def test_a_bfloat16_drafter_is_refused_on_a_cpu_without_bfloat16_matmul(checkpoint_factory, monkeypatch) -> None:
+    """oneDNN's bfloat16 reorder raises on an AVX2-only CPU, which used to surface as a RuntimeError from
+    deep inside Runtime's start-up; it is refused before any work, with what is missing."""
+    target, draft = checkpoint_factory("llama", 0), checkpoint_factory("llama", 1, num_hidden_layers=1)
+    options = dict(k=2, batch_sizes=(1,), dtype="float32", device="cpu", max_seq_len=64, modes=("greedy",))
+    monkeypatch.setattr(mm_cpu, "bfloat16_supported", lambda: False)
+    COUNTERS.reset()
+    with pytest.raises(InputError, match="needs a CPU whose oneDNN multiplies bfloat16"):
+        graphspec.Runtime.from_pretrained(target, draft, cpu_draft_dtype="bfloat16", **options)
+    COUNTERS.expect(traces=0)
