@@ -115,6 +115,15 @@ def norm_heads(x, partner, weight_ptr, dims, partner_dims, eps, HEAD_DIM: tl.con
     return x, scale_rows(partner.to(tl.float32), inverse, weight, DTYPE)
 
 
+@triton.jit
+def store_partial(part_out_ptr, part_lse_ptr, out_rows, num_splits, split, out, lse, dims, row_ok):
+    """One split's partial for the reduce: partials [B, T, Hq, splits, (D)] hold each row's normalized
+    output `out` [rows, D] and base-2 log-sum-exp `lse` (-inf when the split holds none of its keys)."""
+    part_rows = out_rows * num_splits + split
+    tl.store(part_lse_ptr + part_rows, lse, mask=row_ok)
+    tl.store(part_out_ptr + part_rows[:, None] * out.shape[1] + dims[None, :], out, mask=row_ok[:, None])
+
+
 @triton.jit(do_not_specialize=["layer"])
 def attention_kernel(
     q_ptr,
@@ -212,10 +221,9 @@ def attention_kernel(
         # what the loop below would leave) and go no further. The step's new keys lie below kv_len, in
         # no such split. q's load comes first all the same: after this test it would wait for start_pos.
         if lo >= kv_len:
-            part_rows = out_rows * num_splits + split
-            tl.store(part_lse_ptr + part_rows, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
-            tl.store(part_out_ptr + part_rows[:, None] * HEAD_DIM + dims[None, :],
-                     tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), mask=row_ok[:, None])  # fmt: skip
+            empty_out = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+            empty_lse = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            store_partial(part_out_ptr, part_lse_ptr, out_rows, num_splits, split, empty_out, empty_lse, dims, row_ok)
             return
 
     # ROTARY: q arrives unrotated and is rotated here, in registers (rotate_half pairs column d with
@@ -305,13 +313,8 @@ def attention_kernel(
     has_keys = l_i > 0  # false for rows whose window misses this split entirely
     norm = tl.where(has_keys, l_i, 1.0)
     if SPLIT:
-        # Partials [B, T, Hq, splits, (D)]: normalized output and base-2 log-sum-exp (-inf when empty).
-        part_rows = out_rows * num_splits + split
         lse = tl.where(has_keys, m_i + tl.log2(norm), float("-inf"))
-        tl.store(part_lse_ptr + part_rows, lse, mask=row_ok)
-        tl.store(
-            part_out_ptr + part_rows[:, None] * HEAD_DIM + dims[None, :], acc / norm[:, None], mask=row_ok[:, None]
-        )
+        store_partial(part_out_ptr, part_lse_ptr, out_rows, num_splits, split, acc / norm[:, None], lse, dims, row_ok)
     else:
         out = round_to(acc / norm[:, None], out_ptr.dtype.element_ty)
         tl.store(
