@@ -328,6 +328,32 @@ def fits_argmax(node: fx.Node) -> bool:
     return logits.dim() >= 1 and logits.dtype in FLOAT_DTYPES and 0 < logits.shape[-1] < INT32_LIMIT
 
 
+def fits_embedding(node: fx.Node) -> bool:
+    values = _vals(node, 2)
+    if values is None:
+        return False
+    weight, indices = values
+    return weight.dim() == 2 and weight.dtype in FLOAT_DTYPES and weight.is_contiguous() and _gathers(weight, indices)
+
+
+def fits_index_select(node: fx.Node) -> bool:
+    values = _vals_at(node, (0, 2))
+    if values is None or node.args[1] not in (0, -values[0].dim()):
+        return False
+    source, index = values
+    dtypes = (*FLOAT_DTYPES, torch.int64, torch.int32)
+    return source.dim() >= 1 and source.dtype in dtypes and source.is_contiguous() and _gathers(source, index)
+
+
+def _gathers(table: torch.Tensor, indices: torch.Tensor) -> bool:
+    """Row gathers the kernel takes: integer indices (one row each) from a table with something in it."""
+    return (
+        indices.dtype in (torch.int64, torch.int32)
+        and table.numel() > 0
+        and indices.numel() * table[0].numel() < INT32_LIMIT
+    )
+
+
 def fits_verify_rejection(node: fx.Node) -> bool:
     values = _vals(node, 8)
     if values is None:
@@ -444,10 +470,17 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "causal_conv1d_snapshots": fits_causal_conv1d_snapshots,
     "mm": fits_mm,
     "addmm": fits_addmm,
+    "embedding": fits_embedding,
+    "index_select": fits_index_select,
 }
 
 # The aten ops of the traced graphs that have kernels, by the names KERNELS uses.
-ATEN_OPS: dict[str, torch._ops.OpOverload] = {"mm": torch.ops.aten.mm.default, "addmm": torch.ops.aten.addmm.default}
+ATEN_OPS: dict[str, torch._ops.OpOverload] = {
+    "mm": torch.ops.aten.mm.default,
+    "addmm": torch.ops.aten.addmm.default,
+    "embedding": torch.ops.aten.embedding.default,  # torch's small-index gather is slow at <= 16 rows
+    "index_select": torch.ops.aten.index_select.default,
+}
 # Every reference op a kernel may replace: graphspec's own and those aten ops.
 REFERENCE_OPS: dict[str, torch._ops.OpOverload] = {**ops.OPS, **ATEN_OPS}
 
@@ -455,15 +488,15 @@ INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's
 # Lowered under numerics="invariant" only: cuBLAS is as fast or faster at the step's shapes (bench_linear).
 INVARIANT_ONLY = frozenset({"mm", "addmm"})
 # Row-invariant with every config row: the norms (the hybrids' too) tile whole rows, sized by the last dim
-# only; rotary, silu_mul, gdn_gates and the KV writes are elementwise; argmax and verify_greedy are exact
-# (a max and a first index do not round); mm and addmm fix their tiles and K split by (N, K) only. The
-# attention kernels' default rows size their splits by the batch and the cache length, so they have an
-# "invariant" row instead (prefill programs are not fused under invariant numerics: their attention is the
-# decode kernel's). The others (sampling statistics split the vocabulary by the batch; linear attention)
-# have neither yet.
+# only; rotary, silu_mul, gdn_gates and the KV writes are elementwise, embedding and index_select copies;
+# argmax and verify_greedy are exact (a max and a first index do not round); mm and addmm fix their tiles
+# and K split by (N, K) only. The attention kernels' default rows size their splits by the batch and the
+# cache length, so they have an "invariant" row instead (prefill programs are not fused under invariant
+# numerics: their attention is the decode kernel's). The others (sampling statistics split the vocabulary
+# by the batch; linear attention) have neither yet.
 ROW_INVARIANT = frozenset(
     {"rms_norm", "add_rms_norm", "offset_rms_norm", "add_offset_rms_norm", "gated_rms_norm", "rotary", "silu_mul"}
-    | {"gdn_gates", "kv_write", "rotary_kv_write", "argmax", "verify_greedy"}
+    | {"gdn_gates", "kv_write", "rotary_kv_write", "argmax", "verify_greedy", "embedding", "index_select"}
     | INVARIANT_ONLY
 )
 
