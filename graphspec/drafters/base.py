@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 
 # Declared in graphspec.state (the target declares state too); drafters import them from here.
+from graphspec import ops
+from graphspec.drafters.token_map import scatter_to_vocab
 from graphspec.state import COMMIT_AT, COMMIT_VALUES, ROLLBACKS, CommitWrite, State  # noqa: F401
 
 
@@ -91,6 +93,7 @@ class StepView:
     # pick_all(logits [B, K, V]) -> [B, K]: every position in one call where the rule allows it (greedy:
     # one argmax launch, not K); None: pick_positions picks each position.
     pick_all: Callable[[Tensor], Tensor] | None = None
+    greedy: bool = False  # pick is the argmax (greedy drafts)
 
     def pick_positions(self, logits: Tensor) -> Tensor:
         """[B, K] drafts of logits [B, K, V] scored together (a block drafter's): the tokens pick gives
@@ -98,6 +101,26 @@ class StepView:
         if self.pick_all is not None:
             return self.pick_all(logits)
         return torch.stack([self.pick(logits[:, index], index) for index in range(logits.shape[1])], dim=1)
+
+    def pick_mapped(
+        self, logits: Tensor, ids: Tensor | None, vocab_size: int, index: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(drafts, full logits) of reduced-vocabulary logits [B, N] (with index None: [B, K, N], every
+        position as pick_positions) whose column d scores target id ids[d] (a token map, EAGLE-3's d2t;
+        None: the logits are over the whole vocabulary). The full logits [..., V] are the drafts' q: the
+        columns at their ids, -inf elsewhere. Greedy takes the first maximum over the N columns and maps
+        it, so no [B, V] row of -inf is written and scattered onto (the full logits are dead code then):
+        with ascending ids (token maps are kept sorted; public EAGLE-3 d2t maps are ascending) that is the
+        full row's first maximum, torch.argmax's rule."""
+        full = scatter_to_vocab(logits, ids, vocab_size)
+        if self.greedy and ids is not None:
+            best = ops.argmax(logits)
+            drafts = ids.index_select(0, best.flatten()).view(best.shape)
+        elif index is None:
+            drafts = self.pick_positions(full)
+        else:
+            drafts = self.pick(full, index)
+        return drafts, full
 
 
 class Drafter(ABC):

@@ -55,7 +55,7 @@ from graphspec.drafters.base import (
     State,
     StepView,
 )
-from graphspec.drafters.token_map import attach_hot_head, hot_logits
+from graphspec.drafters.token_map import attach_hot_head, draft_scores
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import (
     DecoderLayer,
@@ -483,12 +483,9 @@ class DFlash(Drafter):
         # Contiguous [B, K, H] (a small copy): the strided slice would trace to a bmm against the lm_head
         # expanded B times (each row reading all of it), and numerics="invariant" has no bmm kernel.
         masks = out[:, 1:].contiguous()
-        if self.draft_vocab is None:
-            head_weight = params.get("lm_head.weight", params["embed_tokens.weight"])  # tied: the embedding's name
-            logits = F.linear(masks, head_weight)  # [B, K, V]
-        else:
-            logits = hot_logits(masks, params, self.head.spec.vocab_size)  # [B, K, V], -inf off the map
-        drafts = step.pick_positions(logits)  # [B, K]
+        head_weight = "lm_head.weight" if "lm_head.weight" in params else "embed_tokens.weight"  # tied: that name
+        scores = draft_scores(masks, params, head_weight)  # [B, K, V or the map's N]
+        drafts, logits = step.pick_mapped(*scores, self.head.spec.vocab_size)  # [B, K], [B, K, V]
         kept = {name: state[name] for name in ("dflash_features", "dflash_start")}
         return Proposal(drafts, {"dflash_cache": cache, **kept}, logits)
 

@@ -294,10 +294,15 @@ class Eagle3(Drafter):
         )
 
     def full_logits(self, params: dict[str, Tensor], out: Tensor) -> Tensor:
-        """[B, V] target-vocabulary logits of head outputs [B, H]: draft logits at their target ids,
-        -inf elsewhere (so no draft and no draft probability lands on an unmapped id)."""
+        """[B, V] target-vocabulary logits of head outputs [B, H] (rejection sampling's q): draft logits at
+        their target ids, -inf elsewhere (so no draft and no draft probability lands on an unmapped id)."""
         logits = F.linear(out, params["lm_head.weight"])  # [B, draft vocab]
         return scatter_to_vocab(logits, params["draft_to_target"], self.head.spec.vocab_size)
+
+    def pick(self, params: dict[str, Tensor], out: Tensor, step: StepView, index: int) -> tuple[Tensor, Tensor]:
+        """(draft [B], its full_logits [B, V]) of head outputs [B, H] (StepView.pick_mapped)."""
+        logits = F.linear(out, params["lm_head.weight"])  # [B, draft vocab]
+        return step.pick_mapped(logits, params["draft_to_target"], self.head.spec.vocab_size, index)
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
         k, inputs = step.k, step.inputs
@@ -324,8 +329,8 @@ class Eagle3(Drafter):
         hidden = F.linear(features, params["fc.weight"])  # [B, K+1, H]
         out, prenorm, cache = head(tokens, hidden, kv_start, cache, slice(0, k + 1))
         chained = prenorm[rows, accepted]  # [B, H]
-        logits = self.full_logits(params, out[rows, accepted])  # [B, V]
-        proposals, proposal_logits = [step.pick(logits, 0)], [logits]
+        proposal, logits = self.pick(params, out[rows, accepted], step, 0)  # [B], [B, V]
+        proposals, proposal_logits = [proposal], [logits]
         # 2. Drafts 2..K: d_{i-1} (at position L + i - 2) with the head's own pre-norm value, at L + i - 3.
         for index in range(1, k):
             kv = (length + index - 2).clamp(min=0)
@@ -333,8 +338,8 @@ class Eagle3(Drafter):
                 proposals[-1][:, None], chained[:, None], kv, cache, slice(k + index, k + index + 1)
             )
             chained = prenorm[:, 0]
-            logits = self.full_logits(params, out[:, 0])
-            proposals.append(step.pick(logits, index))
+            proposal, logits = self.pick(params, out[:, 0], step, index)
+            proposals.append(proposal)
             proposal_logits.append(logits)
         kept = {name: state[name] for name in ("eagle3_features", "eagle3_tokens", "eagle3_start")}
         return Proposal(torch.stack(proposals, dim=1), {"eagle3_cache": cache, **kept}, torch.stack(proposal_logits, 1))

@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphspec import ops
@@ -63,7 +62,7 @@ from graphspec.drafters.base import (
     State,
     StepView,
 )
-from graphspec.drafters.token_map import attach_hot_head, hot_logits
+from graphspec.drafters.token_map import attach_hot_head, draft_scores, scatter_to_vocab
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import DecoderLayer, DecoderLM, Linear, RMSNorm, checkpoint_state, kv_cache_shape
 from graphspec.models.hybrid import GatedAttentionLayer, HybridLM
@@ -207,11 +206,17 @@ class Mtp(Drafter):
         return described
 
     def draft_logits(self, params: dict[str, Tensor], out: Tensor) -> Tensor:
-        """[B, V] draft logits of head outputs [B, H]: the full lm_head, or with a token map the hot rows
-        scattered onto the target vocabulary (-inf off the map)."""
-        if self.draft_vocab is None:
-            return F.linear(out, params[self.head_weight])
-        return hot_logits(out, params, self.head.spec.vocab_size)
+        """[B, V] draft logits of head outputs [B, H] (rejection sampling's q): the full lm_head, or with a
+        token map the hot rows scattered onto the target vocabulary (-inf off the map)."""
+        return scatter_to_vocab(*self.draft_scores(params, out), self.head.spec.vocab_size)
+
+    def draft_scores(self, params: dict[str, Tensor], out: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(logits, their target ids or None) of head outputs (token_map.draft_scores)."""
+        return draft_scores(out, params, self.head_weight)
+
+    def pick(self, params: dict[str, Tensor], out: Tensor, step: StepView, index: int) -> tuple[Tensor, Tensor]:
+        """(draft [B], its logits [B, V]) of head outputs [B, H] (StepView.pick_mapped)."""
+        return step.pick_mapped(*self.draft_scores(params, out), self.head.spec.vocab_size, index)
 
     @property
     def model(self) -> nn.Module:
@@ -311,8 +316,9 @@ class Mtp(Drafter):
             """Layer `index`'s output at draft_row predicts draft index + 1; the layers after it pair it."""
             nonlocal seq
             outputs.append(out[rows, draft_row])  # [B, H]
-            proposal_logits.append(self.draft_logits(params, outputs[-1]))  # [B, V]
-            proposals.append(step.pick(proposal_logits[-1], index))
+            proposal, logits = self.pick(params, outputs[-1], step, index)  # [B], [B, V]
+            proposals.append(proposal)
+            proposal_logits.append(logits)
             if index < depth - 1:
                 seq = torch.where(columns == (draft_row + 1 + index)[:, None], proposals[-1][:, None], seq)
             return seq
@@ -328,8 +334,8 @@ class Mtp(Drafter):
             args = (depth - 1, proposals[-1][:, None], chained[:, None], kv, slot_ids, cache, cos[:, at], sin[:, at])
             out, cache = self.run(params, *args)
             chained = out[:, 0]
-            logits = self.draft_logits(params, chained)
-            proposals.append(step.pick(logits, index))
+            proposal, logits = self.pick(params, chained, step, index)
+            proposals.append(proposal)
             proposal_logits.append(logits)
         states = {"mtp_cache": cache, **{name: state[name] for name in ("mtp_hidden", "mtp_tokens", "mtp_start")}}
         if depth > 1:  # the next step's prior rows: positions L - d .. L - 2 (committed whatever verify accepts)

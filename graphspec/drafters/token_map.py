@@ -5,7 +5,7 @@ are over target ids and never pick an id outside the map (the verify's residual 
 EAGLE-3 heads ship their map (d2t, eagle3.py); a drafter that shares the target's lm_head (MTP heads,
 DFlash drafters) takes one from a token-map file, FR-Spec (arXiv 2502.14856) and SGLang's
 --speculative-token-map: its lm_head rows are sliced to those ids once, at load (attach_hot_head), and
-each draft reads N x H of them instead of V x H (hot_logits). A token-map file is a safetensors file holding one 1-D
+each draft reads N x H of them instead of V x H (draft_scores). A token-map file is a safetensors file holding one 1-D
 int64 tensor `hot_token_ids` of distinct target token ids (`graphspec token-map` writes one from text).
 """
 
@@ -67,26 +67,34 @@ def write_token_map(path: str | Path, ids: Tensor | list[int]) -> Path:
     return path
 
 
-def scatter_to_vocab(logits: Tensor, draft_to_target: Tensor, vocab_size: int) -> Tensor:
-    """[B, V] target-vocabulary logits from [B, N] draft-vocabulary ones: logits[:, d] at target id
-    draft_to_target[d], -inf at every other id (no draft and no draft probability lands there)."""
-    full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
-    return full.scatter(-1, draft_to_target.expand(logits.shape[0], -1), logits)
+def scatter_to_vocab(logits: Tensor, draft_to_target: Tensor | None, vocab_size: int) -> Tensor:
+    """[..., V] target-vocabulary logits from [..., N] draft-vocabulary ones: logits[..., d] at target id
+    draft_to_target[d], -inf at every other id (no draft and no draft probability lands there). None: the
+    logits are over the target vocabulary already."""
+    if draft_to_target is None:
+        return logits
+    rows = logits.reshape(-1, logits.shape[-1])
+    full = rows.new_full((rows.shape[0], vocab_size), float("-inf"))
+    full = full.scatter(-1, draft_to_target.expand(rows.shape[0], -1), rows)
+    return full.view(*logits.shape[:-1], vocab_size)
 
 
 def attach_hot_head(module: nn.Module, lm_head_weight: Tensor, token_map: str | Path, vocab_size: int) -> int:
     """Give `module` the token map's rows of `lm_head_weight` as a parameter `hot_lm_head` [N, H] (a
     copy made once: the target's lm_head is untouched and still scores the verify) and its ids as the
-    buffer `draft_to_target`, which hot_logits reads. Returns N."""
-    ids = read_token_map(token_map, vocab_size).to(lm_head_weight.device)
+    buffer `draft_to_target`, which draft_scores reads. Returns N."""
+    # Sorted: the order means nothing to the drafter, and ascending ids let greedy drafts take the first
+    # maximum over the map's columns (StepView.pick_mapped).
+    ids = read_token_map(token_map, vocab_size).sort().values.to(lm_head_weight.device)
     module.hot_lm_head = nn.Parameter(lm_head_weight.detach().index_select(0, ids), requires_grad=False)
     module.register_buffer("draft_to_target", ids, persistent=False)
     return ids.numel()
 
 
-def hot_logits(out: Tensor, params: dict[str, Tensor], vocab_size: int) -> Tensor:
-    """[..., V] draft logits of outputs [..., H] through the attached hot_lm_head, scattered onto the
-    target vocabulary (-inf off the map)."""
-    logits = F.linear(out, params["hot_lm_head"])  # [..., N]
-    full = scatter_to_vocab(logits.flatten(0, -2), params["draft_to_target"], vocab_size)
-    return full.view(*out.shape[:-1], vocab_size)
+def draft_scores(out: Tensor, params: dict[str, Tensor], lm_head: str) -> tuple[Tensor, Tensor | None]:
+    """(logits, ids) of head outputs [..., H]: through the attached hot_lm_head, [..., N] with the map's
+    target ids [N]; without a map through params[lm_head], [..., V] and None (every id). The draft
+    distribution is scatter_to_vocab of them (StepView.pick_mapped picks from them)."""
+    if "hot_lm_head" in params:
+        return F.linear(out, params["hot_lm_head"]), params["draft_to_target"]
+    return F.linear(out, params[lm_head]), None

@@ -53,7 +53,9 @@ def test_draft_logits_are_the_full_ones_on_mapped_ids_and_minus_inf_elsewhere(dr
 def test_the_target_lm_head_is_untouched(drafters):
     full, hot = drafters
     assert hot.target.lm_head.weight.shape == (VOCAB, 64)
-    torch.testing.assert_close(hot.params()["hot_lm_head"], full.target.lm_head.weight[HOT], rtol=0, atol=0)
+    ids = HOT.sort().values  # kept ascending (StepView.pick_mapped's greedy rule)
+    assert torch.equal(hot.params()["draft_to_target"], ids)
+    torch.testing.assert_close(hot.params()["hot_lm_head"], full.target.lm_head.weight[ids], rtol=0, atol=0)
 
 
 def test_rejection_sampling_over_the_hot_vocabulary_emits_the_target_distribution(drafters):
