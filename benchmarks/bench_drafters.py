@@ -171,9 +171,16 @@ def write_random_token_map(path: Path, vocab_size: int, size: int, device: str, 
     return write_token_map(path, ids.cpu())
 
 
-def time_target_forward(model: torch.nn.Module, batch: int, positions: int, args: argparse.Namespace) -> float:
+def time_target_forward(
+    model: torch.nn.Module,
+    batch: int,
+    positions: int,
+    args: argparse.Namespace,
+    profiles: dict[str, Any] | None = None,
+) -> float:
     """Median ms of the target's forward over `positions` tokens per row (argmax of every position),
-    captured on CUDA, with every row at committed length about args.context."""
+    captured on CUDA, with every row at committed length about args.context. With `profiles` and
+    batch == args.profile, profiles["target_<positions>"] gets the kernels of one forward."""
     device = args.device
     gm = target_only.trace_decode(model, batch, args.max_seq_len, device_sm(device), positions)
     weights = list(model_inputs(model).values())
@@ -187,6 +194,8 @@ def time_target_forward(model: torch.nn.Module, batch: int, positions: int, args
     def step() -> None:
         gm(*weights, tokens, start, slots, cache)
 
+    if profiles is not None and batch == args.profile and common.is_cuda(args.device):
+        profiles[f"target_{positions}"] = common.kernel_profile(common.capture(step, args.device).replay, 3, top=10)
     return time_replays(step, args)
 
 
@@ -265,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         for column, (_kind, draft, k) in columns.items():
             extra = {**options, "k": k, **column_options.get(column, {})}
             steps[column], target = time_drafter_steps(target_dir, draft, buckets, args, column, profiles, **extra)
-        decode = {b: time_target_forward(target, b, 1, args) for b in buckets}
+        decode = {b: time_target_forward(target, b, 1, args, profiles) for b in buckets}
         widths = sorted({k + 1 for _, _, k in columns.values()})
-        verify = {(b, w): time_target_forward(target, b, w, args) for b in buckets for w in widths}
+        verify = {(b, w): time_target_forward(target, b, w, args, profiles) for b in buckets for w in widths}
     header = f"{'B':>4} {'target decode':>14}" + "".join(f" {'verify ' + str(w):>11}" for w in widths)
     header += "".join(f" {c + ' step':>16} {'/decode':>8} {'/verify':>8}" for c in columns)
     lines = [
@@ -287,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         report["rows"].append(row)
     print("\n".join(lines))
     for column, profile in profiles.items():
-        common.print_kernel_profile(f"kernels of one captured {column} step at batch {args.profile}", profile)
+        what = f"forward over {column[7:]} tokens per row" if column.startswith("target_") else f"{column} step"
+        common.print_kernel_profile(f"kernels of one captured {what} at batch {args.profile}", profile)
     report["profiles"] = profiles
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

@@ -457,7 +457,8 @@ KERNEL_CATEGORIES = (
 def kernel_profile(run: Callable[[], object], replays: int, top: int = 12) -> dict[str, Any]:
     """Kernels of `replays` calls of `run` (an already warmed-up and, on GPU, usually captured program), from
     the PyTorch profiler (CUPTI sees the kernels inside graph replays): per-call count and time by category,
-    and the `top` kernels by time."""
+    the `top` kernels by time (printed), and every kernel (for the JSON: two columns' lists diffed show where
+    one step's time goes beyond the other's)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -488,6 +489,7 @@ def kernel_profile(run: Callable[[], object], replays: int, top: int = 12) -> di
             {"name": n[:90], "calls_per_step": c, "us_per_step": us, "share": us / total_us}
             for n, c, us in kernels[:top]
         ],
+        "kernels": [{"name": n[:160], "calls_per_step": c, "us_per_step": us} for n, c, us in kernels],
     }
 
 

@@ -19,7 +19,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from benchmarks import common
-from graphspec import pipeline
+from graphspec import ops, pipeline
 from graphspec.compiled import device_sm
 from graphspec.config import PassContext
 from graphspec.models.decoder import DecoderLM
@@ -61,7 +61,7 @@ def trace_decode(
         tokens, start, slots, cache = flat[len(names) :]
         output = "last_logits" if positions == 1 else "logits"
         logits, cache = torch.func.functional_call(model, bound, (tokens, start, slots, cache, output))
-        return logits.argmax(dim=-1), cache
+        return ops.argmax(logits), cache  # the step's greedy pick, lowered to the same kernel
 
     example = [
         torch.zeros((batch, positions), dtype=torch.int64, device=device),
