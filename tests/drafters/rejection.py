@@ -16,12 +16,45 @@ def sample_and_verify(draft_logits: torch.Tensor, target: torch.Tensor) -> tuple
     rows, k, vocab = draft_logits.shape
     params = (torch.ones(rows), torch.zeros(rows, dtype=torch.int64), torch.ones(rows))
     seeds, counter = torch.arange(rows, dtype=torch.int64), torch.zeros(rows, dtype=torch.int64)
+    if draft_logits.stride(0) == 0 and rows > SHARED_CHECK_ROWS:
+        return _sample_and_verify_shared(draft_logits, target, params, seeds, counter)
     drafts = torch.stack(
         [ops.sample(draft_logits[:, i], *params, seeds, counter, ops.DRAFT_LANE + i) for i in range(k)], 1
     )
     tokens, accepted = ops.verify_rejection(
         target.expand(rows, k + 1, vocab), draft_logits, drafts, *params, seeds, counter
     )
+    return drafts, tokens, accepted
+
+
+# Rows whose ops.sample / ops.verify_rejection results the shared-logits path is checked against.
+SHARED_CHECK_ROWS = 2_000
+
+
+def _sample_and_verify_shared(draft_logits, target, params, seeds, counter) -> tuple[torch.Tensor, ...]:
+    """sample_and_verify for draft logits that are one row expanded over all rows (stride 0), as the
+    distribution tests build them: the ops' per-row work, once. ops.sample is sample_from(sampling_weights,
+    uniform(seed, counter, lane)) and ops.verify_rejection is rejection_from_probabilities(process_logits
+    of target and draft), each row on its own; with every row's logits equal, the weights and p/q are
+    computed for one row (the sort over 100k rows x (2K+1) positions was nearly all of the time) and the
+    draws, accepts and residual draws still run per row with each row's own seed. The first
+    SHARED_CHECK_ROWS rows are also run through ops.sample and ops.verify_rejection themselves and must
+    come out identical, token for token."""
+    rows, k, vocab = draft_logits.shape
+    one = tuple(p[:1] for p in params)
+    weights = ops.sampling_weights(draft_logits[:1], *one)[0]  # [K, V], the row every row samples from
+    drafts = torch.stack(
+        [ops.sample_from(weights[i], ops.uniform(seeds, counter, ops.DRAFT_LANE + i)) for i in range(k)], 1
+    )
+    p = ops.process_logits(target.expand(1, k + 1, vocab), *one)
+    q = ops.process_logits(draft_logits[:1], *one)
+    tokens, accepted = ops.rejection_from_probabilities(
+        p.expand(rows, -1, -1), q.expand(rows, -1, -1), drafts, seeds, counter
+    )
+    check = slice(0, SHARED_CHECK_ROWS)
+    small = sample_and_verify(draft_logits[check], target)  # contiguous rows: the ops themselves
+    for got, want in zip((drafts[check], tokens[check], accepted[check]), small, strict=True):
+        assert torch.equal(got, want)
     return drafts, tokens, accepted
 
 
