@@ -193,27 +193,61 @@ def test_artifact_without_prefill_programs_loads_with_a_warning_and_prefills_by_
     assert [r.token_ids for r in runtime.generate(PROMPTS, max_new_tokens=NEW_TOKENS)] == expected["greedy"]
 
 
-RESOLVE_IN_FRESH_PROCESS = """
-import json, sys
+# One interpreter imports graphspec.artifact, then forks a child per op: each child resolves its op from
+# exactly the state a fresh `import graphspec.artifact` process has (the parent resolves nothing), and the
+# three ops pay for one torch import instead of three.
+RESOLVE_IN_FRESH_PROCESSES = """
+import json, os, sys, traceback
 from graphspec.artifact import resolve_op
-resolve_op(sys.argv[1])
-print(json.dumps(sorted(m for m in sys.modules if m.startswith("graphspec.kernels."))))
+results = {}
+for op in sys.argv[1:]:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            resolve_op(op)
+            os.write(write, json.dumps(sorted(m for m in sys.modules if m.startswith("graphspec.kernels."))).encode())
+            os.close(write)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    results[op] = json.loads(data) if status == 0 else None
+print(json.dumps(results))
 """
+RESOLVED_OPS = [
+    ("graphspec::rms_norm_triton.default", False),
+    ("graphspec::rms_norm_cpu.default", False),
+    ("graphspec::kv_attention_cpu.default", True),  # no module of its name: every kernel module
+]
 
 
-@pytest.mark.parametrize(
-    "op, imports_all",
-    [("graphspec::rms_norm_triton.default", False), ("graphspec::rms_norm_cpu.default", False),
-     ("graphspec::kv_attention_cpu.default", True)],  # no module of its name: every kernel module
-)  # fmt: skip
-def test_resolving_a_kernel_op_imports_the_module_that_defines_it(op, imports_all):
-    # A load resolves each op its graphs call; importing every kernel module for the first kernel op
-    # created every Triton function (each reads its source), about a second of a GPU cold start.
+@pytest.fixture(scope="module")
+def resolved_in_fresh_processes() -> dict[str, list[str] | None]:
+    """op -> the graphspec.kernels modules imported after resolving it in a fresh process (None: it failed)."""
     done = subprocess.run(
-        [sys.executable, "-c", RESOLVE_IN_FRESH_PROCESS, op], capture_output=True, text=True, env=ENV, timeout=300
+        [sys.executable, "-c", RESOLVE_IN_FRESH_PROCESSES, *(op for op, _ in RESOLVED_OPS)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    modules = json.loads(done.stdout.strip().splitlines()[-1])
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(results[op] is not None for op, _ in RESOLVED_OPS), done.stderr
+    return results
+
+
+@pytest.mark.parametrize("op, imports_all", RESOLVED_OPS)
+def test_resolving_a_kernel_op_imports_the_module_that_defines_it(op, imports_all, resolved_in_fresh_processes):
+    # A load resolves each op its graphs call; importing every kernel module for the first kernel op
+    # created every Triton function (each reads its source), about a second of a GPU cold start.
+    modules = resolved_in_fresh_processes[op]
     module = "graphspec.kernels." + op.split("::")[1].split(".")[0].removesuffix("_triton")
     assert (module in modules) != imports_all
     assert ("graphspec.kernels.gated_delta_rule" in modules) == imports_all, modules
