@@ -13,9 +13,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-# Declared in graphspec.state (the target declares state too); drafters import them from here.
 from graphspec import ops
 from graphspec.drafters.token_map import scatter_to_vocab
+
+# Declared in graphspec.state (the target declares state too); drafters import them from here.
 from graphspec.state import COMMIT_AT, COMMIT_VALUES, ROLLBACKS, CommitWrite, State  # noqa: F401
 
 

@@ -296,13 +296,15 @@ class Eagle3(Drafter):
     def full_logits(self, params: dict[str, Tensor], out: Tensor) -> Tensor:
         """[B, V] target-vocabulary logits of head outputs [B, H] (rejection sampling's q): draft logits at
         their target ids, -inf elsewhere (so no draft and no draft probability lands on an unmapped id)."""
-        logits = F.linear(out, params["lm_head.weight"])  # [B, draft vocab]
-        return scatter_to_vocab(logits, params["draft_to_target"], self.head.spec.vocab_size)
+        return scatter_to_vocab(*self.draft_scores(params, out), self.head.spec.vocab_size)
+
+    def draft_scores(self, params: dict[str, Tensor], out: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits [B, draft vocab], their target ids) of head outputs [B, H]."""
+        return F.linear(out, params["lm_head.weight"]), params["draft_to_target"]
 
     def pick(self, params: dict[str, Tensor], out: Tensor, step: StepView, index: int) -> tuple[Tensor, Tensor]:
         """(draft [B], its full_logits [B, V]) of head outputs [B, H] (StepView.pick_mapped)."""
-        logits = F.linear(out, params["lm_head.weight"])  # [B, draft vocab]
-        return step.pick_mapped(logits, params["draft_to_target"], self.head.spec.vocab_size, index)
+        return step.pick_mapped(*self.draft_scores(params, out), self.head.spec.vocab_size, index)
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
         k, inputs = step.k, step.inputs

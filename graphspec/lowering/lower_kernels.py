@@ -1,4 +1,4 @@
-"""Swap hot reference ops (attention, norms, rotary, SwiGLU, KV writes, verify) for ctx.sm's Triton kernels.
+"""Swap hot reference ops (attention, norms, rotary, SwiGLU, KV writes, verify, gathers) for ctx.sm's Triton kernels.
 
 Input:  a flat, in-place step graph (after defunctionalize_kv and fuse_rotary_kv) whose hot ops are
         graphspec reference ops, each carrying fake tensors in its arguments' meta["val"].
