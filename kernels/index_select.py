@@ -5,20 +5,12 @@ H200. The input is viewed as [N, everything else]; a copy, bit-identical to torc
 from __future__ import annotations
 
 import torch
-from graphspec.kernels.common import check_config_table
-from graphspec.kernels.embedding import gather_rows
+from graphspec.kernels.embedding import CONFIG_FIELDS, CONFIGS, gather_rows
 from torch import Tensor
 
 from graphspec import library
 
-__all__ = ["CONFIGS", "index_select_triton"]
-
-CONFIGS: dict[int | str, dict[str, int]] = {
-    80: {"block": 1024, "num_warps": 4},
-    90: {"block": 1024, "num_warps": 4},
-    "default": {"block": 1024, "num_warps": 4},
-}
-CONFIG_FIELDS = check_config_table(CONFIGS)
+__all__ = ["CONFIGS", "CONFIG_FIELDS", "index_select_triton"]  # the gather's configs: the same kernel
 
 
 @library.op("graphspec::index_select_triton", mutates_args=())
