@@ -24,7 +24,7 @@ import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphspec import ops
+from graphspec import fake_meta, ops
 from graphspec.drafters.base import Drafter, StepView
 from graphspec.models.decoder import DecoderLM
 from graphspec.models.hybrid import HybridLM
@@ -242,6 +242,7 @@ def trace_step(
     flat_inputs = [*target_params.values(), *draft_params.values(), *(step_inputs[n] for n in signature.step_inputs)]
     with fx_traceback.preserve_node_meta():  # makes make_fx copy region() annotations onto nodes
         gm = make_fx(program, tracing_mode="fake")(*flat_inputs)
+    fake_meta.record(gm)
     take_regions(gm)
     name_graph(gm, signature.input_names)
     declared = {state.name: state for state in states}

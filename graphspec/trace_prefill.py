@@ -23,6 +23,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from graphspec import fake_meta
 from graphspec.drafters.base import Drafter, PrefillChunk
 from graphspec.models.decoder import DecoderLM
 from graphspec.models.hybrid import HybridLM
@@ -213,6 +214,7 @@ def trace_prefill(
     flat_inputs = [*target_params.values(), *draft_params.values(), *(inputs[n] for n in names)]
     gm = make_fx(program, tracing_mode="fake")(*flat_inputs)
     gm.graph.eliminate_dead_code()  # functional graph: only unused values go (state updates are outputs)
+    fake_meta.record(gm)
     name_graph(gm, signature.input_names)
     declared = {state.name: state for state in states}
     for node in gm.graph.find_nodes(op="placeholder"):

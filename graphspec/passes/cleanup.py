@@ -14,16 +14,10 @@ This keeps every region one contiguous run in graph order (checks.regions_run_in
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
-import torch
 import torch.fx as fx
-from torch._guards import detect_fake_mode
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-# node.meta key of what the last propagation computed for a call_function node: (op target and its
-# non-node arguments, its inputs' fingerprints, its fake result).
-_PROPAGATED = "cleanup_propagated"  # not a "gs_" key: artifacts do not try to store it
+from graphspec import fake_meta
 
 
 def tidy(gm: fx.GraphModule, dead_code: bool = True) -> fx.GraphModule:
@@ -36,59 +30,9 @@ def tidy(gm: fx.GraphModule, dead_code: bool = True) -> fx.GraphModule:
 
 
 def propagate_meta(gm: fx.GraphModule) -> None:
-    """Re-run fake-tensor propagation so nodes a pass created carry meta["val"] like traced ones."""
-    placeholders = gm.graph.find_nodes(op="placeholder")
-    values = [node.meta.get("val") for node in placeholders]
-    fake_mode = detect_fake_mode(values)
-    if fake_mode is None or any(value is None for value in values):
-        return  # hand-built graphs without fake values: nothing to propagate from
-    ReusingFakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*values)
-
-
-class ReusingFakeTensorProp(FakeTensorProp):
-    """FakeTensorProp that takes a call_function node's fake result from the last propagation when nothing
-    it depends on changed: the same target and non-node arguments, and inputs whose fake values have the
-    same fingerprint (shape, strides, offset, dtype, device; _fingerprint). A fake result is a function of
-    exactly those, so it is the one a full propagation would compute again, but for aliasing between fake
-    tensors, which no pass reads. A pass changes a few nodes of thousands (mask_padding sanitizes the
-    inputs, a fusion replaces a node with one of the same output), and propagating every node after every
-    pass was 40% of a CPU compile. tests/passes/test_cleanup.py compares the two on real steps."""
-
-    def run_node(self, n: fx.Node) -> Any:
-        if n.op != "call_function":  # placeholders, output: cheap; submodules may change inside
-            return super().run_node(n)
-        key = (n.target, repr(fx.node.map_arg((n.args, n.kwargs), lambda node: f"%{node.name}")))
-        inputs = tuple(_fingerprint(self.env[node]) for node in n.all_input_nodes)
-        last = n.meta.get(_PROPAGATED)
-        if last is not None and "val" in n.meta and last[0] == key and last[1] == inputs:
-            return last[2]
-        result = super().run_node(n)
-        n.meta[_PROPAGATED] = (key, inputs, result)
-        return result
-
-
-class _Same:
-    """Equal only to a _Same of the very same object (a fake tensor holding a constant: its value counts)."""
-
-    def __init__(self, value: object) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.value is self.value
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def _fingerprint(value: object) -> object:
-    """What a fake result depends on of an input value: a tensor's metadata, a sequence's items, else the
-    value itself (ints, floats, None)."""
-    if isinstance(value, torch.Tensor):
-        if getattr(value, "constant", None) is not None:
-            return _Same(value)
-        return (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device)
-    if isinstance(value, (tuple, list)):
-        return (type(value).__name__, tuple(_fingerprint(item) for item in value))
-    return value
+    """Re-run fake-tensor propagation so nodes a pass created carry meta["val"] like traced ones (what no
+    change reached keeps its value: graphspec/fake_meta.py)."""
+    fake_meta.propagate(gm)
 
 
 def tag(nodes: list[fx.Node], pass_name: str, region: str | None = None) -> None:
