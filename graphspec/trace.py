@@ -140,9 +140,7 @@ def speculate(
     target_names = target_state_names(target)
     drafter_state = {name: value for name, value in state.items() if name not in target_names}
     with region("draft"):
-        pick_all = ops.argmax if greedy_draft else None  # [B, K, V] -> [B, K] in one launch
-        view = StepView(inputs, k, pick, pick_all, greedy=greedy_draft)
-        proposal = drafter.propose(draft_params, view, drafter_state)
+        proposal = drafter.propose(draft_params, StepView(inputs, k, pick, greedy=greedy_draft), drafter_state)
         draft_tokens = proposal.tokens  # [B, K]
         draft_logits = proposal.logits
         if draft_logits is None:  # deterministic drafts: q is one-hot (only rejection sampling reads it)

@@ -91,16 +91,13 @@ class StepView:
     inputs: dict[str, Tensor]
     k: int
     pick: Pick
-    # pick_all(logits [B, K, V]) -> [B, K]: every position in one call where the rule allows it (greedy:
-    # one argmax launch, not K); None: pick_positions picks each position.
-    pick_all: Callable[[Tensor], Tensor] | None = None
-    greedy: bool = False  # pick is the argmax (greedy drafts)
+    greedy: bool = False  # pick is the argmax (greedy drafts): every position can be picked in one launch
 
     def pick_positions(self, logits: Tensor) -> Tensor:
         """[B, K] drafts of logits [B, K, V] scored together (a block drafter's): the tokens pick gives
-        at each position, in one launch where pick_all is set."""
-        if self.pick_all is not None:
-            return self.pick_all(logits)
+        at each position, in one argmax launch when greedy (not K)."""
+        if self.greedy:
+            return ops.argmax(logits)
         return torch.stack([self.pick(logits[:, index], index) for index in range(logits.shape[1])], dim=1)
 
     def pick_mapped(

@@ -47,7 +47,6 @@ from graphspec.drafters.base import (
     State,
     StepView,
 )
-from graphspec.drafters.token_map import scatter_to_vocab
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import (
     DecoderLayer,
@@ -293,17 +292,14 @@ class Eagle3(Drafter):
             State("eagle3_start", (slots, 1), torch.int64, "verified", CommitWrite("committed_len", "start")),
         )
 
-    def full_logits(self, params: dict[str, Tensor], out: Tensor) -> Tensor:
-        """[B, V] target-vocabulary logits of head outputs [B, H] (rejection sampling's q): draft logits at
-        their target ids, -inf elsewhere (so no draft and no draft probability lands on an unmapped id)."""
-        return scatter_to_vocab(*self.draft_scores(params, out), self.head.spec.vocab_size)
-
     def draft_scores(self, params: dict[str, Tensor], out: Tensor) -> tuple[Tensor, Tensor]:
-        """(logits [B, draft vocab], their target ids) of head outputs [B, H]."""
+        """(logits [B, draft vocab], their target ids) of head outputs [B, H]; rejection sampling's q is
+        scatter_to_vocab of them (draft logits at their target ids, -inf elsewhere: no draft and no draft
+        probability lands on an unmapped id)."""
         return F.linear(out, params["lm_head.weight"]), params["draft_to_target"]
 
     def pick(self, params: dict[str, Tensor], out: Tensor, step: StepView, index: int) -> tuple[Tensor, Tensor]:
-        """(draft [B], its full_logits [B, V]) of head outputs [B, H] (StepView.pick_mapped)."""
+        """(draft [B], its logits [B, V]) of head outputs [B, H] (StepView.pick_mapped)."""
         return step.pick_mapped(*self.draft_scores(params, out), self.head.spec.vocab_size, index)
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:

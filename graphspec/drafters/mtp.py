@@ -62,7 +62,7 @@ from graphspec.drafters.base import (
     State,
     StepView,
 )
-from graphspec.drafters.token_map import attach_hot_head, draft_scores, scatter_to_vocab
+from graphspec.drafters.token_map import attach_hot_head, draft_scores
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import DecoderLayer, DecoderLM, Linear, RMSNorm, checkpoint_state, kv_cache_shape
 from graphspec.models.hybrid import GatedAttentionLayer, HybridLM
@@ -205,13 +205,9 @@ class Mtp(Drafter):
             described["draft_vocab_size"] = self.draft_vocab
         return described
 
-    def draft_logits(self, params: dict[str, Tensor], out: Tensor) -> Tensor:
-        """[B, V] draft logits of head outputs [B, H] (rejection sampling's q): the full lm_head, or with a
-        token map the hot rows scattered onto the target vocabulary (-inf off the map)."""
-        return scatter_to_vocab(*self.draft_scores(params, out), self.head.spec.vocab_size)
-
     def draft_scores(self, params: dict[str, Tensor], out: Tensor) -> tuple[Tensor, Tensor | None]:
-        """(logits, their target ids or None) of head outputs (token_map.draft_scores)."""
+        """(logits, their target ids or None) of head outputs (token_map.draft_scores): the full lm_head, or
+        with a token map its hot rows; rejection sampling's q is scatter_to_vocab of them."""
         return draft_scores(out, params, self.head_weight)
 
     def pick(self, params: dict[str, Tensor], out: Tensor, step: StepView, index: int) -> tuple[Tensor, Tensor]:

@@ -15,6 +15,7 @@ import graphspec
 from graphspec.drafters import drafter_kind
 from graphspec.drafters.base import PrefillView, StepView
 from graphspec.drafters.eagle3 import Eagle3
+from graphspec.drafters.token_map import scatter_to_vocab
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.loading import load_model
 from tests.checkpoints import load_hf
@@ -99,7 +100,7 @@ def test_head_outputs_and_logits_equal_the_oracle(case):
     head_hidden = drafter.head.fc(features)
     kv_start = torch.zeros(2, dtype=torch.int64)  # rotary at 4.., KV from 0 (relative rotary: same scores)
     out, prenorm, _ = drafter.head(tokens, head_hidden, kv_start, torch.arange(2), cache, cos, sin, True)
-    logits = drafter.full_logits(drafter.params(), out.reshape(-1, 64)).view(2, 9, VOCAB)
+    logits = scatter_to_vocab(*drafter.draft_scores(drafter.params(), out.reshape(-1, 64)), VOCAB).view(2, 9, VOCAB)
     torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(prenorm, want_prenorm, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
@@ -150,18 +151,19 @@ def test_chained_drafts_follow_the_distribution_their_proposal_reports(case):
     assert_drafts_follow_their_logits(drafter, state, torch.stack((prompt[0, -1], first[0])), 10, k=2, temperature=1.0)
 
 
-# One head layout: q is full_logits (lm_head and the id map), which no layout variant touches, so the
-# 100k-row G-test would run the same code three times.
+# One head layout: q is scatter_to_vocab of draft_scores (lm_head and the id map), which no layout variant
+# touches, so the 100k-row G-test would run the same code three times.
 @pytest.mark.parametrize("case", ["residual_after_norm"], indirect=True)
 def test_rejection_sampling_over_the_reduced_vocabulary_emits_the_target_distribution(case):
-    """q is the head's distribution over its mapped ids (0 elsewhere, full_logits); drafts sampled from it
-    as the step samples them (ops.sample on the draft lanes) are mapped ids, and verify_rejection's
-    first token follows the target's p, ids the head cannot propose included (the residual covers them)."""
+    """q is the head's distribution over its mapped ids (0 elsewhere: scatter_to_vocab of draft_scores);
+    drafts sampled from it as the step samples them (ops.sample on the draft lanes) are mapped ids, and
+    verify_rejection's first token follows the target's p, ids the head cannot propose included (the residual
+    covers them)."""
     _, drafter, _, _, ids, _ = case
     rows, k = 100_000, 2
     generator = torch.Generator().manual_seed(9)
     out = torch.randn(1, 64, generator=generator)
-    draft_logits = drafter.full_logits(drafter.params(), out).expand(rows, k, VOCAB)  # [rows, K, V]
+    draft_logits = scatter_to_vocab(*drafter.draft_scores(drafter.params(), out), VOCAB).expand(rows, k, VOCAB)
     target = torch.randn(VOCAB, generator=generator) * 1.5
     drafts, tokens, accepted = sample_and_verify(draft_logits, target)
     assert bool(torch.isin(drafts, ids).all())

@@ -42,8 +42,8 @@ def test_draft_logits_are_the_full_ones_on_mapped_ids_and_minus_inf_elsewhere(dr
     assert hot.describe() == {"kind": "mtp", "layers": 1, "layout": "deepseek_v3", "draft_vocab_size": len(HOT)}
     assert hot.params()["hot_lm_head"].shape == (len(HOT), 64)
     out = torch.randn(6, 64, generator=torch.Generator().manual_seed(1))
-    want = full.draft_logits(full.params(), out)  # [6, V]
-    got = hot.draft_logits(hot.params(), out)
+    want = scatter_to_vocab(*full.draft_scores(full.params(), out), VOCAB)  # [6, V]
+    got = scatter_to_vocab(*hot.draft_scores(hot.params(), out), VOCAB)
     torch.testing.assert_close(got[:, HOT], want[:, HOT], rtol=1e-5, atol=1e-5)
     off = torch.ones(VOCAB, dtype=torch.bool).index_fill(0, HOT, False)
     assert bool(torch.isneginf(got[:, off]).all())
@@ -64,7 +64,8 @@ def test_rejection_sampling_over_the_hot_vocabulary_emits_the_target_distributio
     _, hot = drafters
     rows, k = 40_000, 2
     generator = torch.Generator().manual_seed(9)
-    draft_logits = hot.draft_logits(hot.params(), torch.randn(1, 64, generator=generator)).expand(rows, k, VOCAB)
+    out = torch.randn(1, 64, generator=generator)
+    draft_logits = scatter_to_vocab(*hot.draft_scores(hot.params(), out), VOCAB).expand(rows, k, VOCAB)
     target = torch.randn(VOCAB, generator=generator) * 1.5
     drafts, tokens, accepted = sample_and_verify(draft_logits, target)
     assert bool(torch.isin(drafts, HOT).all())
