@@ -15,10 +15,10 @@ real at committed length about --context. Next to them, per bucket:
   greedy picks included; "/verify" is a drafter's step over that (issue 17 asks <= 1.2 for DFlash at B 1).
 Random weights accept almost nothing, so step time is what this compares; tokens per step depends on
 the text (see tools/measure_acceptance.py for the demo pair's).
---token-map-sizes N[,N...] adds, for every drafter column that takes a token map (MTP, DFlash), a column
-`<column>_hot<N>` per size: the same drafter drafting over N random distinct target ids (a token map,
-drafters/token_map.py; FR-Spec / SGLang's hot vocabulary), so its step with and without a reduced lm_head
-sit side by side in one run.
+--token-map-sizes N[,N...] adds, for every drafter column that takes a token map (MTP, EAGLE-3, DFlash), a
+column `<column>_hot<N>` per size: the same drafter drafting over N random distinct target ids (a token map,
+drafters/token_map.py; FR-Spec / SGLang's hot vocabulary; for EAGLE-3, N of its head's own draft ids, when
+N is below its draft vocabulary), so its step with and without a reduced lm_head sit side by side in one run.
 
     python benchmarks/bench_drafters.py --json drafters.json             # on the H200 (~3 minutes)
     python benchmarks/bench_drafters.py --drafters dflash --batch-sizes 1,4,16 --json dflash.json   # DFlash b8, b16
@@ -156,7 +156,7 @@ def write_dflash_drafter(directory: Path, target_dir: Path, block: int, device: 
     return directory
 
 
-TOKEN_MAP_KINDS = ("mtp", "dflash")  # the drafters that take a token map (share the target's lm_head)
+TOKEN_MAP_KINDS = ("mtp", "eagle3", "dflash")  # the drafters that take a token map
 
 
 def hot_column(column: str, size: int) -> str:
@@ -164,11 +164,17 @@ def hot_column(column: str, size: int) -> str:
     return f"{column}_hot{size // 1024}k" if size % 1024 == 0 else f"{column}_hot{size}"
 
 
-def write_random_token_map(path: Path, vocab_size: int, size: int, device: str, seed: int) -> Path:
-    """`size` distinct random target ids (drawn on `device`) as a token-map file."""
+def write_random_token_map(path: Path, ids: torch.Tensor, size: int, device: str, seed: int) -> Path:
+    """`size` distinct random ids of `ids` (a permutation drawn on `device`) as a token-map file."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    ids = torch.randperm(vocab_size, generator=generator, device=device)[:size]
-    return write_token_map(path, ids.cpu())
+    chosen = ids[torch.randperm(ids.numel(), generator=generator, device=device)[:size].cpu()]
+    return write_token_map(path, chosen)
+
+
+def head_target_ids(head_dir: Path) -> torch.Tensor:
+    """The target ids an EAGLE-3 head directory drafts (d + d2t[d])."""
+    d2t = load_file(str(head_dir / "model.safetensors"))["d2t"]
+    return torch.arange(d2t.numel()) + d2t
 
 
 def time_target_forward(
@@ -261,11 +267,20 @@ def main(argv: list[str] | None = None) -> int:
                 columns[f"dflash_b{block}"] = (name, str(directory), block - 1)
         for size in hot_sizes:  # beside each plain column: same drafter, same seed, a reduced lm_head
             path = Path(workdir) / f"token_map_{size}.safetensors"
-            token_map = write_random_token_map(path, vocab_size, size, args.device, 6)
+            token_map = write_random_token_map(path, torch.arange(vocab_size), size, args.device, 6)
+            if "eagle3" in drafters:  # ids the head drafts, so that its vocabulary shrinks to `size` of them
+                eagle3_ids = head_target_ids(eagle3_dir)
+                eagle3_map = write_random_token_map(
+                    Path(workdir) / f"eagle3_token_map_{size}.safetensors", eagle3_ids, size, args.device, 6
+                )
             for column, (kind, draft, k) in list(columns.items()):
                 if kind in TOKEN_MAP_KINDS and column_options.get(column) is None:
+                    if kind == "eagle3" and size >= eagle3_ids.numel():
+                        continue  # no smaller than the head's own vocabulary: nothing to compare
                     columns[hot_column(column, size)] = (kind, draft, k)
-                    column_options[hot_column(column, size)] = {"token_map": token_map}
+                    column_options[hot_column(column, size)] = {
+                        "token_map": eagle3_map if kind == "eagle3" else token_map
+                    }
         if "mtp" in drafters:
             add_mtp_head(target_dir, args.device, seed=3)
         steps: dict[str, dict[int, float]] = {}

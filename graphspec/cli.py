@@ -219,8 +219,8 @@ def build_parser() -> Parser:
         "--token-map",
         default=None,
         metavar="FILE",
-        help="MTP drafter: draft over only the target ids in FILE (a reduced lm_head: faster drafts, slightly "
-        "lower acceptance); write one with `graphspec token-map`",
+        help="MTP, EAGLE-3 and DFlash drafters: draft over only the target ids in FILE (a reduced lm_head: "
+        "faster drafts, slightly lower acceptance); write one with `graphspec token-map`",
     )
     compile_parser.add_argument("-k", type=draft_length, default=4, help="draft tokens proposed per step")
     compile_parser.add_argument(
@@ -368,7 +368,7 @@ def build_parser() -> Parser:
 
     token_map_parser = commands.add_parser(
         "token-map",
-        help="write a token map (the most frequent target ids of a corpus) for an MTP drafter's --token-map",
+        help="write a token map (the most frequent target ids of a corpus) for a drafter's --token-map",
         description="Encode CORPUS (a text file, or a directory of them) with TARGET's tokenizer and write the "
         "--size most frequent token ids (ties by id; special and eos tokens always included) to OUT, a "
         "safetensors file with one int64 tensor hot_token_ids. `graphspec compile TARGET --draft mtp "

@@ -77,7 +77,7 @@ def compile(
 
     draft: a draft-model checkpoint directory, a head directory (EAGLE-3, or MTP in the NextN convention;
     the kind is read from its config's architectures), "mtp" (the target checkpoint's own MTP head), or
-    "ngram" (no model; options ngram_min, ngram_max). MTP takes token_map: a token-map file
+    "ngram" (no model; options ngram_min, ngram_max). MTP, EAGLE-3 and DFlash take token_map: a token-map file
     (graphspec/drafters/token_map.py) that restricts its drafts to those target ids (a reduced lm_head).
     drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS).
     max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py).

@@ -38,7 +38,7 @@ SETTINGS = {
     "draft_model": (),
     "ngram": ("ngram_min", "ngram_max"),
     "mtp": ("token_map",),
-    "eagle3": (),
+    "eagle3": ("token_map",),
     "dflash": ("token_map",),
 }
 # Settings that name a file: an artifact carries a copy (digest-checked) and loads from it, never from
@@ -48,7 +48,6 @@ FILE_SETTINGS = ("token_map",)
 NO_TOKEN_MAP = {
     "draft_model": "a draft model scores its own lm_head inside its forward; slicing it is not wired",
     "ngram": "n-gram drafts are copied from the history, no logits are computed",
-    "eagle3": "an EAGLE-3 head carries its own reduced vocabulary (d2t in its checkpoint)",
 }
 
 
@@ -103,7 +102,7 @@ def check_drafter(
     weights, else None (open_drafter loads it)."""
     if settings.get("token_map") is not None and kind in NO_TOKEN_MAP:
         raise InputError(
-            f"token_map applies to drafters that share the target's lm_head (MTP heads, DFlash drafters), not "
+            f"token_map applies to MTP heads, EAGLE-3 heads and DFlash drafters, not "
             f"drafter {kind!r}: "
             f"{NO_TOKEN_MAP[kind]}"
         )
@@ -124,7 +123,9 @@ def check_drafter(
             plan_head(Path(draft), load_config(draft), build_model(target_config), own_checkpoint=False)
         return None
     if kind == "eagle3":  # config fields, names, shapes and d2t, against a meta-device target
-        eagle3.plan_head(Path(draft), target_config, build_model(target_config))
+        plan = eagle3.plan_head(Path(draft), target_config, build_model(target_config))
+        if settings.get("token_map") is not None:  # its overlap with the head's draft vocabulary
+            eagle3.mapped_rows(plan.target_ids(), settings["token_map"], draft, target_spec.vocab_size)
         return None
     if kind == "dflash":  # layer ids, block size vs K, mask token, window, names and shapes, on a meta target
         dflash.plan_head(Path(draft), build_model(target_config), k, max_seq_len)
@@ -177,7 +178,7 @@ def open_drafter(
         embedding = target.model.model.embed_tokens.weight
         return Mtp(target, embedding.dtype, device, head_dir, settings.get("token_map"))
     if kind == "eagle3":
-        return Eagle3(draft, target, target.model.model.embed_tokens.weight.dtype, device)
+        return Eagle3(draft, target, target.model.model.embed_tokens.weight.dtype, device, settings.get("token_map"))
     if kind == "dflash":
         return DFlash(draft, target, target.model.model.embed_tokens.weight.dtype, device, settings.get("token_map"))
     return DraftModel(load_model(draft, dtype, device))

@@ -47,6 +47,7 @@ from graphspec.drafters.base import (
     State,
     StepView,
 )
+from graphspec.drafters.token_map import read_token_map, restrict_map
 from graphspec.errors import CheckpointError, InputError
 from graphspec.models.decoder import (
     DecoderLayer,
@@ -135,6 +136,11 @@ class HeadPlan:
     aux_layers: tuple[int, ...]
     d2t: Tensor | None  # [draft vocab] int64, None: the identity
 
+    def target_ids(self) -> Tensor:
+        """The target id of every draft id, d + d2t[d] [draft vocab] (on the CPU)."""
+        ids = torch.arange(self.head.lm_head.out_features)
+        return ids if self.d2t is None else ids + self.d2t
+
 
 def is_eagle3(architectures: list[str] | None) -> bool:
     return any(ARCHITECTURE in name for name in architectures or ())
@@ -217,6 +223,13 @@ def plan_head(path: Path, target_config: Any, target: DecoderLM) -> HeadPlan:
     return HeadPlan(head, {name: name for name in own}, files, config, layers, d2t)
 
 
+def mapped_rows(draft_to_target: Tensor, token_map: str | Path, path: str | Path, vocab_size: int) -> Tensor:
+    """The head's draft ids (rows of its lm_head) whose target ids the token-map file holds, ordered by
+    target id; the file is checked and an empty overlap refused (token_map.restrict_map)."""
+    ids = read_token_map(token_map, vocab_size)
+    return restrict_map(draft_to_target, ids, f"token map {token_map} and EAGLE-3 head {path}")
+
+
 def check_tensors(
     path: Path, own: dict[str, tuple[int, ...]], available: dict[str, Any], draft_vocab: int, vocab: int
 ) -> None:
@@ -257,12 +270,27 @@ def read_d2t(path: Path, available: dict[str, Any], draft_vocab: int, vocab: int
 class Eagle3(Drafter):
     kind = "eagle3"
 
-    def __init__(self, path: str | Path, target: LoadedModel, dtype: torch.dtype, device: str | torch.device) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        target: LoadedModel,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        token_map: str | Path | None = None,
+    ) -> None:
+        """token_map: a token-map file (drafters/token_map.py): draft over the head's ids that it holds only
+        (the head's lm_head sliced to their rows once, here); None: the head's whole draft vocabulary."""
         plan = plan_head(Path(path), target.config, target.model)
         head = plan.head
         read_into(head, plan.files, plan.names, dtype, device)
-        if plan.d2t is not None:
-            head.draft_to_target = head.draft_to_target + plan.d2t
+        head.draft_to_target = plan.target_ids()
+        if token_map is not None:
+            kept = mapped_rows(head.draft_to_target, token_map, path, head.spec.vocab_size)
+            head.lm_head.weight = nn.Parameter(
+                head.lm_head.weight.index_select(0, kept.to(device)), requires_grad=False
+            )
+            head.lm_head.out_features = kept.numel()
+            head.draft_to_target = head.draft_to_target[kept]
         head.draft_to_target = head.draft_to_target.to(device)
         head.inv_freq = head.inv_freq.to(device)
         head.eval().requires_grad_(False)
@@ -271,13 +299,13 @@ class Eagle3(Drafter):
         self.target_features = tuple(f"layer_in:{index}" for index in plan.aux_layers)
         # The artifact stores the head directory's files as the "draft" checkpoint.
         self.loaded = LoadedModel(head, plan.config, None, Path(path), plan.files)  # type: ignore[arg-type]
-        self.settings = {}
+        self.settings = {} if token_map is None else {"token_map": str(Path(token_map).absolute())}
 
     def describe(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "aux_layers": list(self.aux_layers),
-            "draft_vocab_size": self.head.lm_head.out_features,
+            "draft_vocab_size": self.head.lm_head.out_features,  # the token map's overlap with it, given one
         }
 
     def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:

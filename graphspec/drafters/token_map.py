@@ -5,8 +5,11 @@ are over target ids and never pick an id outside the map (the verify's residual 
 EAGLE-3 heads ship their map (d2t, eagle3.py); a drafter that shares the target's lm_head (MTP heads,
 DFlash drafters) takes one from a token-map file, FR-Spec (arXiv 2502.14856) and SGLang's
 --speculative-token-map: its lm_head rows are sliced to those ids once, at load (attach_hot_head), and
-each draft reads N x H of them instead of V x H (draft_scores). A token-map file is a safetensors file holding one 1-D
-int64 tensor `hot_token_ids` of distinct target token ids (`graphspec token-map` writes one from text).
+each draft reads N x H of them instead of V x H (draft_scores). An EAGLE-3 head takes a token-map file
+too (SGLang applies its map to EAGLE heads the same way): its draft vocabulary shrinks to the draft ids
+whose target ids the map holds (restrict_map), and its own lm_head to their rows.
+A token-map file is a safetensors file holding one 1-D int64 tensor `hot_token_ids` of distinct target
+token ids (`graphspec token-map` writes one from text).
 """
 
 from __future__ import annotations
@@ -77,6 +80,16 @@ def scatter_to_vocab(logits: Tensor, draft_to_target: Tensor | None, vocab_size:
     full = rows.new_full((rows.shape[0], vocab_size), float("-inf"))
     full = full.scatter(-1, draft_to_target.expand(rows.shape[0], -1), rows)
     return full.view(*logits.shape[:-1], vocab_size)
+
+
+def restrict_map(draft_to_target: Tensor, ids: Tensor, what: str) -> Tensor:
+    """The draft ids (rows of a head's own lm_head) whose target ids draft_to_target[d] are among `ids`
+    (a token map's), ordered by target id (see attach_hot_head for why ascending); an InputError naming
+    `what` (the map and the head) when none are."""
+    kept = torch.isin(draft_to_target, ids.to(draft_to_target.device)).nonzero().flatten()
+    if kept.numel() == 0:
+        raise InputError(f"{what}: none of the token map's {ids.numel()} ids is in the head's draft vocabulary")
+    return kept[draft_to_target[kept].argsort()]
 
 
 def attach_hot_head(module: nn.Module, lm_head_weight: Tensor, token_map: str | Path, vocab_size: int) -> int:

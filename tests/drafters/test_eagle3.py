@@ -250,3 +250,44 @@ def test_default_aux_layers_need_a_deep_enough_target(checkpoint_factory, tmp_pa
     edit_head(head, config={"eagle_config": {}})
     with pytest.raises(InputError, match=r"default aux layers .* name layers \[2, -1\] outside the target's 2 layers"):
         graphspec.compile(shallow, head, k=2, dtype="float32", device="cpu", max_seq_len=64)
+
+
+# --- a token map over the head's own reduced vocabulary (drafters/token_map.py) ---------------------
+
+
+@pytest.mark.parametrize("case", ["residual_after_norm"], indirect=True)
+def test_a_token_map_keeps_the_heads_logits_on_the_overlap_only(case, tmp_path):
+    """With a map, draft_scores are the head's own logits at the draft ids whose target ids the map holds,
+    in target-id order, and every other id is -inf in the draft distribution."""
+    from graphspec.drafters.token_map import write_token_map
+
+    target, drafter, _, _, ids, _ = case
+    head_dir = drafter.loaded.path
+    # Half the head's target ids (unsorted), plus ids outside its vocabulary, which the overlap drops.
+    outside = [i for i in range(VOCAB) if i not in set(ids.tolist())][:5]
+    chosen = ids[torch.randperm(DRAFT_VOCAB, generator=torch.Generator().manual_seed(3))[: DRAFT_VOCAB // 2]]
+    path = write_token_map(tmp_path / "map.safetensors", [*chosen.tolist(), *outside])
+    mapped = Eagle3(head_dir, target, torch.float32, "cpu", token_map=path)
+    assert mapped.describe()["draft_vocab_size"] == DRAFT_VOCAB // 2
+    assert mapped.settings == {"token_map": str(path.absolute())}
+    out = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    logits, target_ids = mapped.draft_scores(mapped.params(), out)
+    assert target_ids.tolist() == sorted(chosen.tolist())
+    full, all_ids = drafter.draft_scores(drafter.params(), out)
+    rows = [all_ids.tolist().index(i) for i in target_ids.tolist()]
+    torch.testing.assert_close(logits, full[:, rows], rtol=0, atol=0)
+    q = scatter_to_vocab(logits, target_ids, VOCAB)
+    assert torch.isinf(q).sum() == 3 * (VOCAB - DRAFT_VOCAB // 2)
+
+
+def test_a_token_map_sharing_no_id_with_the_head_is_refused_before_any_weight_is_read(
+    target_dir, tmp_path, no_weight_loading
+):
+    from graphspec.drafters.token_map import write_token_map
+
+    head = make_eagle3_head(tmp_path / "head", target_dir, seed=6, draft_vocab=DRAFT_VOCAB)
+    d2t = load_file(head / "model.safetensors")["d2t"]
+    used = set((torch.arange(DRAFT_VOCAB) + d2t).tolist())
+    path = write_token_map(tmp_path / "map.safetensors", [i for i in range(VOCAB) if i not in used])
+    with pytest.raises(InputError, match="none of the token map's 80 ids is in the head's draft vocabulary"):
+        graphspec.compile(target_dir, head, k=2, dtype="float32", device="cpu", max_seq_len=64, token_map=path)

@@ -134,5 +134,15 @@ def test_missing_and_unreadable_maps_are_refused(tmp_path):
 def test_drafters_without_a_token_map_refuse_one(mtp_dir, checkpoint_factory, tmp_path, no_weight_loading, draft, why):
     path = write_token_map(tmp_path / "map.safetensors", HOT)
     draft = checkpoint_factory("qwen3", seed=1) if draft == "draft_model" else draft
-    with pytest.raises(InputError, match=f"token_map applies to drafters that share .*: .*{why}"):
+    with pytest.raises(InputError, match=f"token_map applies to MTP heads, EAGLE-3 heads and DFlash .*: .*{why}"):
         graphspec.compile(mtp_dir, draft, k=2, dtype="float32", device="cpu", max_seq_len=64, token_map=path)
+
+
+def test_restrict_map_keeps_the_overlap_in_target_id_order():
+    from graphspec.drafters.token_map import restrict_map
+
+    draft_to_target = torch.tensor([40, 3, 17, 90, 8])  # a head's draft id -> target id, not sorted
+    kept = restrict_map(draft_to_target, torch.tensor([90, 8, 5, 40]), "map")
+    assert kept.tolist() == [4, 0, 3]  # target ids 8, 40, 90; 5 is not in the head's vocabulary
+    with pytest.raises(InputError, match="map: none of the token map's 2 ids is in the head's draft vocabulary"):
+        restrict_map(draft_to_target, torch.tensor([1, 2]), "map")

@@ -202,3 +202,53 @@ def test_captured_gpu_steps_are_lossless(target_dir, head_dir, capture):
         modes=("greedy", "sample"), capture=capture,
     )  # fmt: skip
     assert_gpu_run_is_lossless(runtime, target_dir, prompts(seed=41, vocab=VOCAB), vocab=VOCAB)
+
+
+# --- a token map over the head's draft vocabulary (drafters/token_map.py) ---------------------------
+
+
+def test_a_token_map_keeps_greedy_lossless_drafts_as_a_restricted_oracle_and_travels_with_the_artifact(
+    target_dir, head_dir, oracle_pair, tmp_path
+):
+    """With a map holding half the head's target ids (and one id it cannot draft), greedy output equals
+    transformers' greedy generate, every step accepts what the oracle loop with the head's lm_head cut to
+    those ids accepts, and the artifact loads from its own copy of the map."""
+    import copy
+    import json
+
+    from graphspec.drafters.token_map import write_token_map
+
+    hf_target, oracle, ids, layers = oracle_pair
+    batch = prompts(seed=61, lengths=[6, 19, 11], vocab=VOCAB)
+    keep = torch.tensor([0, 2, 5, 7])  # draft ids of the head
+    outside = next(i for i in range(VOCAB) if i not in set(ids.tolist()))
+    path = write_token_map(tmp_path / "map.safetensors", [*ids[keep].tolist()[::-1], outside])
+    restricted = torch.nn.Linear(oracle.lm_head.in_features, len(keep), bias=False)
+    restricted.weight.data = oracle.lm_head.weight.data[keep]
+    restricted_oracle = copy.deepcopy(oracle)
+    restricted_oracle.lm_head = restricted
+    restricted_pair = (hf_target, restricted_oracle, ids[keep], layers)
+    # The map matters: the restricted oracle accepts differently from the whole head on these prompts.
+    assert any(
+        oracle_generation(restricted_pair, prompt, 4, 24, VOCAB)[1]
+        != oracle_generation(oracle_pair, prompt, 4, 24, VOCAB)[1]
+        for prompt in batch
+    )
+
+    compiled = graphspec.compile(
+        target_dir, head_dir, k=4, batch_sizes=(1, 4), dtype="float32", device="cpu", max_seq_len=MAX_SEQ,
+        modes=("greedy",), token_map=path, out=tmp_path / "art",
+    )  # fmt: skip
+    path.unlink()  # the artifact loads its own copy
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert manifest["drafter"]["draft_vocab_size"] == len(keep)
+    assert manifest["drafter"]["token_map"] == "drafter/token_map.safetensors"
+    model = load_hf(target_dir)
+    for runtime in (graphspec.Runtime(compiled), graphspec.Runtime.load(tmp_path / "art")):
+        results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+        for prompt, result in zip(batch, results, strict=True):
+            assert result.token_ids == hf_greedy(model, prompt, 24)
+            tokens, counts = oracle_generation(restricted_pair, prompt, 4, 24, VOCAB)
+            assert result.token_ids == tokens[:24]
+            assert result.stats.accepted_per_step == counts
+    assert sum(a for r in results for a in r.stats.accepted_per_step) > 0
