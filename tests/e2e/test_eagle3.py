@@ -193,13 +193,21 @@ def test_artifact_round_trip_keeps_the_head(target_dir, head_dir, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("capture", ["auto", "piecewise"])
-def test_captured_gpu_steps_are_lossless(target_dir, head_dir, capture):
+@pytest.mark.parametrize(("capture", "mapped"), [("auto", False), ("piecewise", False), ("auto", True)])
+def test_captured_gpu_steps_are_lossless(target_dir, head_dir, capture, mapped, tmp_path):
     """On the GPU (fp32, Triton kernels, CUDA graphs): greedy output equals transformers' greedy
-    generate on the same device, with padding rows (buckets 1, 4, five prompts)."""
+    generate on the same device, with padding rows (buckets 1, 4, five prompts); with a token map too."""
+    from safetensors.torch import load_file
+
+    from graphspec.drafters.token_map import write_token_map
+
+    token_map = None
+    if mapped:  # half the head's ids
+        d2t = load_file(head_dir / "model.safetensors")["d2t"]
+        token_map = write_token_map(tmp_path / "map.safetensors", (torch.arange(DRAFT_VOCAB) + d2t)[::2].tolist())
     runtime = graphspec.Runtime.from_pretrained(
         target_dir, head_dir, k=4, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ,
-        modes=("greedy", "sample"), capture=capture,
+        modes=("greedy", "sample"), capture=capture, token_map=token_map,
     )  # fmt: skip
     assert_gpu_run_is_lossless(runtime, target_dir, prompts(seed=41, vocab=VOCAB), vocab=VOCAB)
 
