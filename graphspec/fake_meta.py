@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 # node.meta key of what a call_function node's value was computed from: (target and non-node arguments,
@@ -47,7 +48,18 @@ def record(gm: fx.GraphModule) -> None:
             node.meta[RECORD] = (_key(node), inputs, node.meta["val"])
 
 
-class ReusingFakeTensorProp(FakeTensorProp):
+class ConstantsFakeTensorProp(FakeTensorProp):
+    """FakeTensorProp over graphs with constants: a get_attr tensor (passes/fold_constants.py) is real, and
+    its readers run on fake tensors, so it is read as a fake tensor of itself."""
+
+    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            return self._mode.from_tensor(value, static_shapes=True)
+        return value
+
+
+class ReusingFakeTensorProp(ConstantsFakeTensorProp):
     """FakeTensorProp that takes a call_function node's recorded value when nothing it depends on changed."""
 
     def run_node(self, n: fx.Node) -> Any:

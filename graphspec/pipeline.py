@@ -22,6 +22,7 @@ from graphspec.errors import InputError, PassError
 from graphspec.lowering import lower_kernels
 from graphspec.passes import (
     defunctionalize_kv,
+    fold_constants,
     fuse_kv_attention,
     fuse_prefill_attention,
     fuse_qk_norm,
@@ -37,6 +38,7 @@ PIPELINE = (
     # Phase 1: speculation structure. Functional graph; padding rows still visible.
     insert_verify,
     mask_padding,
+    fold_constants,  # last while the graph is pure: after mask_padding's where(row_valid, x, number)
     # Phase 2: leave functional form. Nothing below may assume purity; no dead-code elimination.
     defunctionalize_kv,
     # Phase 3: fusions across the in-place KV writes (they need those writes), into reference ops

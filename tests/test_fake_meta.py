@@ -7,7 +7,6 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from graphspec import fake_meta, pipeline
 from graphspec.passes import cleanup
@@ -20,13 +19,13 @@ def metadata(gm: fx.GraphModule) -> dict[str, object]:
 
 
 def full_propagation(gm: fx.GraphModule) -> dict[str, object]:
-    """The metadata a plain FakeTensorProp over a copy of gm computes from its placeholders."""
+    """The metadata a plain FakeTensorProp (constants read as fake) over a copy of gm computes from its placeholders."""
     values = [node.meta["val"] for node in gm.graph.find_nodes(op="placeholder")]
     copy = fx.GraphModule(gm, gm.graph.__deepcopy__())
     for node in copy.graph.nodes:
         if node.op != "placeholder":
             node.meta.clear()
-    FakeTensorProp(copy, mode=detect_fake_mode(values)).propagate_dont_convert_inputs(*values)
+    fake_meta.ConstantsFakeTensorProp(copy, mode=detect_fake_mode(values)).propagate_dont_convert_inputs(*values)
     return metadata(copy)
 
 

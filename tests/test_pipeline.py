@@ -13,6 +13,7 @@ def test_pipeline_order_is_the_documented_one():
     assert pipeline.PASS_NAMES == (
         "insert_verify",
         "mask_padding",
+        "fold_constants",
         "defunctionalize_kv",
         "fuse_rotary_kv",
         "fuse_kv_attention",
@@ -42,7 +43,7 @@ def test_dumps_one_parseable_file_per_pass_with_header(step_case, tmp_path):
         text = (tmp_path / name).read_text()
         ast.parse(text)
         assert text.startswith("# [")
-    header = (tmp_path / "03_defunctionalize_kv.py").read_text().splitlines()[:8]
+    header = (tmp_path / "04_defunctionalize_kv.py").read_text().splitlines()[:8]
     assert any("nodes:" in line for line in header)
     assert any("kv_write" in line and "+6" in line for line in header)  # op count change
     summary = (tmp_path / "summary.md").read_text()
@@ -67,7 +68,7 @@ def test_skip_keeps_numbering_and_marks_the_pass(step_case, tmp_path):
     )
     skipped = [r for r in result.records if r.skipped]
     assert [r.name for r in skipped] == ["defunctionalize_kv"]
-    assert "SKIPPED" in (tmp_path / "03_defunctionalize_kv.py").read_text()
+    assert "SKIPPED" in (tmp_path / "04_defunctionalize_kv.py").read_text()
     # Without defunctionalize_kv the step still runs (functional caches are returned) and is correct.
     step_case.assert_matches_eager(result.gm, "greedy")
 
