@@ -19,7 +19,7 @@ from graphspec import checks
 from graphspec.config import PassContext
 from graphspec.dump import DumpWriter, PassRecord, all_nodes, op_counts
 from graphspec.errors import InputError, PassError
-from graphspec.lowering import lower_kernels
+from graphspec.lowering import fuse_pointwise, lower_kernels
 from graphspec.passes import (
     defunctionalize_kv,
     fold_constants,
@@ -46,8 +46,10 @@ PIPELINE = (
     fuse_rotary_kv,
     fuse_kv_attention,
     fuse_qk_norm,
-    # Phase 4: kernels chosen for ctx.sm (reference ops stay where no kernel fits).
+    # Phase 4: kernels chosen for ctx.sm (reference ops stay where no kernel fits), then the integer glue
+    # between them, one launch per stretch.
     lower_kernels,
+    fuse_pointwise,
     # Phase 5: capture regions. Last, so every rewrite above works on one flat graph.
     split_attention,
 )

@@ -11,6 +11,7 @@ line per build and exits non-zero if any failed.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -24,7 +25,13 @@ def build(launch: dict, sm: int) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+    try:
+        module = importlib.import_module(launch["module"])
+    except ModuleNotFoundError:  # a generated kernel module (kernels/fused_pointwise.py): load it from its file
+        spec = importlib.util.spec_from_file_location(launch["module"], launch["file"])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    kernel = getattr(module, launch["kernel"])
     source = ASTSource(kernel, launch["signature"], launch["constexprs"])
     compiled = triton.compile(source, target=GPUTarget("cuda", sm, 32), options=launch["options"])
     return len(compiled.asm["cubin"])

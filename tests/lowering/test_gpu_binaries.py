@@ -2,13 +2,14 @@
 CPU machine (`triton.compile` with a CUDA GPUTarget, ptxas from the Triton wheel). The interpreter runs
 kernels as Python and misses what only the compiler rejects (layouts, shared memory, types); this does not.
 
-The launches are recorded while the real traced step (both sampling modes, fused and unfused; and a
-hybrid Gated DeltaNet target's step) runs lowered for sm 90 under the interpreter, so the argument types
-and constexprs are the ones the step uses; tests/lowering/gpu_binaries.py then builds them in a process
+The launches are recorded while the real traced step (both sampling modes, fused and unfused, with its
+generated fused_pointwise kernels; and a hybrid Gated DeltaNet target's step) runs lowered for sm 90 under
+the interpreter, so the argument types and constexprs are the ones the step uses; tests/lowering/gpu_binaries.py then builds them in a process
 without the interpreter."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -73,6 +74,7 @@ def launch_record(function, args: tuple, kwargs: dict) -> dict:
     options = {name: kwargs[name] for name in ("num_warps", "num_stages") if name in kwargs}
     return {
         "module": function.fn.__module__,
+        "file": inspect.getfile(function.fn),  # where the module is not importable by name (generated kernels)
         "kernel": function.fn.__name__,
         "signature": signature,
         "constexprs": constexprs,
@@ -130,7 +132,7 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
     try:
         for mode, skip, numerics in VARIANTS:
             context = case.context(mode, options={"force_sm": 90}, numerics=numerics)
-            gm = pipeline.run_pipeline(case.traced(mode), context, stop_after="lower_kernels", skip=skip).gm
+            gm = pipeline.run_pipeline(case.traced(mode), context, stop_after="fuse_pointwise", skip=skip).gm
             lowered |= {
                 node.target._opname.removesuffix("_triton")
                 for node in gm.graph.nodes
@@ -198,6 +200,7 @@ def test_every_step_kernel_builds_for_sm90_and_sm80(recorded, tmp_path: Path) ->
     launches, lowered = recorded
     missing = sorted(set(registry.KERNELS) - lowered)
     assert not missing, f"kernels the step never launched (add them to this test's step): {missing}"
+    assert "fused_pointwise" in lowered and any(launch["kernel"] == "kernel" for launch in launches)  # generated
     recorded = tmp_path / "launches.json"
     recorded.write_text(json.dumps(launches))
     env = {**os.environ, "TRITON_INTERPRET": "0"}
