@@ -4,8 +4,8 @@ kernels as Python and misses what only the compiler rejects (layouts, shared mem
 
 The launches are recorded while the real traced step (both sampling modes, fused and unfused, with its
 generated fused_pointwise kernels; and a hybrid Gated DeltaNet target's step) runs lowered for sm 90 under
-the interpreter, so the argument types and constexprs are the ones the step uses; tests/lowering/gpu_binaries.py then builds them in a process
-without the interpreter."""
+the interpreter, so the argument types and constexprs are the ones the step uses; tests/lowering/gpu_binaries.py
+then builds them in a process without the interpreter."""
 
 from __future__ import annotations
 
