@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common, target_only
 from benchmarks.bench_step import PRESETS, time_drafter_steps, time_replays, write_checkpoint
+from graphspec import pipeline
 from graphspec.compiled import device_sm
 from graphspec.drafters.dflash import DFlashHead
 from graphspec.drafters.eagle3 import Eagle3Head, aux_layers
@@ -188,7 +189,7 @@ def time_target_forward(
     captured on CUDA, with every row at committed length about args.context. With `profiles` and
     batch == args.profile, profiles["target_<positions>"] gets the kernels of one forward."""
     device = args.device
-    gm = target_only.trace_decode(model, batch, args.max_seq_len, device_sm(device), positions)
+    gm = target_only.trace_decode(model, batch, args.max_seq_len, device_sm(device), positions, skip=args.skip_passes)
     weights = list(model_inputs(model).values())
     parameter = next(model.parameters())
     cache = model.new_cache(batch, args.max_seq_len, parameter.dtype, device)
@@ -227,7 +228,17 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", type=int, default=None, metavar="B", help="print the kernels of each step at batch B"
     )
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--skip-passes",
+        type=lambda text: tuple(name for name in text.split(",") if name),
+        default=(),
+        metavar="PASS[,PASS]",
+        help="compile every step and target-only forward without these passes (the A/B of a pass)",
+    )
     args = parser.parse_args(argv)
+    unknown_passes = sorted(set(args.skip_passes) - set(pipeline.PASS_NAMES))
+    if unknown_passes:
+        parser.error(f"--skip-passes: unknown {unknown_passes}; passes are {', '.join(pipeline.PASS_NAMES)}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_drafters: CUDA is not available; pass --device cpu for a smoke run", file=sys.stderr)
         return 2
@@ -248,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     # args.warmup/replays double as bench_step.time_step's warmup/iteration counts
     report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args), "rows": []}
     options = dict(k=args.k, dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len, modes=("greedy",))
+    options["skip"] = args.skip_passes
     with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
         target_dir = write_checkpoint(Path(workdir) / "target", target_shape, args.device, seed=1)
         draft_dir = write_checkpoint(Path(workdir) / "draft", draft_shape, args.device, seed=2)

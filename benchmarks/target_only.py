@@ -47,10 +47,12 @@ def trace_decode(
     positions: int = 1,
     numerics: str = "default",
     cache: torch.Tensor | None = None,
+    skip: tuple[str, ...] = (),
 ) -> torch.fx.GraphModule:
     """(params..., tokens [B, T], start [B], slots [B], cache) -> greedy token [B] (T = positions = 1: a
     decode step) or [B, T] (the target's verify forward of a step), lowered (with `numerics`, as the
-    step) and in place. `cache`: the cache it will run on (default: a new one of `batch` slots)."""
+    step) and in place. `cache`: the cache it will run on (default: a new one of `batch` slots). `skip`: pass
+    names left out (an A/B of a pass, as compile's skip)."""
     params = model_inputs(model)
     names = list(params)
     parameter = next(model.parameters())
@@ -72,7 +74,8 @@ def trace_decode(
     gm = make_fx(program, tracing_mode="fake")(*params.values(), *example)
     ctx = PassContext(k=0, batch=batch, mode="greedy", sm=sm, device=str(device), dtype=str(dtype), numerics=numerics)
     for step in DECODE_PASSES:
-        gm = step.run(gm, ctx).gm
+        if step.NAME not in skip:
+            gm = step.run(gm, ctx).gm
     return gm
 
 

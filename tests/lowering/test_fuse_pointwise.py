@@ -12,6 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec.config import PassContext
 from graphspec.lowering import fuse_pointwise
+from tests.kernels.helpers import DEVICE
 
 aten = torch.ops.aten
 
@@ -27,7 +28,7 @@ def ctx(**overrides) -> PassContext:
 def glue(length, valid, logits):
     """Positions, a kernel-like float op reading them, more positions after it, a mask."""
     start = (length - 1).clamp(min=0)  # group 1 ...
-    offsets = start[:, None] + torch.tensor([0, 1, 2])  # ... (a view of its own value joins)
+    offsets = start[:, None] + torch.tensor([0, 1, 2], device=length.device)  # ... (a view of its own value joins)
     scores = logits * offsets.to(logits.dtype)  # float: ends group 1 (reads offsets)
     kv = (length + 3).clamp(max=40)  # group 2 ...
     mask = torch.where(valid, kv, length) > 2  # ...
@@ -36,6 +37,7 @@ def glue(length, valid, logits):
 
 def traced():
     args = (torch.tensor([3, 9, 0, 50]), torch.tensor([True, False, True, True]), torch.randn(4, 3))
+    args = tuple(arg.to(DEVICE) for arg in args)  # the kernel runs on CUDA where there is one
     gm = make_fx(glue, tracing_mode="fake")(*args)
     for node in gm.graph.nodes:
         node.meta["gs_region"] = "draft"
