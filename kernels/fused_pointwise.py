@@ -276,7 +276,23 @@ def _numel(shape: list[int]) -> int:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("GRAPHSPEC_CACHE_DIR") or Path.home() / ".cache" / "graphspec") / "pointwise"
+    """Where generated modules are written: GRAPHSPEC_CACHE_DIR, else ~/.cache/graphspec, else (a home that
+    cannot be written, as in some containers) the temporary directory; a "pointwise" folder in it."""
+    configured = os.environ.get("GRAPHSPEC_CACHE_DIR")
+    for root in [Path(configured)] if configured else [Path.home() / ".cache" / "graphspec", _temporary_root()]:
+        directory = root / "pointwise"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(directory, os.W_OK):
+            return directory
+    raise OSError(f"fused_pointwise: cannot write generated kernels to {configured or '~/.cache/graphspec'}; set "
+                  f"GRAPHSPEC_CACHE_DIR to a writable folder")  # fmt: skip
+
+
+def _temporary_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"graphspec-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
 
 
 @functools.cache
@@ -285,7 +301,6 @@ def kernel_module(program: str) -> ModuleType:
     source = kernel_source(program)
     digest = hashlib.sha256(source.encode()).hexdigest()[:32]
     directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"fused_pointwise_{digest}.py"
     if not path.is_file() or path.read_text() != source:
         handle, temporary = tempfile.mkstemp(dir=directory, suffix=".py.tmp")

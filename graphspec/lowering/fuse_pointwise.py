@@ -62,7 +62,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     if sm is None or ctx.lowering == "reference":
         return PassResult(gm, changed=False, note="no kernels here (CPU or lowering=reference)")
     groups = _groups(gm.graph)
-    fused = [group for group in groups if sum(node.target not in VIEWS for node in group) >= 2]
+    # A launch is saved only where two compute ops (not views) share one; a group reads at least one tensor
+    # from outside (one of constants alone was folded by fold_constants), which gives its outputs' device.
+    fused = [group for group in groups if sum(node.target not in VIEWS for node in group) >= 2 and _reads(group)]
     for group in fused:
         _fuse(gm.graph, group, sm)
     if not fused:
@@ -90,6 +92,12 @@ def _groups(graph: fx.Graph) -> list[list[fx.Node]]:
             current.append(node)
             members.add(node)
     return groups
+
+
+def _reads(group: list[fx.Node]) -> bool:
+    """Whether the group reads any tensor from outside it."""
+    members = set(group)
+    return any(source not in members for node in group for source in node.all_input_nodes)
 
 
 def _eligible(node: fx.Node, members: set[fx.Node]) -> bool:

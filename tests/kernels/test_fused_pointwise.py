@@ -122,3 +122,13 @@ def test_each_binary_op_equals_its_reference(op):
         x = [torch.tensor(row, device=DEVICE) for row in ([-2, -1, 0, 1, 2, 5], [3, -1, 0, 2, -7, 5])]
     got, want = kernel.fused_pointwise_triton(program, x), kernel.run_reference(program, x)
     assert all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_an_unwritable_home_falls_back_to_the_temporary_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("GRAPHSPEC_CACHE_DIR", raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".cache").write_text("a file where a folder should be")  # mkdir fails under it
+    monkeypatch.setattr(kernel.Path, "home", classmethod(lambda cls: home))
+    monkeypatch.setattr(kernel.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    assert kernel.cache_dir().parent.parent == tmp_path / "tmp"
