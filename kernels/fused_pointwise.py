@@ -37,7 +37,7 @@ from torch import Tensor
 
 from graphspec import library
 
-__all__ = ["DTYPES", "OPS", "VIEWS", "fused_pointwise_triton", "kernel_source", "run_reference"]
+__all__ = ["DTYPES", "OPS", "fused_pointwise_triton", "kernel_source", "run_reference"]
 
 DTYPES = {"int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
 # Elementwise ops: name -> (torch function for the reference, Triton expression over operands a, b, c).
@@ -59,7 +59,6 @@ OPS: dict[str, tuple[Any, str]] = {
     "logical_not": (torch.logical_not, "({a} == 0)"),
     "where": (torch.where, "tl.where({a}, {b}, {c})"),
 }
-VIEWS = ("unsqueeze", "expand", "slice", "select", "permute", "reshape")
 _TL = {"int64": "tl.int64", "int32": "tl.int32", "bool": "tl.int1"}
 
 
