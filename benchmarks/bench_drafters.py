@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 import transformers
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
@@ -173,8 +174,9 @@ def write_random_token_map(path: Path, ids: torch.Tensor, size: int, device: str
 
 
 def head_target_ids(head_dir: Path) -> torch.Tensor:
-    """The target ids an EAGLE-3 head directory drafts (d + d2t[d])."""
-    d2t = load_file(str(head_dir / "model.safetensors"))["d2t"]
+    """The target ids an EAGLE-3 head directory drafts (d + d2t[d]); reads d2t alone, not the head's weights."""
+    with safe_open(str(head_dir / "model.safetensors"), framework="pt") as handle:
+        d2t = handle.get_tensor("d2t")
     return torch.arange(d2t.numel()) + d2t
 
 
@@ -277,11 +279,12 @@ def main(argv: list[str] | None = None) -> int:
             for block in (int(b) for b in args.dflash_blocks.split(",") if b):
                 directory = write_dflash_drafter(Path(workdir) / f"dflash_b{block}", target_dir, block, args.device, 5)
                 columns[f"dflash_b{block}"] = (name, str(directory), block - 1)
+        # EAGLE-3's maps are drawn from the ids its head drafts, so that its vocabulary shrinks to `size` of them.
+        eagle3_ids = head_target_ids(eagle3_dir) if "eagle3" in drafters and hot_sizes else None
         for size in hot_sizes:  # beside each plain column: same drafter, same seed, a reduced lm_head
             path = Path(workdir) / f"token_map_{size}.safetensors"
             token_map = write_random_token_map(path, torch.arange(vocab_size), size, args.device, 6)
-            if "eagle3" in drafters:  # ids the head drafts, so that its vocabulary shrinks to `size` of them
-                eagle3_ids = head_target_ids(eagle3_dir)
+            if eagle3_ids is not None:
                 eagle3_map = write_random_token_map(
                     Path(workdir) / f"eagle3_token_map_{size}.safetensors", eagle3_ids, size, args.device, 6
                 )
