@@ -106,11 +106,10 @@ def test_nothing_changes_on_the_cpu_or_with_reference_lowering():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU step case: its kernels run under the interpreter")
-def test_real_step_computes_the_same_bits(step_case):
-    # Greedy only: the interpreted sampling kernels make a sample-mode step 20 s of the CPU suite, and the
-    # pass does not look at the mode (the GPU tests run both).
-    before = step_case.through("greedy", "lower_kernels", options={"force_sm": 90})
-    after = step_case.through("greedy", "fuse_pointwise", options={"force_sm": 90})
+@pytest.mark.parametrize("mode", ["greedy", "sample"])
+def test_real_step_computes_the_same_bits(step_case, mode):
+    before = step_case.through(mode, "lower_kernels", options={"force_sm": 90})
+    after = step_case.through(mode, "fuse_pointwise", options={"force_sm": 90})
     assert fused_nodes(after)
     got, _ = step_case.run_graph(after)
     want, _ = step_case.run_graph(before)
