@@ -28,16 +28,29 @@ def main():
     forced = (1, 2, 4, 8, 16, 33)
     print(f"{'shape':>18} {'default S':>9} {'default':>8} " + " ".join(f"{'S=' + str(s):>8}" for s in forced))
     shapes = [(b, t, 1024, 512) for b in (1, 4, 16) for t in (1, 5, 16)]
-    shapes += [(64, 1, 1024, 512), (64, 5, 1024, 512), (1, 1, 4096, 512), (1, 5, 4096, 512), (16, 5, 4096, 512),
-               (1, 1, 4096, 2048), (4, 5, 4096, 2048), (16, 1, 4096, 2048), (16, 5, 4096, 2048),
-               (1, 5, 32768, 32768), (4, 5, 8192, 8192), (16, 5, 8192, 8192)]
+    shapes += [
+        (64, 1, 1024, 512),
+        (64, 5, 1024, 512),
+        (1, 1, 4096, 512),
+        (1, 5, 4096, 512),
+        (16, 5, 4096, 512),
+        (1, 1, 4096, 2048),
+        (4, 5, 4096, 2048),
+        (16, 1, 4096, 2048),
+        (16, 5, 4096, 2048),
+        (1, 5, 32768, 32768),
+        (4, 5, 8192, 8192),
+        (16, 5, 8192, 8192),
+    ]
     for batch, t, capacity, context in shapes:
         row_bytes = 2 * KVH * capacity * 128 * 2
         layers = max(2, min(32, (64 << 20) // (batch * row_bytes) or 2))
         rotate = max(1, min(4, (256 << 20) // (layers * batch * row_bytes)))
         case = inputs(batch, t, capacity, context, layers, rotate, False)
         new.num_splits = original
-        default_s = original(batch, KVH, max(1, -(-(QH // KVH * t) // 128)), capacity, base["block_n"], base["programs_per_sm"], sms)
+        default_s = original(
+            batch, KVH, max(1, -(-(QH // KVH * t) // 128)), capacity, base["block_n"], base["programs_per_sm"], sms
+        )
         d_us, d_out = run(new, case, base, True)
         cells = []
         for s in forced:

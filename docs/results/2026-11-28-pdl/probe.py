@@ -1,3 +1,4 @@
+# ruff: noqa  (the script as run, kept with its results)
 """Probe: what programmatic dependent launch (PDL) and a weight-prefetching GEMV buy a decode layer chain.
 
 A B = 1 decode of 32 Llama-3.1-8B-shaped layers, captured in one CUDA graph, with stand-in kernels for
@@ -39,7 +40,9 @@ def wait_inputs(PDL: tl.constexpr, TRIGGER: tl.constexpr):
 
 
 @triton.jit
-def add_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, total_ptr, N: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr):
+def add_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, total_ptr, N: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr
+):
     cols = tl.arange(0, N)
     w = tl.load(w_ptr + cols).to(tl.float32)
     wait_inputs(PDL, TRIGGER)
@@ -115,10 +118,14 @@ class Chain:
 
         self.layers = [
             dict(
-                n1=rand(H, scale=1.0) + 1, n2=rand(H, scale=1.0) + 1,
-                qkv=rand(QKV, H, scale=H**-0.5), o=rand(H, H, scale=H**-0.5),
-                gu=rand(2 * I, H, scale=H**-0.5), down=rand(H, I, scale=I**-0.5),
-                k=rand(KV_HEADS, CTX, D, scale=1.0), v=rand(KV_HEADS, CTX, D, scale=1.0),
+                n1=rand(H, scale=1.0) + 1,
+                n2=rand(H, scale=1.0) + 1,
+                qkv=rand(QKV, H, scale=H**-0.5),
+                o=rand(H, H, scale=H**-0.5),
+                gu=rand(2 * I, H, scale=H**-0.5),
+                down=rand(H, I, scale=I**-0.5),
+                k=rand(KV_HEADS, CTX, D, scale=1.0),
+                v=rand(KV_HEADS, CTX, D, scale=1.0),
             )  # fmt: skip
             for _ in range(layers)
         ]
@@ -213,7 +220,10 @@ def main():
         ("cuBLAS o, 32 calls", lambda: [F.linear(a[None], L["o"]) for L in chain.layers][-1]),
         ("GEMV o, 32 calls", lambda: [gemv(a, L["o"], False, False, False) for L in chain.layers][-1]),
         ("GEMV o bn32, 32 calls", lambda: [gemv(a, L["o"], False, False, False, block_n=32) for L in chain.layers][-1]),
-        ("GEMV o bk1024 w8, 32 calls", lambda: [gemv(a, L["o"], False, False, False, block_k=1024, warps=8) for L in chain.layers][-1]),
+        (
+            "GEMV o bk1024 w8, 32 calls",
+            lambda: [gemv(a, L["o"], False, False, False, block_k=1024, warps=8) for L in chain.layers][-1],
+        ),
     ]:
         t, _, _ = time_graph(fn)
         print(f"{label}: {t * 1000 / 32:.2f} us per call")
