@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--anchors", type=int, default=32, help="random anchors per window")
     parser.add_argument("--gen-sequences", type=int, default=0, help="target-greedy sequences mixed in (0: none)")
     parser.add_argument("--gen-prompt", type=int, default=64)
+    parser.add_argument("--gen-batch", type=int, default=32, help="sequences per generate call (a GPU takes 256)")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--steps", type=int, default=20000, help="at most; the run ends by --seconds")
     parser.add_argument("--seconds", type=float, default=600.0, help="training budget; the run stops by then")
@@ -75,8 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--block-size {args.block_size}: a block needs the last token and at least one mask slot")
     if args.layers < 1:
         parser.error("--layers must be at least 1")
-    if args.seq_len < args.block_size + 2 or args.anchors < 1 or args.batch_size < 1:
-        parser.error("--seq-len must exceed --block-size + 1; --anchors and --batch-size must be positive")
+    if args.seq_len < args.block_size + 2 or args.anchors < 1 or args.batch_size < 1 or args.gen_batch < 1:
+        parser.error("--seq-len must exceed --block-size + 1; --anchors, --batch-size, --gen-batch must be positive")
     if args.target_layer_ids:
         layers = json.loads((args.target / "config.json").read_text())["num_hidden_layers"]
         ids = [int(x) for x in args.target_layer_ids.split(",")]
@@ -129,8 +130,8 @@ def generate(target, stream: torch.Tensor, args, generator: torch.Generator) -> 
     if args.gen_sequences == 0:
         return None
     out = []
-    for first in range(0, args.gen_sequences, 32):
-        rows = min(32, args.gen_sequences - first)
+    for first in range(0, args.gen_sequences, args.gen_batch):
+        rows = min(args.gen_batch, args.gen_sequences - first)
         starts = torch.randint(0, len(stream) - args.gen_prompt, (rows,), generator=generator).to(stream.device)
         prompts = stream[starts[:, None] + torch.arange(args.gen_prompt, device=stream.device)]
         new = args.seq_len + 1 - args.gen_prompt

@@ -92,7 +92,11 @@ def test_smoke_run_saves_a_drafter_graphspec_loads_and_drafts_with(stdlib, tmp_p
 
 @pytest.mark.parametrize(
     ("flags", "named"),
-    [(["--block-size", "1"], "--block-size"), (["--target-layer-ids", "1,8"], "--target-layer-ids")],
+    [
+        (["--block-size", "1"], "--block-size"),
+        (["--target-layer-ids", "1,8"], "--target-layer-ids"),
+        (["--gen-batch", "0"], "--gen-batch"),
+    ],
 )
 def test_bad_flags_are_refused(stdlib, tmp_path, flags, named, capsys):
     with pytest.raises(SystemExit) as refused:
