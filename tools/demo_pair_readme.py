@@ -45,6 +45,14 @@ EARLIER_PAIRS = (
         },
         "draft_outside_loops": (1.892, 1.711),
     },
+    {
+        "commit": "b8d7501", "target_parameters": "14.2M", "heldout_loss": 2.190, "distinct_128": 0.363,
+        "accepted": {
+            "draft": (3.066, 2.289), "mtp": (2.224, 1.538), "eagle3": (2.142, 1.449), "dflash": (0.611, 0.636),
+            "ngram": (1.734, 0.904),
+        },
+        "draft_outside_loops": (2.012, 1.885),
+    },
 )  # fmt: skip
 
 
@@ -55,6 +63,16 @@ def shape_of(config: dict) -> str:
         f"{config['intermediate_size']}, {config['num_attention_heads']} query / {config['num_key_value_heads']} "
         f"KV heads (head dim {head_dim})"
     )
+
+
+def windows_of(batch: dict, run: dict) -> str:
+    """A DFlash training batch: its windows, and where they came from when target-greedy sequences are mixed in."""
+    generated = batch.get("generated_rows", 0)
+    windows = f"{batch['corpus_rows'] + generated} windows of {batch['seq_len']} tokens"
+    if not generated:
+        return windows
+    sequences = run["generated_sequences"]
+    return f"{windows}, {batch['corpus_rows']} from the corpus and {generated} from {sequences} target-greedy sequences"
 
 
 def training_runs(metadata: dict) -> list[tuple[str, str]]:
@@ -297,7 +315,7 @@ def dflash_section(metadata: dict) -> list[str]:
         + ("the GPU" if run.get("device", "cpu").startswith("cuda") else f"a {run['threads']}-thread CPU")
         + " against the frozen "
         f"target, after the rest of the pair, in {run['total_seconds']:.0f} s ({training['steps_done']} steps of "
-        f"{training['batch']['corpus_rows']} windows x {training['batch']['seq_len']} tokens with "
+        f"{windows_of(training['batch'], run)}, with "
         f"{run['anchors_per_window']} random anchors each; peak lr {run['peak_lr']}, cosine over the time budget): "
         f"{run['objective']}, on {corpus['train_files_used']} train-split files of the CPython stdlib at "
         f"`{corpus['stdlib']}` ({corpus['train_tokens']:,} tokens, train fingerprint "
