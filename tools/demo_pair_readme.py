@@ -88,12 +88,22 @@ def training_runs(metadata: dict) -> list[tuple[str, str]]:
                       earlier.get("command")))  # fmt: skip
     what = "the draft's next" if earlier else "the draft's"
     parts.append((f"{what} {draft['steps_done']} steps ({draft['seconds']:.0f} s)", draft.get("command")))
-    parts += [(f"the {DRAFTER_LABELS[name]} ({head['steps_done']} steps)", head.get("command")) for name, head in
+    parts += [(f"the {DRAFTER_LABELS[name]} ({head_steps(head)})", head.get("command")) for name, head in
               heads.items()]  # fmt: skip
     runs: dict[str, list[str]] = {}
     for produced, command in parts:
         runs.setdefault(command or metadata["command"], []).append(produced)
     return [("; ".join(produced), command) for command, produced in runs.items()]
+
+
+def head_steps(head: dict) -> str:
+    """A head's training steps; a retrained head's (tools/retrain_demo_heads.py) with the run it replaced."""
+    earlier = head.get("retrained_over")
+    if earlier is None:
+        return f"{head['steps_done']} steps"
+    return (
+        f"{head['steps_done']} steps, with the pair's recorded settings; the pair's run gave it {earlier['steps_done']}"
+    )
 
 
 def part_bytes(metadata: dict, part: str) -> int:

@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
             measured.pop(name, None)  # stale: measure_acceptance.py --metadata fills it in again
         final = result["final"]["heldout_top1_agreement_by_draft"]
         print(f"{name}: {result['steps_done']} steps in {result['seconds']:.0f}s, held-out agreement {final}")
+    metadata["sha256"], metadata["bytes"] = (dict(sorted(metadata[key].items())) for key in ("sha256", "bytes"))
     metadata_path.write_text(json.dumps(metadata, indent=2, default=str) + "\n")
     print(f"saved {', '.join(heads)} into {ours.pair} in {time.time() - began:.1f}s")
     return metadata
