@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 
 import demo_heads  # noqa: E402
+import demo_pair_readme  # noqa: E402
 import retrain_demo_heads  # noqa: E402
 
 from graphspec.examples import DEMO_PAIR_DIR, file_sha256  # noqa: E402
@@ -53,6 +54,10 @@ def test_smoke_run_replaces_only_the_retrained_head(pair, tmp_path):
     assert all("mtp" not in measured for measured in after["acceptance"]["by_new_tokens"].values())
     assert all("eagle3" in measured for measured in after["acceptance"]["by_new_tokens"].values())
     assert demo_heads.MtpHead.load(pair / "mtp").config.hidden_size == 384
+    # The README names the retraining run and the steps of the run it replaced.
+    readme = demo_pair_readme.render(pair)
+    assert f"the pair's run gave it {before['heads']['mtp']['steps_done']}" in readme
+    assert "retrain_demo_heads.py --pair" in readme
 
 
 @pytest.mark.parametrize(
