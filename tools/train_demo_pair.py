@@ -34,6 +34,10 @@ Another Python's stdlib as the corpus (how the shipped pair was trained on CPyth
   here:  python3 tools/train_demo_pair.py --pack-corpus build/corpus_stdlib/stdlib.tar.gz
   there: mkdir -p /tmp/stdlib && tar xzf build/corpus_stdlib/stdlib.tar.gz -C /tmp/stdlib &&
          PYTHONPATH=. python3 tools/train_demo_pair.py --stdlib /tmp/stdlib --stdlib-version 3.11.7 --out ...
+  The device tool copies the working tree and the carried paths, 64 MiB at most; the tree holds about 65 MB
+  (the demo pair's files are 60), so with the 5.9 MB corpus carried it is refused: for the call, move the demo
+  pair's weights the run does not read out of the tree (2026-11-28: the draft's and the DFlash drafter's while
+  tools/retrain_demo_heads.py ran) and put them back after.
 A target phase longer than one device call (10 minutes) allows: --stop-after-target --out A in one call,
 then --target-from A --out B in the next (B gets A's target and tokenizer unchanged and its phase record).
 --target-from graphspec/examples/demo_pair retrains the shipped pair's draft and heads against its target.
