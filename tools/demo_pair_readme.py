@@ -139,16 +139,20 @@ def render(pair: Path) -> str:
     acceptance = metadata["acceptance"]
     out: list[str] = []
     add = out.append
-    add("# Demo pair: a small trained target and draft for Python source code, and two heads for the target\n")
+    dflash = "dflash" in metadata  # trained by its own run (tools/train_demo_dflash.py), after the pair's
+    drafters = "MTP head, EAGLE-3 head and DFlash drafter" if dflash else "MTP and EAGLE-3 heads"
+    heads_text = "`mtp/` and `eagle3/` are head directories" + (", `dflash/` a DFlash block drafter," if dflash else "")
+    names = ["DEMO_DRAFT", "DEMO_MTP", "DEMO_EAGLE3"] + (["DEMO_DFLASH"] if dflash else [])
+    paths = ", ".join(f"`{name}`" for name in names[:-1]) + f" and `{names[-1]}`"
+    add(f"# Demo pair: a small trained target and draft for Python source code, and the target's {drafters}\n")
     add(
         "`target/` and `draft/` are standard Hugging Face checkpoint directories (`config.json`, `model.safetensors` "
         "in float16, `generation_config.json`, tokenizer files) for two `LlamaForCausalLM` models trained on Python "
         "source (the standard library and, in the shipped pair, a few permissively licensed packages). They "
-        "share one tokenizer, so the pair works for speculative decoding on any machine, CPU included. `mtp/` "
-        "and `eagle3/` are head directories trained for the target: they read "
-        "its hidden states and use its embedding (and, for MTP, its lm_head). No model hub is needed. In Python "
-        "the paths are `graphspec.examples.DEMO_TARGET`, `DEMO_DRAFT`, `DEMO_MTP` and `DEMO_EAGLE3`; pass the "
-        "target as TARGET and any of the others as DRAFT.\n"
+        f"share one tokenizer, so the pair works for speculative decoding on any machine, CPU included. {heads_text} "
+        "trained for the target: they read its hidden states and use its embedding (and, for MTP"
+        f"{' and DFlash' if dflash else ''}, its lm_head). No model hub is needed. In Python the paths are "
+        f"`graphspec.examples.DEMO_TARGET`, {paths}; pass the target as TARGET and any of the others as DRAFT.\n"
     )
     loss = round(target["final"]["heldout_loss"], 3)
     previous = next(pair["heldout_loss"] for pair in reversed(EARLIER_PAIRS) if pair["heldout_loss"] != loss)
