@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -76,3 +78,15 @@ def autocast(device: str):
     if device.startswith("cuda"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return torch.autocast("cpu", enabled=False)
+
+
+def record_files(metadata: dict, pair: Path, part: str, sha256: Callable[[Path], str]) -> None:
+    """A demo pair's metadata sha256 and bytes of the files in pair/part, in place of what they held for part
+    (the pair's test checks every shipped file against them); both tables kept sorted by name."""
+    for table in (metadata["sha256"], metadata["bytes"]):
+        for name in [name for name in table if name.startswith(f"{part}/")]:
+            del table[name]
+    for path in sorted(p for p in (pair / part).iterdir() if p.is_file()):
+        metadata["sha256"][f"{part}/{path.name}"] = sha256(path)
+        metadata["bytes"][f"{part}/{path.name}"] = path.stat().st_size
+    metadata["sha256"], metadata["bytes"] = (dict(sorted(metadata[key].items())) for key in ("sha256", "bytes"))

@@ -27,9 +27,10 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
+from demo_training import record_files  # noqa: E402
 from measure_acceptance import load_examples_module  # noqa: E402
 from train_demo_heads import train_heads  # noqa: E402
-from train_demo_pair import generate_greedy, head_metadata, package_files, token_stream  # noqa: E402
+from train_demo_pair import corpus_files, generate_greedy, head_metadata, token_stream  # noqa: E402
 
 HEADS = ("mtp", "eagle3")
 
@@ -82,11 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     missing = [str(directory) for directory in extra if not directory.is_dir()]
     if missing:
         raise SystemExit(f"extra corpus directories not found: {', '.join(missing)} (give --extra-corpus)")
-    train_files = examples.stdlib_files("train", root)
-    train_files += [file for directory in extra for file in package_files(directory)]
-    heldout_files = examples.stdlib_files("heldout", root)
-    if ours.smoke:
-        train_files, heldout_files = train_files[::50], heldout_files[::10]
+    train_files, heldout_files, _ = corpus_files(examples, root, extra, ours.smoke)
     fingerprint = examples.corpus_fingerprint(train_files)
     if fingerprint != metadata["corpus"]["train_fingerprint"]:
         print(f"note: the training corpus ({len(train_files)} files) is not the pair's (fingerprint differs)")
@@ -109,17 +106,11 @@ def main(argv: list[str] | None = None) -> dict:
         earlier = {key: value for key, value in metadata["heads"][name].items() if key not in ("log", "retrained_over")}
         result.update(command=command, train_corpus_fingerprint=fingerprint, retrained_over=earlier)
         metadata["heads"][name] = head_metadata(name, head, result)
-        for table in (metadata["sha256"], metadata["bytes"]):
-            for key in [key for key in table if key.startswith(f"{name}/")]:
-                del table[key]
-        for path in sorted(p for p in directory.iterdir() if p.is_file()):
-            metadata["sha256"][f"{name}/{path.name}"] = examples.file_sha256(path)
-            metadata["bytes"][f"{name}/{path.name}"] = path.stat().st_size
+        record_files(metadata, ours.pair, name, examples.file_sha256)
         for measured in metadata["acceptance"]["by_new_tokens"].values():
             measured.pop(name, None)  # stale: measure_acceptance.py --metadata fills it in again
         final = result["final"]["heldout_top1_agreement_by_draft"]
         print(f"{name}: {result['steps_done']} steps in {result['seconds']:.0f}s, held-out agreement {final}")
-    metadata["sha256"], metadata["bytes"] = (dict(sorted(metadata[key].items())) for key in ("sha256", "bytes"))
     metadata_path.write_text(json.dumps(metadata, indent=2, default=str) + "\n")
     print(f"saved {', '.join(heads)} into {ours.pair} in {time.time() - began:.1f}s")
     return metadata

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
 from demo_dflash import DFlashDrafter, drafter_config, target_features, zlab_target_layer_ids  # noqa: E402
-from demo_training import make_optimizer, windows  # noqa: E402
+from demo_training import make_optimizer, record_files, windows  # noqa: E402
 from measure_acceptance import load_examples_module  # noqa: E402
 
 LOSS_DECAY = 0.8  # mask slot j's weight is LOSS_DECAY ** (j - 1), as the other demo heads weight drafts
@@ -305,10 +305,8 @@ def record(metadata_path: Path, out: Path, summary: dict, examples) -> None:
     metadata = json.loads(metadata_path.read_text())
     pair = metadata_path.resolve().parent
     metadata["dflash"] = summary
-    for path in sorted(Path(out).resolve().iterdir()):
-        name = path.relative_to(pair).as_posix()  # out must lie in the pair's directory
-        metadata["sha256"][name] = examples.file_sha256(path)
-        metadata["bytes"][name] = path.stat().st_size
+    part = Path(out).resolve().relative_to(pair).as_posix()  # out must lie in the pair's directory
+    record_files(metadata, pair, part, examples.file_sha256)
     metadata_path.write_text(json.dumps(metadata, indent=2) + "\n")
 
 

@@ -507,6 +507,23 @@ def installed_distributions() -> dict[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
+def corpus_files(
+    examples, root: Path, extra_corpus: list[Path], smoke: bool
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[str, list[tuple[str, str]]]]:
+    """(train files, held-out files, {package name: its files}): the stdlib at root's splits, the extra packages
+    joining the train split; with smoke, a slice of both. A root without the held-out modules is refused."""
+    train_files = examples.stdlib_files("train", root)
+    heldout_files = examples.stdlib_files("heldout", root)
+    if not heldout_files:  # else evaluation fails minutes later, after tokenizing and generating
+        held = ", ".join(examples.HELDOUT_TOP_LEVEL)
+        raise SystemExit(f"{root}: none of the held-out modules ({held}): is it a Python standard library?")
+    extra_files = {directory.name: package_files(directory) for directory in extra_corpus}
+    train_files += [file for files in extra_files.values() for file in files]
+    if smoke:  # a slice of the corpus keeps tokenizer training and encoding to seconds on a CPU
+        train_files, heldout_files = train_files[::50], heldout_files[::10]
+    return train_files, heldout_files, extra_files
+
+
 def pack_corpus(examples, root: Path, destination: Path) -> None:
     """Tar the corpus files (both splits) of a stdlib, to train on another machine's Python with --stdlib."""
     import tarfile
@@ -533,15 +550,7 @@ def main(argv: list[str] | None = None) -> None:
     examples = load_examples_module()
     root = args.stdlib or examples.stdlib_root()
 
-    train_files = examples.stdlib_files("train", root)
-    heldout_files = examples.stdlib_files("heldout", root)
-    if not heldout_files:  # else evaluation fails minutes later, after tokenizing and generating
-        held = ", ".join(examples.HELDOUT_TOP_LEVEL)
-        raise SystemExit(f"{root}: none of the held-out modules ({held}): is it a Python standard library?")
-    extra_files = {directory.name: package_files(directory) for directory in args.extra_corpus}
-    train_files += [file for files in extra_files.values() for file in files]
-    if args.smoke:  # a slice of the corpus keeps tokenizer training and encoding to seconds on a CPU
-        train_files, heldout_files = train_files[::50], heldout_files[::10]
+    train_files, heldout_files, extra_files = corpus_files(examples, root, args.extra_corpus, args.smoke)
     print(f"corpus {root}: {len(train_files)} train files, {len(heldout_files)} held-out files")
 
     if args.target_from is None:
