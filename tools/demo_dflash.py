@@ -136,11 +136,15 @@ class DFlashDrafter(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos(), emb.sin()
 
-    def forward(self, target: LlamaForCausalLM, features: Tensor, tokens: Tensor, anchors: Tensor) -> Tensor:
+    def forward(
+        self, target: LlamaForCausalLM, features: Tensor, tokens: Tensor, anchors: Tensor, block: int | None = None
+    ) -> Tensor:
         """Draft logits [B, N, K, V] of the blocks at anchors [B, N] (1 <= a, a + K < T) of windows
-        tokens [B, T] with the target's features [B, T, F] (context rows 0..a-1 for anchor a)."""
+        tokens [B, T] with the target's features [B, T, F] (context rows 0..a-1 for anchor a). block: the
+        block's length K + 1, at most block_size (None: block_size, what the drafter was trained with)."""
         batch, length = tokens.shape
-        block = self.block_size
+        block = self.block_size if block is None else block
+        assert 2 <= block <= self.block_size, (block, self.block_size)
         count = anchors.shape[1]
         offsets = torch.arange(block, device=tokens.device)
         positions = (anchors[:, :, None] + offsets).reshape(batch, count * block)  # [B, N*S]

@@ -174,12 +174,13 @@ class DFlashReplay:
         from demo_dflash import target_features
 
         block = self.drafter.block_size
-        if k != block - 1:
-            raise SystemExit(f"the DFlash drafter's block_size {block} drafts {block - 1} tokens, not k={k}")
+        if k > block - 1:
+            raise SystemExit(f"the DFlash drafter's block_size {block} drafts at most {block - 1} tokens, not k={k}")
         tokens = torch.tensor([full], device=self.target.device)
         features, _ = target_features(self.target, tokens, self.drafter.target_layer_ids)
         anchors = torch.arange(1, len(full), device=tokens.device)[None]
-        drafts = self.drafter(self.target, features, tokens, anchors)[0].argmax(-1).tolist()  # [T-1, K]
+        # A k below block_size - 1 drafts from the shorter block [x, MASK x k], as the runtime does.
+        drafts = self.drafter(self.target, features, tokens, anchors, block=k + 1)[0].argmax(-1).tolist()  # [T-1, K]
         return lambda length: drafts[length - 2]
 
 

@@ -1,19 +1,20 @@
 """DFlash block drafters (z-lab DFlash; transformers' MuseGlimmerAssistantModel and its
 DFlashTokenCandidateGenerator are the oracle; SGLang, vLLM and TokenSpeed serve it).
 
-A DFlash drafter proposes all K = block_size - 1 drafts in ONE forward of its few decoder layers over
-the block [last committed token, MASK x K], embedded with the target's embedding, at positions
-L-1 .. L-1+K. Its attention is non-causal inside the block (graphspec::block_attention): every block
-query sees the whole block and the context before it. The context is the target's own hidden states:
-the outputs of the target layers `target_layer_ids` (transformers' hidden_states[i + 1]), concatenated,
-projected by `fc` and normed by `hidden_norm` (one [H] row per committed position), whose K/V every
-drafter layer keeps in its cache (k_norm(k_proj(ctx)) roped at the row's position, v_proj(ctx); the
-context rows do not run through the layers). Mask slot j predicts the token at its own position
-through the target's lm_head after the drafter's final norm. The K drafts are independent given the
-context, so sampling each from its own logits gives rejection sampling a valid q (Proposal.logits).
-With a token map (setting `token_map`, drafters/token_map.py) the block scores only the map's lm_head
-rows, scattered onto the vocabulary with -inf elsewhere: the lm_head read per step drops from V x H to
-N x H, at the cost of never drafting an id off the map.
+A DFlash drafter proposes its K drafts in ONE forward of its few decoder layers over the block [last committed
+token, MASK x K], embedded with the target's embedding, at positions L-1 .. L-1+K. K is at most block_size - 1
+(the block it was trained with) and may be less, as vLLM's num_speculative_tokens: a shorter block (fewer mask
+slots to attend to) changes the drafts, never the output, and at large batches a smaller K keeps the verify's
+rows down. Its attention is non-causal inside the block (graphspec::block_attention): every block query sees
+the whole block and the context before it. The context is the target's own hidden states: the outputs of the
+target layers `target_layer_ids` (transformers' hidden_states[i + 1]), concatenated, projected by `fc` and
+normed by `hidden_norm` (one [H] row per committed position), whose K/V every drafter layer keeps in its cache
+(k_norm(k_proj(ctx)) roped at the row's position, v_proj(ctx); the context rows do not run through the
+layers). Mask slot j predicts the token at its own position through the target's lm_head after the drafter's
+final norm. The K drafts are independent given the context, so sampling each from its own logits gives
+rejection sampling a valid q (Proposal.logits). With a token map (setting `token_map`, drafters/token_map.py)
+the block scores only the map's lm_head rows, scattered onto the vocabulary with -inf elsewhere: the lm_head
+read per step drops from V x H to N x H, at the cost of never drafting an id off the map.
 
 One step: the previous verify's K+1 feature rows (committed by the accept region, rows past the
 accepted count dead) are written as context K/V at their positions start-1 .. start-1+K, then the block
@@ -139,7 +140,7 @@ def plan_config(
     max_seq_len: int | None = None,
 ) -> DFlashConfig:
     """The drafter's config fields checked against the target, K and the cache length (issue 17's
-    start-up checks): target_layer_ids in range and distinct, block_size = K + 1 >= 2, the mask token a
+    start-up checks): target_layer_ids in range and distinct, block_size >= 2 and >= K + 1, the mask token a
     target id, the drafter's hidden size the target's (it shares the embedding and lm_head), no sliding
     window shorter than the cache. k / max_seq_len None: not checked (check_drafter did)."""
     muse = raw.get("model_type") == MUSE_MODEL_TYPE
@@ -171,11 +172,8 @@ def plan_config(
     block = _int_field(block, f"{path}: block_size")
     if block < 2:
         raise InputError(f"{path}: block_size {block}: a DFlash block needs the last token and at least one mask slot")
-    if k is not None and k != block - 1:
-        raise InputError(
-            f"{path}: block_size {block} drafts {block - 1} tokens per step (the block is the last token and "
-            f"{block - 1} mask slots), but k={k}; compile with k={block - 1}"
-        )
+    if k is not None:
+        check_k(k, block, f"{path}: ")
     spec = _layer_spec(config, muse, target)
     if spec.hidden_size != target.hidden_size:
         raise InputError(
@@ -190,6 +188,15 @@ def plan_config(
             f"{sorted(set(layer_types))}); graphspec's block attention has no window: lower max_seq_len"
         )
     return DFlashConfig(spec, block, mask, tuple(ids), muse)
+
+
+def check_k(k: int, block_size: int, where: str = "") -> None:
+    """K drafts need K mask slots: 1 <= K <= block_size - 1 (the block [last token, MASK x K])."""
+    if not 1 <= k <= block_size - 1:
+        raise InputError(
+            f"{where}block_size {block_size} drafts at most {block_size - 1} tokens per step (the block is the "
+            f"last token and up to {block_size - 1} mask slots), but k={k}; compile with k <= {block_size - 1}"
+        )
 
 
 def _layer_spec(config: PretrainedConfig, muse: bool, target: ModelSpec) -> ModelSpec:
@@ -440,14 +447,8 @@ class DFlash(Drafter):
             described["draft_vocab_size"] = self.draft_vocab
         return described
 
-    def check_k(self, k: int) -> None:
-        if k != self.config.block_size - 1:
-            raise InputError(
-                f"DFlash block_size {self.config.block_size} drafts {self.config.block_size - 1} tokens, got k={k}"
-            )
-
     def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
-        self.check_k(k)
+        check_k(k, self.config.block_size)
         features = self.head.fc.in_features
         spec = self.head.spec
         return (
@@ -461,7 +462,7 @@ class DFlash(Drafter):
 
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
         k, inputs = step.k, step.inputs
-        self.check_k(k)
+        check_k(k, self.config.block_size)
         length, slot_ids = inputs["committed_len"], inputs["slot_ids"]  # L [B]
         cache = state["dflash_cache"]
         offsets = torch.arange(k + 1, device=length.device)

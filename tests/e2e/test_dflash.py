@@ -1,7 +1,8 @@
 """The DFlash drafter end to end on a tiny Llama target with random drafters (CPU, fp32): lossless against
-transformers' greedy generate for blocks 4, 8 and 16 with mixed batches (padding rows, a split batch),
-every step's accepted count equal to transformers' generate(speculation_type="dflash"), dead context rows
-never read, an all-padding step, sampling reproducible, and an artifact round trip (transformers' layout)."""
+transformers' greedy generate for blocks 4, 8 and 16, and a block-8 drafter at K = 3, with mixed batches
+(padding rows, a split batch), every step's accepted count equal to transformers'
+generate(speculation_type="dflash"), dead context rows never read, an all-padding step, sampling
+reproducible, and an artifact round trip (transformers' layout)."""
 
 import pytest
 import torch
@@ -40,25 +41,28 @@ def drafter_dir(target_dir, tmp_path_factory):
 def dflash_runtime(target_dir, drafter_dir):
     cache = {}
 
-    def make(block: int) -> graphspec.Runtime:
-        # Block 4 serves the other tests (both modes); 8 and 16 only the lossless test, one bucket of 4
-        # (five prompts still make a split batch with padding rows).
-        if block not in cache:
-            buckets, modes = ((1, 4), ("greedy", "sample")) if block == 4 else ((4,), ("greedy",))
-            cache[block] = graphspec.Runtime.from_pretrained(
-                target_dir, drafter_dir(block), k=block - 1, batch_sizes=buckets, dtype="float32", device="cpu",
+    def make(block: int, k: int | None = None) -> graphspec.Runtime:
+        # Block 4 with its 3 drafts serves the other tests (both modes); the rest only the lossless test,
+        # one bucket of 4 (five prompts still make a split batch with padding rows). k None: block - 1.
+        k = block - 1 if k is None else k
+        if (block, k) not in cache:
+            buckets, modes = ((1, 4), ("greedy", "sample")) if (block, k) == (4, 3) else ((4,), ("greedy",))
+            cache[block, k] = graphspec.Runtime.from_pretrained(
+                target_dir, drafter_dir(block), k=k, batch_sizes=buckets, dtype="float32", device="cpu",
                 max_seq_len=MAX_SEQ, modes=modes,
             )  # fmt: skip
-        return cache[block]
+        return cache[block, k]
 
     return make
 
 
-@pytest.mark.parametrize("block", [4, 8, 16])
-def test_greedy_is_lossless_against_transformers(target_dir, dflash_runtime, block):
+@pytest.mark.parametrize(("block", "k"), [(4, 3), (8, 7), (16, 15), (8, 3)])
+def test_greedy_is_lossless_against_transformers(target_dir, dflash_runtime, block, k):
+    """Every block size with its full K, and a block-8 drafter at K = 3 (a 4-token block, as vLLM's
+    num_speculative_tokens below the block)."""
     model = load_hf(target_dir)
-    runtime = dflash_runtime(block)
-    assert runtime.drafter.kind == "dflash"
+    runtime = dflash_runtime(block, k)
+    assert runtime.drafter.kind == "dflash" and runtime.k == k
     batch = prompts(seed=block, vocab=VOCAB)  # five prompts: padding rows and a split batch
     results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
     for prompt, result in zip(batch, results, strict=True):

@@ -55,18 +55,19 @@ def test_target_layer_ids_follow_zlab():
     assert demo_dflash.zlab_target_layer_ids(8, 3) == [1, 3, 5]
 
 
-def test_many_anchors_in_one_pass_equal_graphspec_drafter(pair):
+@pytest.mark.parametrize("k", [BLOCK - 1, 1])
+def test_many_anchors_in_one_pass_equal_graphspec_drafter(pair, k):
     """Every anchor a of a window (one batched, masked pass) gives the logits graphspec's DFlash gives
-    after prefilling tokens 0..a-1 and stepping with committed length a + 1 (block [x_a, MASK x K])."""
+    after prefilling tokens 0..a-1 and stepping with committed length a + 1 (block [x_a, MASK x K]),
+    also for a K below the trained block's (the shorter block measure_acceptance replays)."""
     target, hf_target, drafter, directory = pair
     graphspec_drafter = DFlash(directory, target, torch.float32, "cpu")
     vocab = hf_target.config.vocab_size
     tokens = torch.randint(4, vocab, (1, 14), generator=torch.Generator().manual_seed(3))
     features, _ = demo_dflash.target_features(hf_target, tokens, LAYER_IDS)
-    anchors = torch.arange(1, tokens.shape[1] - BLOCK + 1)[None]
+    anchors = torch.arange(1, tokens.shape[1] - k)[None]
     with torch.no_grad():
-        logits = drafter(hf_target, features, tokens, anchors)[0]  # [N, K, V]
-    k = BLOCK - 1
+        logits = drafter(hf_target, features, tokens, anchors, block=k + 1)[0]  # [N, K, V]
     for index, anchor in enumerate(anchors[0].tolist()):
         prompt = tokens[:, :anchor]
         with torch.no_grad():
