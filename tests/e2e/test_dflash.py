@@ -165,17 +165,20 @@ def test_artifact_round_trip_keeps_the_drafter(target_dir, drafter_dir, tmp_path
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("capture", "mapped"), [("auto", False), ("piecewise", False), ("auto", True)])
-def test_captured_gpu_steps_are_lossless(target_dir, drafter_dir, tmp_path, capture, mapped):
+@pytest.mark.parametrize(
+    ("capture", "mapped", "block", "k"),
+    [("auto", False, 8, 7), ("piecewise", False, 8, 7), ("auto", True, 8, 7), ("auto", False, 16, 5)],
+)
+def test_captured_gpu_steps_are_lossless(target_dir, drafter_dir, tmp_path, capture, mapped, block, k):
     """On the GPU (fp32, Triton kernels incl. the non-causal block attention, CUDA graphs), with and without
-    a token map: greedy output equals transformers' greedy generate on the same device, with padding rows
-    (buckets 1, 4)."""
+    a token map, and a block-16 drafter at k = 5: greedy output equals transformers' greedy generate on the
+    same device, with padding rows (buckets 1, 4)."""
     from graphspec.drafters.token_map import write_token_map
 
     token_map = write_token_map(tmp_path / "map.safetensors", [0, 2, 3, 5, 7, 11]) if mapped else None
     runtime = graphspec.Runtime.from_pretrained(
-        target_dir, drafter_dir(8), k=7, batch_sizes=(1, 4), dtype="float32", device="cuda", max_seq_len=MAX_SEQ,
-        modes=("greedy", "sample"), capture=capture, token_map=token_map,
+        target_dir, drafter_dir(block), k=k, batch_sizes=(1, 4), dtype="float32", device="cuda",
+        max_seq_len=MAX_SEQ, modes=("greedy", "sample"), capture=capture, token_map=token_map,
     )  # fmt: skip
     assert_gpu_run_is_lossless(runtime, target_dir, prompts(seed=41, vocab=VOCAB), vocab=VOCAB)
 
