@@ -431,6 +431,8 @@ def compile_command(compiled: Compiled, out: Path, copy_weights: bool) -> str:
         "--max-seq-len",
         str(config.max_seq_len),
     ]
+    if config.k_by_bucket:
+        words += ["--k-by-bucket", ",".join(f"{bucket}:{k}" for bucket, k in config.k_by_bucket)]
     for option, value in compiled.drafter.settings.items():
         words += [f"--{option.replace('_', '-')}", str(value)]
     if config.prefill_tokens != DEFAULT_PREFILL_TOKENS:
@@ -1059,6 +1061,14 @@ def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:
         )
     slots, dtype = max(config.batch_sizes) + 1, parse_dtype(config.dtype)
     states = trace.step_states(target.model, drafter, slots, config.max_seq_len, config.k, dtype)
+    for state in states:  # what the runtime allocates (laid out for config.k) is what the graphs take
+        example = traced["examples"].get(state.name)
+        got = (list(state.shape), str(state.dtype).removeprefix("torch."))
+        if example and (example["shape"], example["dtype"]) != got:
+            raise ArtifactError(
+                f"{path / MANIFEST}: config (k={config.k}) lays out state {state.name} as {got[0]} {got[1]}, the "
+                f"graphs were compiled for {example['shape']} {example['dtype']}: recompile with `{command}`"
+            )
     signature = trace.StepSignature(
         tuple(manifest["signature"]["target_params"]),
         tuple(manifest["signature"]["draft_params"]),
@@ -1257,8 +1267,17 @@ def _check_against_graphs(
     first_entry, first = facts[0]
     where = first_entry["graph"]
     buckets = sorted({entry["bucket"] for entry, _ in facts})
+    # Each bucket's drafts per step: config.k unless config.k_by_bucket gives the bucket its own.
+    bucket_k = {int(bucket): k for bucket, k in config.get("k_by_bucket") or []}
+    for entry, fact in facts:
+        recorded = bucket_k.get(entry["bucket"], config["k"])
+        if fact["k"] != recorded:
+            field = "config.k_by_bucket" if entry["bucket"] in bucket_k else "config.k"
+            problems.append(
+                f"{field} gives bucket {entry['bucket']} k={recorded} but the graphs were compiled for k={fact['k']} "
+                f"({entry['graph']} emits tokens {fact['tokens']}, k+1 per row)"
+            )
     expected = {
-        "config.k": (config["k"], first["k"], f"{where} emits tokens {first['tokens']}, k+1 per row"),
         "config.batch_sizes": (sorted(config["batch_sizes"]), buckets, "the buckets of the graphs it lists"),
         "config.max_seq_len": (config["max_seq_len"], first["max_seq_len"], f"{where} takes caches {first['cache']}"),
         "config.dtype": (config["dtype"], first["dtype"], f"{where} takes {first['dtype']} caches"),
@@ -1302,7 +1321,7 @@ def _check_against_graphs(
         )
     # Every graph must agree with the first on what the runtime allocates once for all of them.
     for entry, fact in facts[1:]:
-        for key in ("k", "dtype", "device", "max_seq_len", "slots", "inputs", "split", "numerics"):
+        for key in ("dtype", "device", "max_seq_len", "slots", "inputs", "split", "numerics"):
             if fact[key] != first[key]:
                 problems.append(
                     f"{entry['graph']} was compiled for {key} {_short(fact[key])}, {where} for {_short(first[key])}"

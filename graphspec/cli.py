@@ -2,6 +2,9 @@
 
 User errors (any GraphspecError, bad flags, missing paths) print one `error: ...` line on stderr and
 exit with 2 (flags) or 1 (everything else), never with a traceback. A traceback means a graphspec bug.
+
+Building the parser, --help and a refused command line import neither torch nor transformers (seconds):
+the module imports only light modules, and each command imports what it runs inside its function.
 """
 
 from __future__ import annotations
@@ -15,18 +18,16 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import graphspec
-from graphspec.artifact import check_out, save_artifact
-from graphspec.compiled import Compiled
 from graphspec.config import DEFAULT_PREFILL_TOKENS, MAX_K, NUMERICS, SAMPLING_MODES
 from graphspec.cublas import use_no_workspace
-from graphspec.drafters import KINDS, NAMED_KINDS
-from graphspec.drafters.ngram import DEFAULT_NGRAM
+from graphspec.drafter_kinds import DEFAULT_NGRAM, KINDS, NAMED_KINDS
 from graphspec.errors import ArtifactError, GraphspecError
-from graphspec.pipeline import PASS_NAMES, describe
-from graphspec.trace_prefill import chunk_sizes
+
+if TYPE_CHECKING:
+    from graphspec.compiled import Compiled
 
 API_KEY_VARIABLE = "GRAPHSPEC_API_KEY"  # `graphspec serve --api-key`'s default
 
@@ -97,6 +98,14 @@ def batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in parts)
 
 
+def bucket_ks(text: str) -> dict[int, int]:
+    """BUCKET:K pairs (16:2,64:1); whether the buckets and Ks fit is compile()'s check (SpecConfig)."""
+    pairs = [part.strip().split(":") for part in text.split(",")]
+    if not all(len(pair) == 2 and all(re.fullmatch(r"\d+", x.strip()) for x in pair) for pair in pairs):
+        raise argparse.ArgumentTypeError(f"expected BUCKET:K pairs separated by commas (16:2,64:1), got {text!r}")
+    return {int(bucket): int(k) for bucket, k in pairs}
+
+
 def token_ids(text: str) -> list[int]:
     parts = [part.strip() for part in text.split(",")]
     if not all(re.fullmatch(r"\d+", part) for part in parts):
@@ -152,6 +161,8 @@ def modes(text: str) -> tuple[str, ...]:
 
 
 def pass_names(text: str) -> list[str]:
+    from graphspec.pipeline import PASS_NAMES  # the pass modules import torch: only when the flag is given
+
     names = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [name for name in names if name not in PASS_NAMES]
     if unknown or not names:
@@ -160,6 +171,8 @@ def pass_names(text: str) -> list[str]:
 
 
 def pass_name(text: str) -> str:
+    from graphspec.pipeline import PASS_NAMES
+
     if text not in PASS_NAMES:
         raise argparse.ArgumentTypeError(f"unknown pass {text!r}; passes are: {', '.join(PASS_NAMES)}")
     return text
@@ -223,6 +236,14 @@ def build_parser() -> Parser:
         "faster drafts, slightly lower acceptance); write one with `graphspec token-map`",
     )
     compile_parser.add_argument("-k", type=draft_length, default=4, help="draft tokens proposed per step")
+    compile_parser.add_argument(
+        "--k-by-bucket",
+        type=bucket_ks,
+        default=None,
+        metavar="B:K,...",
+        help="fewer drafts per step in these buckets (e.g. 64:1): a large batch makes the verify of K+1 tokens "
+        "per row compute-bound; the other buckets draft -k",
+    )
     compile_parser.add_argument(
         "--batch-sizes",
         type=batch_sizes,
@@ -465,6 +486,10 @@ class Progress:
 
 
 def run_compile(args: argparse.Namespace) -> int:
+    from graphspec.artifact import check_out
+    from graphspec.pipeline import describe
+    from graphspec.trace_prefill import chunk_sizes
+
     if args.list_passes:
         print(describe())
         return 0
@@ -504,6 +529,7 @@ def run_compile(args: argparse.Namespace) -> int:
                 args.target,
                 args.draft,
                 k=args.k,
+                k_by_bucket=args.k_by_bucket,
                 batch_sizes=args.batch_sizes,
                 dtype=args.dtype,
                 device=args.device,
@@ -550,6 +576,8 @@ def save_warmed_up(compiled: Compiled, args: argparse.Namespace, progress: Progr
     """Write the artifact; on a GPU after a Runtime over it has warmed up, so that Triton has loaded or
     built every kernel of every program and the artifact carries them (loading it then builds none).
     A partial pipeline (--stop-after, --skip) is saved as it is: it is for bisecting, not serving."""
+    from graphspec.artifact import save_artifact
+
     if compiled.config.device.startswith("cuda") and not (args.stop_after or any(args.skip)):
         from graphspec.runtime.runtime import Runtime
 
@@ -729,10 +757,12 @@ def describe_manifest(path: Path, manifest: dict[str, Any]) -> str:
     config, device, versions = manifest["config"], manifest["device"], manifest["versions"]
     files = manifest["files"]
     sm = f"sm_{device['sm']}" if device.get("sm") is not None else "no GPU sm"
+    pairs = config.get("k_by_bucket") or []
+    by_bucket = f" (bucket {', '.join(f'{bucket}: k={k}' for bucket, k in pairs)})" if pairs else ""
     lines = [
         f"artifact   {path}",
         f"           format {manifest['format_version']}, created {manifest.get('created', '?')}",
-        f"step       k={config['k']}  buckets {','.join(map(str, config['batch_sizes']))}  "
+        f"step       k={config['k']}{by_bucket}  buckets {','.join(map(str, config['batch_sizes']))}  "
         f"modes {','.join(manifest.get('modes', []))}  dtype {config['dtype']}  max_seq_len {config['max_seq_len']}  "
         f"capture {config['capture']}  lowering {config['lowering']}  numerics {config.get('numerics', 'default')}",
         f"device     {device['device']} ({device.get('name', '?')}, {sm})",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -67,6 +67,7 @@ def compile(
     skip: Iterable[str] = (),
     copy_weights: bool = True,
     modes: Iterable[str] = SAMPLING_MODES,
+    k_by_bucket: Mapping[int, int] | None = None,
     on_progress: Callable[[str], None] | None = None,
     drafter: str | None = None,
     **drafter_options: object,
@@ -81,6 +82,8 @@ def compile(
     (graphspec/drafters/token_map.py) that restricts its drafts to those target ids (a reduced lm_head).
     drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS).
     max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py).
+    k_by_bucket: drafts per step of chosen buckets, below k (e.g. {64: 1}: fewer drafts where a large
+    batch makes the verify compute-bound); the other buckets draft k.
     numerics "invariant": row-invariant kernels in the steps and prefill programs (greedy only;
     lowering/registry.py), so a draft equal to the target accepts every draft and speculation changes no
     token of the target's own output."""
@@ -94,6 +97,7 @@ def compile(
         capture=capture,
         lowering=lowering,
         numerics=numerics,
+        k_by_bucket=() if k_by_bucket is None else k_by_bucket,  # type: ignore[arg-type]: SpecConfig normalizes a mapping
     )
     validate_names(stop_after, skip)
     modes = tuple(modes)
@@ -141,13 +145,14 @@ def compile(
         inputs = trace.example_step_inputs(
             target_model.model, drafter_model, k, bucket, slots, max_seq_len, parse_dtype(dtype), device
         )
+        bucket_k = config.k_for(bucket)  # the states above are laid out for k, the largest
         for mode in modes:
             name = f"step_b{bucket}_{mode}"
             progress(f"tracing {name}")
-            gm, signature = trace.trace_step(target_model.model, drafter_model, k, mode, inputs)
+            gm, signature = trace.trace_step(target_model.model, drafter_model, bucket_k, mode, inputs)
             COUNTERS.traces += 1
             ctx = PassContext(
-                k=k,
+                k=bucket_k,
                 batch=bucket,
                 mode=mode,
                 sm=sm,
@@ -164,7 +169,7 @@ def compile(
                 dump_dir=Path(dump_dir) / name if dump_dir else None,
                 stop_after=stop_after,
                 skip=skip,
-                title=f"{name}: drafter={drafter_model.kind}, k={k}, bucket={bucket}, mode={mode}, sm={sm}, "
+                title=f"{name}: drafter={drafter_model.kind}, k={bucket_k}, bucket={bucket}, mode={mode}, sm={sm}, "
                 f"numerics={numerics}",
                 on_pass=lambda p, n=name: progress(f"{n}: {p}"),
             )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch.fx as fx
+from typing import TYPE_CHECKING, Any
 
 from graphspec.errors import InputError
+
+if TYPE_CHECKING:  # annotations only: the CLI reads this module's constants without importing torch
+    import torch.fx as fx
 
 MAX_K = 16
 # Prompt tokens one prefill chunk runs over the whole bucket (trace_prefill.chunk_size): big enough that
@@ -34,6 +35,11 @@ class SpecConfig:
     # "invariant": row-invariant kernels in the steps and prefill programs (lowering/registry.py), so a
     # token's logits do not depend on the batch or the verify block it is computed in; "default": the fastest.
     numerics: str = "default"
+    # Drafts per step of chosen buckets, below k (a mapping {bucket: K} or its items): at large batches the
+    # verify's K+1 rows per sequence turn the step compute-bound, and fewer drafts keep it near the decode
+    # (vLLM's disable_by_batch_size, TensorRT-LLM's draft_len_schedule). Other buckets draft k. Stored as
+    # sorted (bucket, K) pairs; k stays the largest K, which the drafter's states are laid out for.
+    k_by_bucket: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int):
@@ -44,6 +50,7 @@ class SpecConfig:
         if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
             raise InputError(f"batch_sizes must be positive ints, got {self.batch_sizes!r}")
         object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
+        object.__setattr__(self, "k_by_bucket", self._checked_k_by_bucket())
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise InputError(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         if self.capture not in ("auto", "full", "piecewise", "none"):
@@ -61,6 +68,25 @@ class SpecConfig:
             )
         if self.max_seq_len < self.k + 3:
             raise InputError(f"max_seq_len={self.max_seq_len} is too small for k={self.k}")
+
+    def _checked_k_by_bucket(self) -> tuple[tuple[int, int], ...]:
+        pairs = self.k_by_bucket.items() if isinstance(self.k_by_bucket, dict) else self.k_by_bucket
+        try:
+            pairs = [(bucket, k) for bucket, k in pairs]
+        except (TypeError, ValueError):
+            raise InputError(f"k_by_bucket must map buckets to K, got {self.k_by_bucket!r}") from None
+        for bucket, k in pairs:
+            if bucket not in self.batch_sizes or isinstance(bucket, bool):
+                raise InputError(f"k_by_bucket names bucket {bucket!r}, not one of batch_sizes {self.batch_sizes}")
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.k:
+                raise InputError(f"k_by_bucket gives bucket {bucket} K={k!r}: it must be an int from 1 to k={self.k}")
+        if len({bucket for bucket, _ in pairs}) != len(pairs):
+            raise InputError(f"k_by_bucket names a bucket twice: {self.k_by_bucket!r}")
+        return tuple(sorted(pairs))
+
+    def k_for(self, bucket: int) -> int:
+        """The drafts per step of `bucket`'s graphs."""
+        return dict(self.k_by_bucket).get(bucket, self.k)
 
 
 @dataclass(frozen=True)

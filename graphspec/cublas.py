@@ -14,8 +14,7 @@ variable yourself then); one that set the variable keeps its value.
 from __future__ import annotations
 
 import os
-
-import torch
+import sys
 
 WORKSPACE_VARIABLE = "CUBLAS_WORKSPACE_CONFIG"
 NO_WORKSPACE = ":0:0"
@@ -25,6 +24,10 @@ def use_no_workspace() -> str | None:
     """Turn cuBLAS's workspace off for this process unless CUBLAS_WORKSPACE_CONFIG is set already (the
     user's value wins; `:4096:8` is torch's default) or CUDA has started (too late to matter). Returns the
     value in effect, None when the variable is unset."""
-    if WORKSPACE_VARIABLE not in os.environ and not torch.cuda.is_initialized():
+    # A process that has not imported torch has not started CUDA either; the CLI calls this before its
+    # commands import torch, and importing it here would cost `graphspec --help` seconds.
+    torch = sys.modules.get("torch")
+    cuda_started = torch is not None and torch.cuda.is_initialized()
+    if WORKSPACE_VARIABLE not in os.environ and not cuda_started:
         os.environ[WORKSPACE_VARIABLE] = NO_WORKSPACE
     return os.environ.get(WORKSPACE_VARIABLE)

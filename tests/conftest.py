@@ -59,3 +59,14 @@ def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory):
 def step_case(checkpoint_factory) -> StepCase:
     """A traced step of a tiny llama target with an unrelated qwen3 draft (B=3, K=2, one padding row)."""
     return StepCase(checkpoint_factory("llama", seed=0), checkpoint_factory("qwen3", seed=1))
+
+
+@pytest.fixture
+def no_weight_loading(monkeypatch):
+    """Any weight load fails the test: refusals must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were loaded before the refusal")
+
+    monkeypatch.setattr("graphspec.compiler.load_model", refuse)
+    monkeypatch.setattr("graphspec.drafters.load_model", refuse)

@@ -547,8 +547,9 @@ def set_field(dotted: str, value):
 
 
 REFUSED_EDITS = {
-    "k_smaller": ("config.k", 2, r"config\.k is 2 but the graphs were compiled for 3"),
-    "k_larger": ("config.k", 8, r"config\.k is 8 but the graphs were compiled for 3"),
+    "k_smaller": ("config.k", 2, r"config\.k gives bucket 1 k=2 but the graphs were compiled for k=3"),
+    "k_larger": ("config.k", 8, r"config\.k gives bucket 1 k=8 but the graphs were compiled for k=3"),
+    "k_by_bucket": ("config.k_by_bucket", [[2, 1]], r"config\.k_by_bucket gives bucket 2 k=1 but .* for k=3"),
     "max_seq_len_larger": ("config.max_seq_len", 128, r"config\.max_seq_len is 128 but .* compiled for 64"),
     "max_seq_len_smaller": ("config.max_seq_len", 32, r"config\.max_seq_len is 32 but .* compiled for 64"),
     "dtype": ("config.dtype", "bfloat16", r"config\.dtype is 'bfloat16' but .* compiled for 'float32'"),

@@ -7,17 +7,19 @@ whose process wiring is already covered call main() in this process.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from graphspec.cli import main
+from graphspec.cli import build_parser, main
 from graphspec.pipeline import describe
 from graphspec.runtime.runtime import Runtime
 
@@ -255,6 +257,31 @@ def test_generate_help_shows_the_max_new_tokens_default(capsys):
     )
 
 
+def test_help_and_usage_errors_import_neither_torch_nor_transformers():
+    # A fresh interpreter (this one imported torch long ago). Which modules got imported, not how long it
+    # took: torch and transformers are the seconds `graphspec --help` used to wait for.
+    parser = build_parser()
+    (commands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    command_lines = [["--help"], *([name, "--help"] for name in commands.choices), ["compile", "--bogus"]]
+    command_lines.append(["generate", "ART", "--prompt-ids", "1", "--max-new-tokens", "0"])
+    script = textwrap.dedent("""
+        import contextlib, io, json, sys
+        from graphspec.cli import main
+        statuses = []
+        for argv in json.loads(sys.argv[1]):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                statuses.append(main(argv))
+        heavy = sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "transformers"))
+        print(json.dumps({"statuses": statuses, "heavy": heavy}))
+    """)
+    arguments = [sys.executable, "-c", script, json.dumps(command_lines)]
+    result = subprocess.run(arguments, capture_output=True, text=True, env=ENV, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["statuses"] == [0] * (len(command_lines) - 2) + [2, 2]  # --help: 0; a refused flag: 2
+    assert report["heavy"] == []
+
+
 def test_stop_ids_none_turns_stop_tokens_off(artifact, runtime, capsys):
     args = ["generate", str(artifact), "--prompt-ids", "3,4,5", "--ids", "--max-new-tokens", "12"]
     assert main([*args, "--stop-ids", "none"]) == 0
@@ -322,6 +349,11 @@ IN_PROCESS_ERRORS = {
         "is a graphspec artifact, not a model checkpoint",
     ),
     "serve_port_out_of_range": (["serve", "{art}", "--port", "99999"], "between 1 and 65535"),
+    "k_by_bucket_form": (["compile", "{target}", "--draft", "ngram", "--k-by-bucket", "4-1"], "BUCKET:K pairs"),
+    "k_by_bucket_not_a_bucket": (
+        ["compile", "{target}", "--draft", "ngram", "--device", "cpu", "--k-by-bucket", "4:1", "--out", "{tmp}/a"],
+        "k_by_bucket names bucket 4, not one of batch_sizes (1,)",
+    ),
     "dump_dir_is_a_file": (
         [
             "compile",
@@ -355,6 +387,17 @@ def test_main_reports_user_errors_in_one_line(case, checkpoints, artifact, tmp_p
     status = main([arg.format(**values) for arg in args])
     captured = capsys.readouterr()
     assert_user_error(subprocess.CompletedProcess(args, status, captured.out, captured.err), fragment)
+
+
+def test_compile_with_a_bucket_k_and_inspect_it(checkpoints, tmp_path, capsys):
+    target, _ = checkpoints
+    out = tmp_path / "art"
+    args = ["compile", str(target), "--draft", "ngram", "-k", "3", "--batch-sizes", "1,2", "--k-by-bucket", "2:1"]
+    assert main([*args, *COMPILE_FLAGS, "--modes", "greedy", "--out", str(out)]) == 0
+    assert main(["inspect", str(out)]) == 0
+    assert "step       k=3 (bucket 2: k=1)  buckets 1,2" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["k_by_bucket"] == [[2, 1]] and "--k-by-bucket 2:1" in manifest["command"]
 
 
 def test_compile_with_the_ngram_drafter_and_inspect_it(checkpoints, tmp_path, capsys):

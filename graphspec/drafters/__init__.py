@@ -10,6 +10,8 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from graphspec import drafter_kinds
+from graphspec.drafter_kinds import NAMED_KINDS
 from graphspec.drafters import dflash, eagle3
 from graphspec.drafters.base import Drafter, Proposal, State, StepView
 from graphspec.drafters.dflash import DFlash
@@ -22,17 +24,12 @@ from graphspec.errors import InputError
 from graphspec.models.loading import LoadedModel, build_model, load_config, load_model
 from graphspec.models.spec import ModelSpec
 
-# kind -> class. NAMED_KINDS: `draft` strings that name a kind with no checkpoint of its own (n-gram has
-# no model; draft="mtp" reads the target checkpoint's head). DIRECTORY_KINDS: kinds a `draft`
-# directory can be (draft="mtp" or an MTP head directory are both MTP).
-KINDS: dict[str, type[Drafter]] = {
-    "draft_model": DraftModel,
-    "ngram": NGram,
-    "mtp": Mtp,
-    "eagle3": Eagle3,
-    "dflash": DFlash,
-}
-NAMED_KINDS = ("ngram", "mtp")
+# kind -> class. NAMED_KINDS (graphspec/drafter_kinds.py): `draft` strings that name a kind with no checkpoint
+# of its own. DIRECTORY_KINDS: kinds a `draft` directory can be (draft="mtp" or an MTP head directory are
+# both MTP).
+KINDS: dict[str, type[Drafter]] = {cls.kind: cls for cls in (DraftModel, NGram, Mtp, Eagle3, DFlash)}
+# The CLI offers drafter_kinds.KINDS without importing this package: the two must name the same kinds.
+assert tuple(KINDS) == drafter_kinds.KINDS, f"drafter_kinds.KINDS should be {tuple(KINDS)}"
 DIRECTORY_KINDS = ("draft_model", "mtp", "eagle3", "dflash")
 SETTINGS = {
     "draft_model": (),

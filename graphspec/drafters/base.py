@@ -148,11 +148,14 @@ class Drafter(ABC):
     @abstractmethod
     def states(self, slots: int, max_seq_len: int, k: int, dtype: torch.dtype) -> tuple[State, ...]:
         """The state tensors this drafter keeps, for `slots` cache slots of `max_seq_len` positions and
-        K drafts per step."""
+        at most K drafts per step (the largest K of any bucket's step: every bucket shares the states)."""
 
     @abstractmethod
     def propose(self, params: dict[str, Tensor], step: StepView, state: dict[str, Tensor]) -> Proposal:
-        """K drafts per row, traced into the step's "draft" region. Must not branch on values."""
+        """step.k drafts per row, traced into the step's "draft" region. Must not branch on values.
+        step.k may be below the K the states were laid out for (a bucket's own K, SpecConfig.k_by_bucket),
+        and the previous step of a row may have had another K: whatever the state reads back (a catch-up
+        over the last verify's rows) it sizes by the states' shapes, never by step.k."""
 
     @abstractmethod
     def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:

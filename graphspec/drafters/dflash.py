@@ -465,15 +465,21 @@ class DFlash(Drafter):
         check_k(k, self.config.block_size)
         length, slot_ids = inputs["committed_len"], inputs["slot_ids"]  # L [B]
         cache = state["dflash_cache"]
-        offsets = torch.arange(k + 1, device=length.device)
-        features = state["dflash_features"].index_select(0, slot_ids)  # [B, K+1, F]
+        # The context: the state's W = K_max + 1 rows (the largest K of any bucket's step: the previous
+        # step, whatever its K, left at most W live rows); the block: this step's K + 1.
+        width = state["dflash_features"].shape[1]
+        features = state["dflash_features"].index_select(0, slot_ids)  # [B, W, F]
         start = state["dflash_start"].index_select(0, slot_ids)[:, 0]  # [B]: the previous step's L
         # Row j of the previous verify sits at position start - 1 + j; clamped so a never-written slot
-        # (padding rows read the spare one) writes inside the cache. Real rows need no clamp.
-        context_start = (start - 1).clamp(min=0, max=cache.shape[4] - (k + 1))
+        # (padding rows read the spare one) writes inside the cache. Real rows need no clamp. Dead rows
+        # land at L-1 or later: under the block, or past it where nothing reads them before the next
+        # step's context rewrites them.
+        context_start = (start - 1).clamp(min=0, max=cache.shape[4] - width)
         block_start = length - 1
-        positions = torch.cat((context_start[:, None] + offsets, block_start[:, None] + offsets), dim=1)
-        cos, sin = rope_tables(positions, params["inv_freq"], self.head.rope_scale)  # [B, 2(K+1), D]
+        context_positions = context_start[:, None] + torch.arange(width, device=length.device)
+        block_positions = block_start[:, None] + torch.arange(k + 1, device=length.device)
+        positions = torch.cat((context_positions, block_positions), dim=1)
+        cos, sin = rope_tables(positions, params["inv_freq"], self.head.rope_scale)  # [B, W + K + 1, D]
 
         # Context K/V of the previous verify's rows (the dead ones land at L-1 or later, under the block),
         # then the block [x_{L-1}, MASK x K], non-causal; mask slot j predicts the token at its own position.

@@ -335,25 +335,29 @@ class Eagle3(Drafter):
         length, slot_ids = inputs["committed_len"], inputs["slot_ids"]  # L [B]
         cache = state["eagle3_cache"]
         rows = torch.arange(length.shape[0], device=length.device)
-        offsets = torch.arange(k + 1, device=length.device)
-        features = state["eagle3_features"].index_select(0, slot_ids)  # [B, K+1, F]
+        # The catch-up window: the state's W = K_max + 1 rows (the largest K of any bucket's step; the
+        # previous step, whatever its K, accepted at most W - 1 drafts). This step drafts its own K.
+        width = state["eagle3_features"].shape[1]
+        offsets = torch.arange(width, device=length.device)
+        features = state["eagle3_features"].index_select(0, slot_ids)  # [B, W, F]
         start = state["eagle3_start"].index_select(0, slot_ids)[:, 0]  # [B]: position of tokens[:, 0]
-        accepted = (length - 1 - start).clamp(min=0, max=k)  # the previous step's accepted count
+        accepted = (length - 1 - start).clamp(min=0, max=width - 1)  # the previous step's accepted count
         # Rows past it are dead; give them a valid token id (an embedding lookup must stay in range).
         tokens = torch.where(offsets <= accepted[:, None], state["eagle3_tokens"].index_select(0, slot_ids), 0)
         # Row j's features sit at position start - 1 + j; clamped so even a never-written slot (padding
         # rows read the spare one) writes inside the cache.
-        kv_start = (start - 1).clamp(min=0, max=cache.shape[4] - (k + 1))
-        positions = torch.cat((kv_start[:, None] + offsets, length[:, None] - 2 + offsets[1:k]), dim=1)
-        cos, sin = rope_tables(positions, params["inv_freq"], self.head.rope_scale)  # [B, 2K, D]
+        kv_start = (start - 1).clamp(min=0, max=cache.shape[4] - width)
+        drafted = length[:, None] - 2 + torch.arange(1, k, device=length.device)  # drafts 2..K's KV positions
+        positions = torch.cat((kv_start[:, None] + offsets, drafted), dim=1)
+        cos, sin = rope_tables(positions, params["inv_freq"], self.head.rope_scale)  # [B, W + K - 1, D]
 
         def head(tokens: Tensor, hidden: Tensor, kv: Tensor, cache: Tensor, rows: slice) -> tuple[Tensor, ...]:
             args = (tokens, hidden, kv, slot_ids, cache, cos[:, rows], sin[:, rows])
             return torch.func.functional_call(self.head, params, args)
 
         # 1. Catch-up over the previous verify's rows; the accepted row's output predicts d1.
-        hidden = F.linear(features, params["fc.weight"])  # [B, K+1, H]
-        out, prenorm, cache = head(tokens, hidden, kv_start, cache, slice(0, k + 1))
+        hidden = F.linear(features, params["fc.weight"])  # [B, W, H]
+        out, prenorm, cache = head(tokens, hidden, kv_start, cache, slice(0, width))
         chained = prenorm[rows, accepted]  # [B, H]
         proposal, logits = self.pick(params, out[rows, accepted], step, 0)  # [B], [B, V]
         proposals, proposal_logits = [proposal], [logits]
@@ -361,7 +365,7 @@ class Eagle3(Drafter):
         for index in range(1, k):
             kv = (length + index - 2).clamp(min=0)
             out, prenorm, cache = head(
-                proposals[-1][:, None], chained[:, None], kv, cache, slice(k + index, k + index + 1)
+                proposals[-1][:, None], chained[:, None], kv, cache, slice(width + index - 1, width + index)
             )
             chained = prenorm[:, 0]
             proposal, logits = self.pick(params, out[:, 0], step, index)

@@ -280,15 +280,18 @@ class Mtp(Drafter):
         length, slot_ids = inputs["committed_len"], inputs["slot_ids"]  # L [B]
         cache = state["mtp_cache"]
         depth = cache.shape[0]
-        width = k + depth
+        # The states' K (the largest of any bucket's step; the previous step, whatever its K, accepted at
+        # most that many) lays out the catch-up window; this step drafts its own K.
+        k_state = state["mtp_hidden"].shape[1] - depth
+        width = k_state + depth
         rows = torch.arange(length.shape[0], device=length.device)
-        hidden = state["mtp_hidden"].index_select(0, slot_ids)  # [B, K+d, H]
+        hidden = state["mtp_hidden"].index_select(0, slot_ids)  # [B, K_state+d, H]
         tokens = state["mtp_tokens"].index_select(0, slot_ids)
         start = state["mtp_start"].index_select(0, slot_ids)[:, 0]  # [B]: position of the verify's first token
-        accepted = (length - 1 - start).clamp(min=0, max=k)  # the previous step's accepted count
+        accepted = (length - 1 - start).clamp(min=0, max=k_state)  # the previous step's accepted count
         first = start - depth  # the window's first hidden position
         if depth > 1:  # window order: prior rows, then verify rows; from position 0 if it starts before
-            hidden, tokens = (torch.cat((x[:, k + 1 :], x[:, : k + 1]), 1) for x in (hidden, tokens))
+            hidden, tokens = (torch.cat((x[:, k_state + 1 :], x[:, : k_state + 1]), 1) for x in (hidden, tokens))
             skip = (-first).clamp(min=0, max=depth - 1)
             hidden, tokens = window_from(hidden, skip), window_from(tokens, skip)
             first = first + skip
@@ -301,7 +304,7 @@ class Mtp(Drafter):
         # seq[c]: the token at position kv_start + 1 + c: committed up to draft_row (past it: dead rows
         # get a valid id, an embedding lookup must stay in range), then each layer's draft once drawn.
         seq = torch.where(columns <= draft_row[:, None], padded(tokens, depth - 1), 0)
-        chain = torch.arange(depth - 1, k - 1, device=length.device)  # draft i > d: position L + i - 2
+        chain = torch.arange(depth - 1, max(k, depth) - 1, device=length.device)  # draft i > d: position L + i - 2
         positions = torch.cat((kv_start[:, None] + 1 + columns, length[:, None] + chain), dim=1)
         cos, sin = self.target.rope(positions, params["inv_freq"])  # [B, width + d - 1 + K - d, D]
         proposals: list[Tensor] = []
@@ -336,9 +339,12 @@ class Mtp(Drafter):
         states = {"mtp_cache": cache, **{name: state[name] for name in ("mtp_hidden", "mtp_tokens", "mtp_start")}}
         if depth > 1:  # the next step's prior rows: positions L - d .. L - 2 (committed whatever verify accepts)
             prior = (draft_row[:, None] - depth + 2 + torch.arange(depth - 1, device=length.device)).clamp(min=0)
-            after = torch.full_like(start, k + 1)
+            after = torch.full_like(start, k_state + 1)
             states["mtp_hidden"] = ops.slot_update(state["mtp_hidden"], slot_ids, after, hidden[rows[:, None], prior])
             states["mtp_tokens"] = ops.slot_update(state["mtp_tokens"], slot_ids, after, seq[rows[:, None], prior])
+        # The catch-up drafts one token per layer: a step of fewer drafts than the states' depth (a small
+        # bucket K) still runs every layer, keeping each layer's cache current, and keeps its first K.
+        proposals, proposal_logits = proposals[:k], proposal_logits[:k]
         return Proposal(torch.stack(proposals, dim=1), states, logits=torch.stack(proposal_logits, dim=1))
 
     def prefill(self, prompt: PrefillView, state: dict[str, Tensor]) -> None:

@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from graphspec import ops
+from graphspec.drafter_kinds import DEFAULT_NGRAM
 from graphspec.drafters.base import CommitWrite, Drafter, PrefillChunk, PrefillView, Proposal, State, StepView
 from graphspec.errors import InputError
 
 MAX_NGRAM = 16
-DEFAULT_NGRAM = (1, 3)
 
 
 class NGram(Drafter):

@@ -21,19 +21,19 @@ already loads the step's q and the blocks that hold the step's keys, so it does 
 
 from __future__ import annotations
 
-import torch
 import torch.fx as fx
 
+from graphspec import ops
 from graphspec.config import PassContext, PassResult
 from graphspec.op_nodes import positional_args
 from graphspec.passes.cleanup import may_mutate, nodes_between, region_for, tag, tidy
 
 NAME = "fuse_kv_attention"
 
-ROTARY_KV_WRITE = torch.ops.graphspec.rotary_kv_write.default
-ATTENTION = torch.ops.graphspec.attention.default
-BLOCK_ATTENTION = torch.ops.graphspec.block_attention.default
-FUSED = torch.ops.graphspec.rotary_kv_attention.default
+ROTARY_KV_WRITE = ops.rotary_kv_write
+ATTENTION = ops.attention
+BLOCK_ATTENTION = ops.block_attention
+FUSED = ops.rotary_kv_attention
 
 
 def fusable(write: fx.Node, attention: fx.Node) -> bool:

@@ -21,18 +21,18 @@ which the target has from prefill); the prefill kernel's tiling would round diff
 
 from __future__ import annotations
 
-import torch
 import torch.fx as fx
 
+from graphspec import ops
 from graphspec.config import PassContext, PassResult
 from graphspec.op_nodes import positional_args
 from graphspec.passes.cleanup import may_mutate, nodes_between, region_for, tag, tidy
 
 NAME = "fuse_prefill_attention"
 
-KV_WRITE = torch.ops.graphspec.kv_write.default
-ATTENTION = torch.ops.graphspec.attention.default
-FUSED = torch.ops.graphspec.prefill_attention.default
+KV_WRITE = ops.kv_write
+ATTENTION = ops.attention
+FUSED = ops.prefill_attention
 
 
 def attention_of(write: fx.Node) -> fx.Node | None:

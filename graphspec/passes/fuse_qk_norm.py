@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from graphspec import ops
 from graphspec.config import PassContext, PassResult
 from graphspec.op_nodes import positional_args
 from graphspec.passes.cleanup import may_mutate, nodes_between, tag, tidy
@@ -33,8 +34,8 @@ from graphspec.passes.cleanup import may_mutate, nodes_between, tag, tidy
 NAME = "fuse_qk_norm"
 
 # Op -> the position of its q_norm argument (k_norm and norm_eps follow).
-FOLDS = {torch.ops.graphspec.rotary_kv_attention.default: 10, torch.ops.graphspec.rotary_kv_write.default: 9}
-RMS_NORM = torch.ops.graphspec.rms_norm.default
+FOLDS = {ops.rotary_kv_attention: 10, ops.rotary_kv_write: 9}
+RMS_NORM = ops.rms_norm
 TRANSPOSE = torch.ops.aten.transpose.int
 
 

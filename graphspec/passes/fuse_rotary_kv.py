@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import operator
 
-import torch
 import torch.fx as fx
 
+from graphspec import ops
 from graphspec.config import PassContext, PassResult
 from graphspec.op_nodes import positional_args
 from graphspec.passes.cleanup import may_mutate, nodes_between, region_for, tag, tidy
 
 NAME = "fuse_rotary_kv"
 
-ROTARY = torch.ops.graphspec.rotary.default
-KV_WRITE = torch.ops.graphspec.kv_write.default
-FUSED = torch.ops.graphspec.rotary_kv_write.default
+ROTARY = ops.rotary
+KV_WRITE = ops.kv_write
+FUSED = ops.rotary_kv_write
 K_ARG = 4  # kv_write(cache, layer, slot_ids, start_pos, k, v)
 
 

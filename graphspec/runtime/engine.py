@@ -367,14 +367,13 @@ class Engine:
         stats.graph_steps += 1
         stats.step_seconds += time.perf_counter() - start
         accepted_counts = []
+        drafted = host.shape[1] - 2  # tokens [B, K+1] of this bucket's K, then the accepted count
         for row, request in enumerate(self._live):
             accepted = int(host[row, -1])
             accepted_counts.append(accepted)
             request.stats.steps += 1
             request.stats.accepted_per_step.append(accepted)
-            stats.steps += 1
-            stats.accepted += accepted
-            stats.accepted_histogram[accepted] += 1
+            stats.record(drafted, accepted)
             before = len(request.emitted)
             self._commit(request, host[row, : accepted + 1].tolist())
             stats.emitted += len(request.emitted) - before

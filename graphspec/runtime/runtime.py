@@ -75,14 +75,26 @@ class RuntimeStats:
     cpu_compiles_during_requests: int = 0  # torch.compile graphs (compile_cpu)
     captures_during_requests: int = 0
     accepted_histogram: list[int] = field(default_factory=list)  # [K+1]: row-steps that accepted n
+    # [K]: row-steps that drafted position i + 1 (all of them unless a bucket drafts fewer: k_by_bucket)
+    drafted_at: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.accepted_histogram = self.accepted_histogram or [0] * (self.k + 1)
+        self.drafted_at = self.drafted_at or [0] * self.k
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """One row-step that drafted `drafted` tokens and accepted `accepted` of them."""
+        self.steps += 1
+        self.accepted += accepted
+        self.accepted_histogram[accepted] += 1
+        for position in range(drafted):
+            self.drafted_at[position] += 1
 
     @property
     def acceptance_rate(self) -> float:
         """Accepted drafts over proposed drafts."""
-        return self.accepted / (self.steps * self.k) if self.steps else 0.0
+        drafted = sum(self.drafted_at)
+        return self.accepted / drafted if drafted else 0.0
 
     @property
     def mean_accepted(self) -> float:
@@ -94,10 +106,12 @@ class RuntimeStats:
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        """P(draft position i is accepted), i = 1..K: the share of row-steps accepting >= i."""
-        if not self.steps:
-            return [0.0] * self.k
-        return [sum(self.accepted_histogram[i:]) / self.steps for i in range(1, self.k + 1)]
+        """P(draft position i is accepted), i = 1..K: the share of the row-steps drafting position i that
+        accepted >= i."""
+        return [
+            sum(self.accepted_histogram[i:]) / drafted if drafted else 0.0
+            for i, drafted in enumerate(self.drafted_at, start=1)
+        ]
 
     @property
     def mean_step_ms(self) -> float:

@@ -95,7 +95,8 @@ def create_app(
         if not api_key:
             raise ValueError("api_key is empty: pass None to serve without one")
         app.add_middleware(RequireApiKey, key=api_key)
-    metrics = Metrics(runtime.k, model_name, lambda: runtime.engine.load, lambda: runtime.stats)
+    config = runtime.compiled.config
+    metrics = Metrics(config.k_for, config.k, model_name, lambda: runtime.engine.load, lambda: runtime.stats)
     runtime.engine.listeners.append(metrics)
     app.state.metrics = metrics
     sample_default = "sample" in runtime.engine.modes

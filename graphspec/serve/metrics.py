@@ -4,6 +4,7 @@ latencies from the HTTP side, where the client's clock runs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -14,7 +15,8 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 class Metrics:
     """An engine listener (on_step, on_finish) plus the request-side histograms."""
 
-    def __init__(self, k: int, model: str, load: Any, stats: Any) -> None:
+    def __init__(self, k_for: Callable[[int], int], k: int, model: str, load: Any, stats: Any) -> None:
+        """k_for(bucket): the drafts per step of that bucket's graphs (SpecConfig.k_for); k: the largest."""
         self.registry = CollectorRegistry()
         labels = {"model_name": model}
         names = list(labels)
@@ -25,7 +27,7 @@ class Metrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
             return Histogram(f"graphspec:{name}", doc, names, buckets=buckets, registry=self.registry).labels(**labels)
 
-        self.k = k
+        self.k_for = k_for
         self.labels = labels
         self.drafts = counter("spec_decode_num_drafts", "Speculation steps, one per live row per step").labels(**labels)
         self.draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed").labels(**labels)
@@ -64,7 +66,7 @@ class Metrics:
     # Engine listener: called on the engine's loop thread.
     def on_step(self, buffers: Any, rows: int, accepted: list[int]) -> None:
         self.drafts.inc(rows)
-        self.draft_tokens.inc(rows * self.k)
+        self.draft_tokens.inc(rows * self.k_for(buffers.bucket))
         self.accepted_tokens.inc(sum(accepted))
         for count in accepted:
             for position in range(count):

@@ -141,14 +141,6 @@ def test_rejection_sampling_with_independent_slot_drafts_emits_the_target_distri
 # --- refusals, all before the target's weights load ------------------------------------------------
 
 
-@pytest.fixture
-def no_weight_loading(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("weights were loaded before the refusal")
-
-    monkeypatch.setattr("graphspec.compiler.load_model", refuse)
-
-
 def edit_drafter(directory, config=None, tensors=None):
     if config:
         raw = json.loads((directory / "config.json").read_text())

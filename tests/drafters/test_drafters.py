@@ -4,19 +4,7 @@ before any weight file is read."""
 import pytest
 
 import graphspec
-from graphspec import compiler
 from graphspec.errors import InputError
-
-
-@pytest.fixture
-def no_weight_loading(monkeypatch):
-    """Any weight load fails the test: refusals must come first."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("weights were loaded before the refusal")
-
-    monkeypatch.setattr(compiler, "load_model", refuse)
-    monkeypatch.setattr("graphspec.drafters.load_model", refuse)
 
 
 @pytest.mark.parametrize(

@@ -178,14 +178,6 @@ def test_rejection_sampling_over_the_reduced_vocabulary_emits_the_target_distrib
 # --- refusals, all before the target's weights load ------------------------------------------------
 
 
-@pytest.fixture
-def no_weight_loading(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("weights were loaded before the refusal")
-
-    monkeypatch.setattr("graphspec.compiler.load_model", refuse)
-
-
 def edit_head(directory, config=None, tensors=None, drop=()):
     if config:
         raw = json.loads((directory / "config.json").read_text())
