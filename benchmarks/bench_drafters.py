@@ -19,11 +19,14 @@ the text (see tools/measure_acceptance.py for the demo pair's).
 column `<column>_hot<N>` per size: the same drafter drafting over N random distinct target ids (a token map,
 drafters/token_map.py; FR-Spec / SGLang's hot vocabulary; for EAGLE-3, N of its head's own draft ids, when
 N is below its draft vocabulary), so its step with and without a reduced lm_head sit side by side in one run.
+--k-by-bucket B:K,... compiles every column with those buckets drafting their own K (compile's k_by_bucket;
+the state laid out for the largest), each bucket's /verify taken over its own K + 1.
 
     python benchmarks/bench_drafters.py --json drafters.json             # on the H200 (~3 minutes)
     python benchmarks/bench_drafters.py --drafters dflash --batch-sizes 1,4,16 --json dflash.json   # DFlash b8, b16
     python benchmarks/bench_drafters.py --preset tiny-llama --device cpu --max-seq-len 256 --context 64   # smoke test
     python benchmarks/bench_drafters.py --drafters mtp,dflash --token-map-sizes 32768,16384 --batch-sizes 1,4,16
+    python benchmarks/bench_drafters.py --batch-sizes 1,16,64 --k-by-bucket 16:2,64:1   # fewer drafts at large B
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from benchmarks import common, target_only
 from benchmarks.bench_step import PRESETS, time_drafter_steps, time_replays, write_checkpoint
 from graphspec import pipeline
+from graphspec.cli import bucket_ks
 from graphspec.compiled import device_sm
 from graphspec.drafters.dflash import DFlashHead
 from graphspec.drafters.eagle3 import Eagle3Head, aux_layers
@@ -222,6 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated sizes N: for each MTP and DFlash column one more, <column>_hot<N>, drafting over N "
         "random target ids",
     )
+    parser.add_argument(
+        "--k-by-bucket",
+        type=bucket_ks,
+        default={},
+        metavar="B:K,...",
+        help="these buckets draft their own K (compile's k_by_bucket, e.g. 64:1) in every column; their "
+        "/verify is over that K + 1",
+    )
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--context", type=int, default=512, help="committed length of the timed rows")
     parser.add_argument("--replays", type=int, default=100)
@@ -262,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args), "rows": []}
     options = dict(k=args.k, dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len, modes=("greedy",))
     options["skip"] = args.skip_passes
+    if args.k_by_bucket:
+        options["k_by_bucket"] = args.k_by_bucket
     with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
         target_dir = write_checkpoint(Path(workdir) / "target", target_shape, args.device, seed=1)
         draft_dir = write_checkpoint(Path(workdir) / "draft", draft_shape, args.device, seed=2)
@@ -305,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
             extra = {**options, "k": k, **column_options.get(column, {})}
             steps[column], target = time_drafter_steps(target_dir, draft, buckets, args, column, profiles, **extra)
         decode = {b: time_target_forward(target, b, 1, args, profiles) for b in buckets}
-        widths = sorted({k + 1 for _, _, k in columns.values()})
-        verify = {(b, w): time_target_forward(target, b, w, args, profiles) for b in buckets for w in widths}
+        # each column's K at each bucket (k_by_bucket's where it names the bucket)
+        k_at = {(c, b): args.k_by_bucket.get(b, k) for c, (_, _, k) in columns.items() for b in buckets}
+        widths = sorted({k + 1 for k in k_at.values()})
+        needed = sorted({(b, k + 1) for (_, b), k in k_at.items()})
+        verify = {(b, w): time_target_forward(target, b, w, args, profiles) for b, w in needed}
     header = f"{'B':>4} {'target decode':>14}" + "".join(f" {'verify ' + str(w):>11}" for w in widths)
     header += "".join(f" {c + ' step':>16} {'/decode':>8} {'/verify':>8}" for c in columns)
     lines = [
@@ -314,12 +331,21 @@ def main(argv: list[str] | None = None) -> int:
         f"step; /verify: over the verify forward of the column's K+1 tokens",
         header,
     ]
+    if args.k_by_bucket:
+        schedule = ", ".join(f"bucket {b}: K={k}" for b, k in sorted(args.k_by_bucket.items()))
+        lines.insert(1, f"k_by_bucket: {schedule} in every column (its step and /verify at that K)")
     for b in buckets:
-        row = {"batch": b, "target_decode_ms": decode[b], "verify_ms": {w: verify[b, w] for w in widths}}
+        row = {
+            "batch": b,
+            "target_decode_ms": decode[b],
+            "verify_ms": {w: verify[b, w] for w in widths if (b, w) in verify},
+        }
         row["steps_ms"], row["k"] = {}, {}
-        text = f"{b:>4} {decode[b]:>14.3f}" + "".join(f" {verify[b, w]:>11.3f}" for w in widths)
-        for column, (_, _, k) in columns.items():
-            step = steps[column][b]
+        text = f"{b:>4} {decode[b]:>14.3f}" + "".join(
+            f" {verify[b, w]:>11.3f}" if (b, w) in verify else f" {'-':>11}" for w in widths
+        )
+        for column in columns:
+            step, k = steps[column][b], k_at[column, b]
             row["steps_ms"][column], row["k"][column] = step, k
             text += f" {step:>16.3f} {step / decode[b]:>8.2f} {step / verify[b, k + 1]:>8.2f}"
         lines.append(text)

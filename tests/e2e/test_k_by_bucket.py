@@ -110,6 +110,26 @@ def test_a_change_of_k_between_steps_is_lossless(case, kind):
     assert drafted[0] > drafted[1] == drafted[3] > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_change_of_k_between_captured_gpu_steps_is_lossless(case, kind):
+    """The same K = 4 -> 1 -> 4 run on the GPU (fp32, Triton kernels, each bucket's step captured at its
+    own K): output equals transformers' greedy generate of the target on the same device."""
+    target, draft = case(kind)
+    runtime = graphspec.Runtime.from_pretrained(
+        target, draft, k=K, k_by_bucket=K_BY_BUCKET, batch_sizes=(1, 4), dtype="float32", device="cuda",
+        max_seq_len=MAX_SEQ, modes=("greedy",),
+    )  # fmt: skip
+    assert {bucket: graph.mode for (_, bucket), graph in runtime.graphs.items()} == {1: "full", 4: "full"}
+    batch = prompts(seed=5, lengths=[9, 3, 14, 6], vocab=VOCAB)
+    results, first_k = run_with_newcomers(runtime, batch)
+    tokens = [result.token_ids for result in results]
+    model = load_hf(target).to("cuda")
+    assert tokens == [hf_greedy(model, prompt, len(got)) for prompt, got in zip(batch, tokens, strict=True)]
+    changes = [k for index, k in enumerate(first_k) if index == 0 or k != first_k[index - 1]]
+    assert changes == [4, 1, 4], first_k
+
+
 def test_eagle3_accepted_counts_across_k_changes_equal_an_oracle_loop(case):
     """Lossless output alone would not notice a catch-up that reads the wrong rows after a change of K
     (the drafts would only get worse): the request's accepted count at every step equals that of EAGLE-3
