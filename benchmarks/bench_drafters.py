@@ -212,11 +212,57 @@ def time_target_forward(
     return time_replays(step, args)
 
 
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens per step when each draft is accepted with probability `acceptance` given the earlier ones
+    (Leviathan et al. 2023): 1 + a + ... + a^K."""
+    return sum(acceptance**i for i in range(k + 1))
+
+
+def best_k_lines(
+    columns: dict[str, tuple[str, str, int]],
+    steps: dict[str, dict[int, float]],
+    decode: dict[int, float],
+    buckets: tuple[int, ...],
+    acceptances: tuple[float, ...],
+) -> list[str]:
+    """Per drafter kind, bucket and acceptance: the measured K whose step gives the most tokens per ms under
+    expected_tokens, and that rate over the target-only decode's (one token per decode step)."""
+    lines = ["", "modelled: best K per bucket (tokens per ms over target-only decode) at per-draft acceptance A"]
+    lines.append(f"{'drafter':>12} {'A':>5}" + "".join(f" {'B=' + str(b):>14}" for b in buckets))
+    kinds = dict.fromkeys(kind for kind, _, _ in columns.values() if kind != "dflash")
+    for kind in kinds:
+        ks = {k: column for column, (other, _, k) in columns.items() if other == kind and "_hot" not in column}
+        for acceptance in acceptances:
+            text = f"{kind:>12} {acceptance:>5.2f}"
+            for b in buckets:
+                rate = {k: expected_tokens(acceptance, k) / steps[column][b] for k, column in ks.items()}
+                best = max(rate, key=rate.get)
+                text += f" {f'K={best} {rate[best] * decode[b]:.2f}x':>14}"
+            lines.append(text)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="llama")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("-k", "--k", type=int, default=4)
+    parser.add_argument(
+        "-k",
+        "--k",
+        type=lambda text: tuple(int(k) for k in text.split(",")),
+        default=(4,),
+        metavar="K[,K...]",
+        help="drafts per step; several: one column per K (<drafter>_k<K>) for every drafter but DFlash",
+    )
+    parser.add_argument(
+        "--acceptance",
+        type=lambda text: tuple(float(a) for a in text.split(",")),
+        default=(),
+        metavar="A[,A...]",
+        help="with several -k: per drafter and bucket, the K of the most tokens per ms if each draft is accepted "
+        "with probability A given the ones before it ((1 - A^(K+1)) / (1 - A) tokens per step; a model, not a "
+        "measurement)",
+    )
     parser.add_argument("--batch-sizes", default="1,4,16,64")
     parser.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), help=f"any of {','.join(DRAFTERS)}")
     parser.add_argument("--dflash-blocks", default="8,16", help="DFlash block sizes (each drafts block - 1)")
@@ -272,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--token-map-sizes needs a drafter that takes a token map in --drafters: {TOKEN_MAP_KINDS}")
     # args.warmup/replays double as bench_step.time_step's warmup/iteration counts
     report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args), "rows": []}
-    options = dict(k=args.k, dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len, modes=("greedy",))
+    options = dict(k=max(args.k), dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len, modes=("greedy",))
     options["skip"] = args.skip_passes
     if args.k_by_bucket:
         options["k_by_bucket"] = args.k_by_bucket
@@ -288,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in drafters:
             if name != "dflash":  # "ngram", "mtp": no checkpoint of their own
                 draft = {"draft_model": str(draft_dir), "eagle3": str(eagle3_dir)}.get(name, name)
-                columns[name] = (name, draft, args.k)
+                for k in args.k:
+                    columns[name if len(args.k) == 1 else f"{name}_k{k}"] = (name, draft, k)
                 continue
             for block in (int(b) for b in args.dflash_blocks.split(",") if b):
                 directory = write_dflash_drafter(Path(workdir) / f"dflash_b{block}", target_dir, block, args.device, 5)
@@ -327,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'B':>4} {'target decode':>14}" + "".join(f" {'verify ' + str(w):>11}" for w in widths)
     header += "".join(f" {c + ' step':>16} {'/decode':>8} {'/verify':>8}" for c in columns)
     lines = [
-        f"K={args.k} (DFlash: block - 1), context {args.context}, {report['device']}, median ms per captured "
-        f"step; /verify: over the verify forward of the column's K+1 tokens",
+        f"K={','.join(map(str, args.k))} (DFlash: block - 1), context {args.context}, {report['device']}, median "
+        f"ms per captured step; /verify: over the verify forward of the column's K+1 tokens",
         header,
     ]
     if args.k_by_bucket:
@@ -350,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
             text += f" {step:>16.3f} {step / decode[b]:>8.2f} {step / verify[b, k + 1]:>8.2f}"
         lines.append(text)
         report["rows"].append(row)
+    if args.acceptance and len(args.k) > 1:
+        lines += best_k_lines(columns, steps, decode, buckets, args.acceptance)
     print("\n".join(lines))
     for column, profile in profiles.items():
         what = f"forward over {column[7:]} tokens per row" if column.startswith("target_") else f"{column} step"
