@@ -220,25 +220,30 @@ def expected_tokens(acceptance: float, k: int) -> float:
 
 def best_k_lines(
     columns: dict[str, tuple[str, str, int]],
+    k_at: dict[tuple[str, int], int],
     steps: dict[str, dict[int, float]],
     decode: dict[int, float],
     buckets: tuple[int, ...],
     acceptances: tuple[float, ...],
 ) -> list[str]:
-    """Per drafter kind, bucket and acceptance: the measured K whose step gives the most tokens per ms under
-    expected_tokens, and that rate over the target-only decode's (one token per decode step)."""
+    """Per drafter kind, bucket and acceptance: the measured K (k_at: a column's K at a bucket) whose step
+    gives the most tokens per ms under expected_tokens, and that rate over the target-only decode's (one
+    token per decode step)."""
     lines = ["", "modelled: best K per bucket (tokens per ms over target-only decode) at per-draft acceptance A"]
     lines.append(f"{'drafter':>12} {'A':>5}" + "".join(f" {'B=' + str(b):>14}" for b in buckets))
     kinds = dict.fromkeys(kind for kind, _, _ in columns.values() if kind != "dflash")
     for kind in kinds:
-        ks = {k: column for column, (other, _, k) in columns.items() if other == kind and "_hot" not in column}
+        own = [column for column, (other, _, _) in columns.items() if other == kind and "_hot" not in column]
         for acceptance in acceptances:
-            text = f"{kind:>12} {acceptance:>5.2f}"
+            text, best_k = f"{kind:>12} {acceptance:>5.2f}", {}
             for b in buckets:
-                rate = {k: expected_tokens(acceptance, k) / steps[column][b] for k, column in ks.items()}
-                best = max(rate, key=rate.get)
-                text += f" {f'K={best} {rate[best] * decode[b]:.2f}x':>14}"
-            lines.append(text)
+                rate = {k_at[c, b]: expected_tokens(acceptance, k_at[c, b]) / steps[c][b] for c in own}
+                best_k[b] = max(rate, key=rate.get)
+                text += f" {f'K={best_k[b]} {rate[best_k[b]] * decode[b]:.2f}x':>14}"
+            # as compile options: the largest best K as -k, the buckets that draft fewer as --k-by-bucket
+            k = max(best_k.values())
+            fewer = ",".join(f"{b}:{best_k[b]}" for b in buckets if best_k[b] < k)
+            lines.append(f"{text}   -k {k}" + (f" --k-by-bucket {fewer}" if fewer else ""))
     return lines
 
 
@@ -302,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench_drafters: CUDA is not available; pass --device cpu for a smoke run", file=sys.stderr)
         return 2
+    if args.acceptance and len(args.k) < 2:
+        parser.error("--acceptance compares several K: give -k a list (e.g. -k 1,2,3,4)")
+    if not all(0 <= a < 1 for a in args.acceptance):
+        parser.error(f"--acceptance: each value must be in [0, 1), got {args.acceptance}")
     buckets = tuple(int(b) for b in args.batch_sizes.split(","))
     if args.profile is not None and args.profile not in buckets:
         parser.error(f"--profile {args.profile} is not one of --batch-sizes {args.batch_sizes}")
@@ -397,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             text += f" {step:>16.3f} {step / decode[b]:>8.2f} {step / verify[b, k + 1]:>8.2f}"
         lines.append(text)
         report["rows"].append(row)
-    if args.acceptance and len(args.k) > 1:
-        lines += best_k_lines(columns, steps, decode, buckets, args.acceptance)
+    if args.acceptance:
+        lines += best_k_lines(columns, k_at, steps, decode, buckets, args.acceptance)
     print("\n".join(lines))
     for column, profile in profiles.items():
         what = f"forward over {column[7:]} tokens per row" if column.startswith("target_") else f"{column} step"
