@@ -228,12 +228,12 @@ def best_k_lines(
 ) -> list[str]:
     """Per drafter kind, bucket and acceptance: the measured K (k_at: a column's K at a bucket) whose step
     gives the most tokens per ms under expected_tokens, and that rate over the target-only decode's (one
-    token per decode step)."""
+    token per decode step). `columns`: those of one configuration per K (no token-map variants)."""
     lines = ["", "modelled: best K per bucket (tokens per ms over target-only decode) at per-draft acceptance A"]
     lines.append(f"{'drafter':>12} {'A':>5}" + "".join(f" {'B=' + str(b):>14}" for b in buckets))
     kinds = dict.fromkeys(kind for kind, _, _ in columns.values() if kind != "dflash")
     for kind in kinds:
-        own = [column for column, (other, _, _) in columns.items() if other == kind and "_hot" not in column]
+        own = [column for column, (other, _, _) in columns.items() if other == kind]
         for acceptance in acceptances:
             text, best_k = f"{kind:>12} {acceptance:>5.2f}", {}
             for b in buckets:
@@ -282,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         type=bucket_ks,
         default={},
         metavar="B:K,...",
-        help="these buckets draft their own K (compile's k_by_bucket, e.g. 64:1) in every column; their "
-        "/verify is over that K + 1",
+        help="these buckets draft their own K (compile's k_by_bucket, e.g. 64:1) in every column whose K is larger; "
+        "their /verify is over that K + 1",
     )
     parser.add_argument("--max-seq-len", type=int, default=1024)
     parser.add_argument("--context", type=int, default=512, help="committed length of the timed rows")
@@ -329,8 +329,6 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args), "rows": []}
     options = dict(k=max(args.k), dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len, modes=("greedy",))
     options["skip"] = args.skip_passes
-    if args.k_by_bucket:
-        options["k_by_bucket"] = args.k_by_bucket
     with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
         target_dir = write_checkpoint(Path(workdir) / "target", target_shape, args.device, seed=1)
         draft_dir = write_checkpoint(Path(workdir) / "draft", draft_shape, args.device, seed=2)
@@ -366,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                     column_options[hot_column(column, size)] = {
                         "token_map": eagle3_map if kind == "eagle3" else token_map
                     }
+        # each column's --k-by-bucket entries below its own K (a column drafting fewer already keeps its K there)
+        schedules = {c: {b: n for b, n in args.k_by_bucket.items() if n < k} for c, (_, _, k) in columns.items()}
         if "mtp" in drafters:
             add_mtp_head(target_dir, args.device, seed=3)
         steps: dict[str, dict[int, float]] = {}
@@ -373,10 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         target = None
         for column, (_kind, draft, k) in columns.items():
             extra = {**options, "k": k, **column_options.get(column, {})}
+            if schedules[column]:
+                extra["k_by_bucket"] = schedules[column]
             steps[column], target = time_drafter_steps(target_dir, draft, buckets, args, column, profiles, **extra)
         decode = {b: time_target_forward(target, b, 1, args, profiles) for b in buckets}
-        # each column's K at each bucket (k_by_bucket's where it names the bucket)
-        k_at = {(c, b): args.k_by_bucket.get(b, k) for c, (_, _, k) in columns.items() for b in buckets}
+        k_at = {(c, b): schedules[c].get(b, k) for c, (_, _, k) in columns.items() for b in buckets}
         widths = sorted({k + 1 for k in k_at.values()})
         needed = sorted({(b, k + 1) for (_, b), k in k_at.items()})
         verify = {(b, w): time_target_forward(target, b, w, args, profiles) for b, w in needed}
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.k_by_bucket:
         schedule = ", ".join(f"bucket {b}: K={k}" for b, k in sorted(args.k_by_bucket.items()))
-        lines.insert(1, f"k_by_bucket: {schedule} in every column (its step and /verify at that K)")
+        lines.insert(1, f"k_by_bucket: {schedule} in every column of a larger K (its step and /verify at that K)")
     for b in buckets:
         row = {
             "batch": b,
@@ -407,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(text)
         report["rows"].append(row)
     if args.acceptance:
-        lines += best_k_lines(columns, k_at, steps, decode, buckets, args.acceptance)
+        plain = {column: spec for column, spec in columns.items() if column not in column_options}
+        lines += best_k_lines(plain, k_at, steps, decode, buckets, args.acceptance)
     print("\n".join(lines))
     for column, profile in profiles.items():
         what = f"forward over {column[7:]} tokens per row" if column.startswith("target_") else f"{column} step"
