@@ -79,6 +79,28 @@ def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, 
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
+def embed_norm_concat_reference(
+    tokens: Tensor, embed_weight: Tensor, embed_norm: Tensor, hidden: Tensor, hidden_norm: Tensor, eps: float
+) -> Tensor:
+    embedded = torch.nn.functional.embedding(tokens, embed_weight)
+    normed = (rms_norm_reference(embedded, embed_norm, eps), rms_norm_reference(hidden, hidden_norm, eps))
+    return torch.cat(normed, dim=-1)
+
+
+@library.op("graphspec::embed_norm_concat", mutates_args=())
+def embed_norm_concat(
+    tokens: Tensor, embed_weight: Tensor, embed_norm: Tensor, hidden: Tensor, hidden_norm: Tensor, eps: float
+) -> Tensor:
+    """[rms_norm(embed(tokens), embed_norm), rms_norm(hidden, hidden_norm)] along the last dim: the input of
+    an MTP layer's eh_proj and of an EAGLE-3 midlayer's q/k/v. tokens [...], hidden [..., H] -> [..., 2H]."""
+    return embed_norm_concat_reference(tokens, embed_weight, embed_norm, hidden, hidden_norm, eps)
+
+
+@torch.library.register_fake("graphspec::embed_norm_concat")
+def _(tokens: Tensor, embed_weight: Tensor, embed_norm: Tensor, hidden: Tensor, hidden_norm: Tensor, eps: float):
+    return hidden.new_empty((*hidden.shape[:-1], 2 * hidden.shape[-1]))
+
+
 def rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -966,6 +988,7 @@ def _(committed_len: Tensor, last_tokens: Tensor, tokens: Tensor, num_accepted: 
 OPS = {
     "rms_norm": torch.ops.graphspec.rms_norm.default,
     "add_rms_norm": torch.ops.graphspec.add_rms_norm.default,
+    "embed_norm_concat": torch.ops.graphspec.embed_norm_concat.default,
     "rotary": torch.ops.graphspec.rotary.default,
     "silu_mul": torch.ops.graphspec.silu_mul.default,
     "kv_update": torch.ops.graphspec.kv_update.default,

@@ -35,6 +35,10 @@ def test_opcheck_every_op():
     cases = [
         (torch.ops.graphspec.rms_norm.default, (rand(2, 5, 8), rand(8), 1e-6)),
         (torch.ops.graphspec.add_rms_norm.default, (rand(2, 5, 8), rand(2, 5, 8), rand(8), 1e-6)),
+        (
+            torch.ops.graphspec.embed_norm_concat.default,
+            (torch.randint(0, 4, (2, 5), generator=G), rand(4, 8), rand(8), rand(2, 5, 8), rand(8), 1e-6),
+        ),
         (torch.ops.graphspec.rotary.default, (q, k, rand(2, 3, 8), rand(2, 3, 8))),
         (torch.ops.graphspec.kv_update.default, (cache, 1, slots, start, k, v)),
         (torch.ops.graphspec.kv_write.default, (cache.clone(), 1, slots, start, k, v)),
@@ -82,6 +86,21 @@ def test_opcheck_every_op():
     ]
     for op, args in cases:
         opcheck(op, args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_embed_norm_concat_is_the_ops_it_replaces(dtype):
+    """The MTP / EAGLE-3 input op computes exactly what the drafters computed before it: the embedding, each
+    half's rms_norm, then the cat (so no drafter's output moved when it came in)."""
+    tokens, table, hidden = torch.randint(0, 4, (2, 5), generator=G), rand(4, 8).to(dtype), rand(2, 5, 8).to(dtype)
+    embed_norm, hidden_norm = rand(8).to(dtype), rand(8).to(dtype)
+    halves = (
+        ops.rms_norm(torch.nn.functional.embedding(tokens, table), embed_norm, 1e-6),
+        ops.rms_norm(hidden, hidden_norm, 1e-6),
+    )
+    got = ops.embed_norm_concat(tokens, table, embed_norm, hidden, hidden_norm, 1e-6)
+    assert got.shape == (2, 5, 16) and got.is_contiguous()
+    assert torch.equal(got, torch.cat(halves, dim=-1))
 
 
 def test_kv_write_writes_only_the_rows_positions():

@@ -121,6 +121,15 @@ class StepView:
         return drafts, full
 
 
+def rows_at(index: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """x[arange(B), index] of each x [B, T, ...] of `tensors` (one T) for index [B]: each row's entry at its
+    own position, as one row gather of the [B * T, ...] view (a lowered index_select: the advanced index's
+    aten.index costs several times its launch at decode sizes on a GPU); the flat index is computed once."""
+    batch, width = tensors[0].shape[:2]
+    flat = torch.arange(batch, device=index.device) * width + index  # the arange is a constant (fold_constants)
+    return tuple(x.flatten(0, 1).index_select(0, flat) for x in tensors)
+
+
 class Drafter(ABC):
     """One drafter kind per file under graphspec/drafters/. Subclasses set `kind` and implement the
     abstract methods; a drafter with weights also sets `loaded` (its checkpoint)."""

@@ -46,6 +46,7 @@ from graphspec.drafters.base import (
     Proposal,
     State,
     StepView,
+    rows_at,
 )
 from graphspec.drafters.token_map import read_token_map, restrict_map
 from graphspec.errors import CheckpointError, InputError
@@ -114,10 +115,11 @@ class Eagle3Head(nn.Module):
         in_place: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor]:
         layer, eps = self.midlayer, self.spec.rms_norm_eps
-        normed_hidden = ops.rms_norm(hidden, layer.hidden_norm.weight, eps)
-        residual = normed_hidden if self.norm_before_residual else hidden
-        embedded = ops.rms_norm(self.embed_tokens(tokens), layer.input_layernorm.weight, eps)
-        x = torch.cat((embedded, normed_hidden), dim=-1)  # [B, T, 2H]
+        # [input_layernorm(embed(tokens)), hidden_norm(hidden)] [B, T, 2H]
+        x = ops.embed_norm_concat(
+            tokens, self.embed_tokens.weight, layer.input_layernorm.weight, hidden, layer.hidden_norm.weight, eps
+        )
+        residual = x[..., hidden.shape[-1] :].contiguous() if self.norm_before_residual else hidden
         attn_out, cache = layer.self_attn(x, cos, sin, kv_start, slot_ids, cache, in_place)
         x, residual = ops.add_rms_norm(attn_out, residual, layer.post_attention_layernorm.weight, eps)
         out, prenorm = ops.add_rms_norm(layer.mlp(x), residual, self.norm.weight, eps)
@@ -334,7 +336,6 @@ class Eagle3(Drafter):
         k, inputs = step.k, step.inputs
         length, slot_ids = inputs["committed_len"], inputs["slot_ids"]  # L [B]
         cache = state["eagle3_cache"]
-        rows = torch.arange(length.shape[0], device=length.device)
         # The catch-up window: the state's W = K_max + 1 rows (the largest K of any bucket's step; the
         # previous step, whatever its K, accepted at most W - 1 drafts). This step drafts its own K.
         width = state["eagle3_features"].shape[1]
@@ -358,8 +359,8 @@ class Eagle3(Drafter):
         # 1. Catch-up over the previous verify's rows; the accepted row's output predicts d1.
         hidden = F.linear(features, params["fc.weight"])  # [B, W, H]
         out, prenorm, cache = head(tokens, hidden, kv_start, cache, slice(0, width))
-        chained = prenorm[rows, accepted]  # [B, H]
-        proposal, logits = self.pick(params, out[rows, accepted], step, 0)  # [B], [B, V]
+        out, chained = rows_at(accepted, out, prenorm)  # [B, H] each
+        proposal, logits = self.pick(params, out, step, 0)  # [B], [B, V]
         proposals, proposal_logits = [proposal], [logits]
         # 2. Drafts 2..K: d_{i-1} (at position L + i - 2) with the head's own pre-norm value, at L + i - 3.
         for index in range(1, k):

@@ -61,6 +61,7 @@ from graphspec.drafters.base import (
     Proposal,
     State,
     StepView,
+    rows_at,
 )
 from graphspec.drafters.token_map import attach_hot_head, draft_scores
 from graphspec.errors import CheckpointError, InputError
@@ -138,8 +139,13 @@ class MtpHead(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         mtp, eps = self.layers[layer], self.spec.rms_norm_eps
         norm = ops.offset_rms_norm if self.offset_norms else ops.rms_norm
-        embedded = self.embed_tokens(tokens)
-        pair = torch.cat((norm(embedded, mtp.enorm.weight, eps), norm(hidden, mtp.hnorm.weight, eps)), -1)
+        if self.offset_norms:
+            embedded = self.embed_tokens(tokens)
+            pair = torch.cat((norm(embedded, mtp.enorm.weight, eps), norm(hidden, mtp.hnorm.weight, eps)), -1)
+        else:  # the same pair in one op (one launch where four were)
+            pair = ops.embed_norm_concat(
+                tokens, self.embed_tokens.weight, mtp.enorm.weight, hidden, mtp.hnorm.weight, eps
+            )
         residual = mtp.eh_proj(pair)  # [B, T, H]
         block = mtp.block
         x = norm(residual, block.input_layernorm.weight, eps)
@@ -314,7 +320,7 @@ class Mtp(Drafter):
         def draft(index: int, out: Tensor) -> Tensor:
             """Layer `index`'s output at draft_row predicts draft index + 1; the layers after it pair it."""
             nonlocal seq
-            outputs.append(out[rows, draft_row])  # [B, H]
+            outputs.extend(rows_at(draft_row, out))  # [B, H]
             proposal, logits = self.pick(params, outputs[-1], step, index)  # [B], [B, V]
             proposals.append(proposal)
             proposal_logits.append(logits)

@@ -119,6 +119,26 @@ def fits_add_rms_norm(node: fx.Node) -> bool:
     )
 
 
+def fits_embed_norm_concat(node: fx.Node) -> bool:
+    values = _vals(node, 5)
+    if values is None:
+        return False
+    tokens, embed_weight, embed_norm, hidden, hidden_norm = values
+    dtype, dim = hidden.dtype, hidden.shape[-1] if hidden.dim() else 0
+    return (
+        hidden.dim() >= 1
+        and tuple(tokens.shape) == tuple(hidden.shape[:-1])
+        and tokens.dtype in (torch.int64, torch.int32)
+        and dtype in FLOAT_DTYPES
+        and embed_weight.dim() == 2
+        and embed_weight.is_contiguous()
+        and embed_weight.shape[1] == dim
+        and all(t.dtype == dtype for t in (embed_weight, embed_norm, hidden_norm))
+        and all(t.dim() == 1 and t.shape[0] == dim for t in (embed_norm, hidden_norm))
+        and 0 < dim <= _module("embed_norm_concat").MAX_DIM
+    )
+
+
 def fits_gated_rms_norm(node: fx.Node) -> bool:
     values = _vals(node, 3)
     if values is None:
@@ -451,6 +471,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "block_attention": fits_attention,  # the same kernel without the causal mask
     "rms_norm": fits_rms_norm,
     "add_rms_norm": fits_add_rms_norm,
+    "embed_norm_concat": fits_embed_norm_concat,
     "rotary": fits_rotary,
     "silu_mul": fits_silu_mul,
     "kv_write": fits_kv_write,
@@ -487,15 +508,24 @@ REFERENCE_OPS: dict[str, torch._ops.OpOverload] = {**ops.OPS, **ATEN_OPS}
 INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's row-invariant config
 # Lowered under numerics="invariant" only: cuBLAS is as fast or faster at the step's shapes (bench_linear).
 INVARIANT_ONLY = frozenset({"mm", "addmm"})
-# Row-invariant with every config row: the norms (the hybrids' too) tile whole rows, sized by the last dim
-# only; rotary, silu_mul, gdn_gates and the KV writes are elementwise, embedding and index_select copies;
-# argmax and verify_greedy are exact (a max and a first index do not round); mm and addmm fix their tiles
-# and K split by (N, K) only. The attention kernels' default rows size their splits by the batch and the
-# cache length, so they have an "invariant" row instead (prefill programs are not fused under invariant
-# numerics: their attention is the decode kernel's). The others (sampling statistics split the vocabulary
-# by the batch; linear attention) have neither yet.
+# Row-invariant with every config row: the norms (the hybrids' too, and embed_norm_concat's) tile whole rows, sized
+# by the last dim only; rotary, silu_mul, gdn_gates and the KV writes are elementwise, embedding and index_select
+# copies; argmax and verify_greedy are exact (a max and a first index do not round); mm and addmm fix their tiles
+# and K split by (N, K) only. The attention kernels' default rows size their splits by the batch and the cache
+# length, so they have an "invariant" row instead (prefill programs are not fused under invariant numerics: their
+# attention is the decode kernel's). The others (sampling statistics split the vocabulary by the batch; linear
+# attention) have neither yet.
 ROW_INVARIANT = frozenset(
-    {"rms_norm", "add_rms_norm", "offset_rms_norm", "add_offset_rms_norm", "gated_rms_norm", "rotary", "silu_mul"}
+    {
+        "rms_norm",
+        "add_rms_norm",
+        "embed_norm_concat",
+        "offset_rms_norm",
+        "add_offset_rms_norm",
+        "gated_rms_norm",
+        "rotary",
+        "silu_mul",
+    }
     | {"gdn_gates", "kv_write", "rotary_kv_write", "argmax", "verify_greedy", "embedding", "index_select"}
     | INVARIANT_ONLY
 )
@@ -556,6 +586,7 @@ CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "prefill_attention": fits_prefill_attention_cpu,
     "rms_norm": fits_on_cpu,
     "add_rms_norm": fits_on_cpu,
+    "embed_norm_concat": fits_on_cpu,
     "silu_mul": fits_on_cpu,
     "argmax": fits_on_cpu,
     "sample": fits_on_cpu,  # the sort-free path where the candidates settle the batch, else the reference

@@ -1,11 +1,12 @@
 """The CPU table's norm, SwiGLU and argmax ops (kernels/rms_norm_cpu.py, add_rms_norm_cpu.py,
-silu_mul_cpu.py, argmax_cpu.py): the reference's arithmetic, so the same bits as the reference op."""
+embed_norm_concat_cpu.py, silu_mul_cpu.py, argmax_cpu.py): the reference's arithmetic, so the same bits as
+the reference op."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from graphspec.kernels import add_rms_norm_cpu, argmax_cpu, rms_norm_cpu, silu_mul_cpu
+from graphspec.kernels import add_rms_norm_cpu, argmax_cpu, embed_norm_concat_cpu, rms_norm_cpu, silu_mul_cpu
 
 from graphspec import ops
 from tests.kernels.helpers import bits, generator
@@ -17,6 +18,8 @@ def test_cpu_reference_ops_equal_the_reference_ops(dtype: torch.dtype) -> None:
     x, residual = (torch.randn(2, 3, 64, generator=g).to(dtype) for _ in range(2))
     weight = (1 + 0.1 * torch.randn(64, generator=g)).to(dtype)
     gate_up = torch.randn(2, 3, 96, generator=g).to(dtype)[..., 8:]  # a column slice, strided rows
+    tokens, table = torch.randint(0, 10, (2, 3), generator=g), torch.randn(10, 64, generator=g).to(dtype)
+    pair = (tokens, table, weight, x, residual[0, 0], 1e-5)  # the hidden norm's weight: any [64] row
     pairs = [
         (rms_norm_cpu.rms_norm_cpu(x, weight, 1e-5), ops.rms_norm(x, weight, 1e-5)),
         *zip(
@@ -24,6 +27,7 @@ def test_cpu_reference_ops_equal_the_reference_ops(dtype: torch.dtype) -> None:
             ops.add_rms_norm(x, residual, weight, 1e-5),
             strict=True,
         ),
+        (embed_norm_concat_cpu.embed_norm_concat_cpu(*pair), ops.embed_norm_concat(*pair)),
         (silu_mul_cpu.silu_mul_cpu(gate_up), ops.silu_mul(gate_up)),
         (argmax_cpu.argmax_cpu(x), ops.argmax(x)),
     ]

@@ -179,6 +179,14 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
                 norm = torch.rand(64, dtype=dtype) + 0.5
                 rotary_kv_write.rotary_kv_write(k, k, v, cos, sin, cache, 1, slot_ids, start_pos, norm, norm, 1e-6)
         lowered.add("rotary_kv_write")
+        # The MTP / EAGLE-3 input (embedding, two norms, cat in one kernel), bf16 at a 4096 hidden size.
+        from graphspec.kernels import embed_norm_concat
+
+        for config in (embed_norm_concat.CONFIGS[90], embed_norm_concat.CONFIGS[80]):
+            hidden, weights = torch.randn(3, 4096, dtype=torch.bfloat16), torch.randn(3, 4096, dtype=torch.bfloat16)
+            tokens = torch.tensor([0, 2, 1])
+            embed_norm_concat.embed_norm_concat(tokens, weights, weights[0], hidden, weights[1], 1e-5, **config)
+        lowered.add("embed_norm_concat")
         # The invariant matmul with a bias (no test checkpoint has one), bf16 at a 1B projection's K.
         from graphspec.kernels import addmm
 
