@@ -87,6 +87,29 @@ def test_norm_row_is_invariant(op: str) -> None:
         assert_same_bits(*three_ways(paired_row, paired_others, run))
 
 
+def test_embed_norm_concat_row_is_invariant() -> None:
+    """An MTP / EAGLE-3 input row: its token and hidden state travel together through three_ways."""
+    from graphspec.kernels import embed_norm_concat
+
+    g = generator(7)
+    dim, vocab = 320, 50
+    table = torch.randn(vocab, dim, generator=g).to(DEVICE, DTYPE)
+    embed_norm, hidden_norm = (torch.randn(dim, generator=g).to(DEVICE, DTYPE) for _ in range(2))
+    # [rows, dim + 1]: the hidden row, then its token id (exact in bf16 below 256) in the last column
+    row, others = (
+        torch.cat([torch.randn(rows, dim, generator=g), torch.randint(0, vocab, (rows, 1), generator=g)], 1)
+        for rows in (1, 35)
+    )
+    config = invariant_config("embed_norm_concat")
+
+    def run(pairs: torch.Tensor) -> torch.Tensor:
+        pairs = pairs.to(DEVICE, DTYPE)
+        tokens, hidden = pairs[:, -1].long(), pairs[:, :-1].contiguous()
+        return embed_norm_concat.embed_norm_concat(tokens, table, embed_norm, hidden, hidden_norm, 1e-5, **config)
+
+    assert_same_bits(*three_ways(row, others, run))
+
+
 def test_silu_mul_row_is_invariant() -> None:
     from graphspec.kernels import silu_mul
 
