@@ -98,12 +98,13 @@ def batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in parts)
 
 
-def bucket_ks(text: str) -> dict[int, int]:
-    """BUCKET:K pairs (16:2,64:1); whether the buckets and Ks fit is compile()'s check (SpecConfig)."""
+def bucket_ks(text: str) -> list[tuple[int, int]]:
+    """BUCKET:K pairs (16:2,64:1), as written: whether the buckets and Ks fit (a bucket named twice
+    included, which a dict would drop silently) is compile()'s check (SpecConfig)."""
     pairs = [part.strip().split(":") for part in text.split(",")]
     if not all(len(pair) == 2 and all(re.fullmatch(r"\d+", x.strip()) for x in pair) for pair in pairs):
         raise argparse.ArgumentTypeError(f"expected BUCKET:K pairs separated by commas (16:2,64:1), got {text!r}")
-    return {int(bucket): int(k) for bucket, k in pairs}
+    return [(int(bucket), int(k)) for bucket, k in pairs]
 
 
 def token_ids(text: str) -> list[int]:

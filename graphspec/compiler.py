@@ -67,7 +67,7 @@ def compile(
     skip: Iterable[str] = (),
     copy_weights: bool = True,
     modes: Iterable[str] = SAMPLING_MODES,
-    k_by_bucket: Mapping[int, int] | None = None,
+    k_by_bucket: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
     on_progress: Callable[[str], None] | None = None,
     drafter: str | None = None,
     **drafter_options: object,
@@ -82,8 +82,8 @@ def compile(
     (graphspec/drafters/token_map.py) that restricts its drafts to those target ids (a reduced lm_head).
     drafter: the drafter kind when `draft` alone does not say it (see graphspec.drafters.KINDS).
     max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py).
-    k_by_bucket: drafts per step of chosen buckets, below k (e.g. {64: 1}: fewer drafts where a large
-    batch makes the verify compute-bound); the other buckets draft k.
+    k_by_bucket: drafts per step of chosen buckets, below k (e.g. {64: 1} or [(64, 1)]: fewer drafts where a
+    large batch makes the verify compute-bound); the other buckets draft k.
     numerics "invariant": row-invariant kernels in the steps and prefill programs (greedy only;
     lowering/registry.py), so a draft equal to the target accepts every draft and speculation changes no
     token of the target's own output."""
@@ -97,7 +97,7 @@ def compile(
         capture=capture,
         lowering=lowering,
         numerics=numerics,
-        k_by_bucket=() if k_by_bucket is None else k_by_bucket,  # type: ignore[arg-type]: SpecConfig normalizes a mapping
+        k_by_bucket=() if k_by_bucket is None else k_by_bucket,  # type: ignore[arg-type]: SpecConfig normalizes it
     )
     validate_names(stop_after, skip)
     modes = tuple(modes)

@@ -354,6 +354,10 @@ IN_PROCESS_ERRORS = {
         ["compile", "{target}", "--draft", "ngram", "--device", "cpu", "--k-by-bucket", "4:1", "--out", "{tmp}/a"],
         "k_by_bucket names bucket 4, not one of batch_sizes (1,)",
     ),
+    "k_by_bucket_bucket_twice": (  # a dict of the pairs would keep 1:2 silently
+        ["compile", "{target}", "--draft", "ngram", "--device", "cpu", "--k-by-bucket", "1:1,1:2", "--out", "{tmp}/a"],
+        "k_by_bucket names a bucket twice",
+    ),
     "dump_dir_is_a_file": (
         [
             "compile",
