@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--k-by-bucket",
         type=bucket_ks,
-        default={},
+        default=[],
         metavar="B:K,...",
         help="these buckets draft their own K (compile's k_by_bucket, e.g. 64:1) in every column whose K is larger; "
         "their /verify is over that K + 1",
@@ -312,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     if not all(0 <= a < 1 for a in args.acceptance):
         parser.error(f"--acceptance: each value must be in [0, 1), got {args.acceptance}")
     buckets = tuple(int(b) for b in args.batch_sizes.split(","))
+    if len(dict(args.k_by_bucket)) != len(args.k_by_bucket):
+        parser.error(f"--k-by-bucket names a bucket twice: {args.k_by_bucket}")
+    args.k_by_bucket = dict(args.k_by_bucket)
     if args.profile is not None and args.profile not in buckets:
         parser.error(f"--profile {args.profile} is not one of --batch-sizes {args.batch_sizes}")
     drafters = tuple(name for name in args.drafters.split(",") if name)
