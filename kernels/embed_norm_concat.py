@@ -90,8 +90,9 @@ def embed_norm_concat(
         return out
     block_r, block_d = tile_rows(dim, tile_elems)
     embed_norm_concat_kernel[(cdiv(rows, block_r),)](
-        tokens.reshape(-1), embed_weight, embed_norm.contiguous(), flat_hidden, hidden_norm.contiguous(), out,
-        rows, embed_weight.shape[0], dim, eps, flat_hidden.stride(0), flat_hidden.stride(1),
+        tokens.reshape(-1), embed_weight.contiguous(), embed_norm.contiguous(), flat_hidden,
+        hidden_norm.contiguous(), out, rows, embed_weight.shape[0], dim, eps,
+        flat_hidden.stride(0), flat_hidden.stride(1),
         BLOCK_R=block_r, BLOCK_D=block_d, num_warps=num_warps,
     )  # fmt: skip
     return out
