@@ -1,9 +1,10 @@
 """The drafter seam's shared pieces (graphspec/drafters/base.py)."""
 
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
-from graphspec.drafters.base import StepView
+from graphspec.drafters.base import StepView, rows_at
 
 
 def test_pick_positions_takes_every_position_in_one_call_or_picks_each():
@@ -50,3 +51,18 @@ def test_pick_mapped_greedy_is_the_full_rows_first_maximum_without_the_full_row(
     assert torch.equal(drafts, ids[:3][block.argmax(-1)])
     drafts, q = StepView({}, 4, pick, greedy=False).pick_mapped(full, None, vocab, 1)
     assert q is full and torch.equal(drafts, full.argmax(-1))
+
+
+def test_rows_at_is_each_rows_entry_at_its_index_by_one_gather():
+    """rows_at(index, *xs) == x[arange(B), index] for every x (one T), as an index_select of the flat view,
+    which is what the lowering turns into one row-gather launch (the advanced index would be aten.index)."""
+    g = torch.Generator().manual_seed(0)
+    out, prenorm = torch.randn(4, 5, 8, generator=g), torch.randn(4, 5, 8, generator=g)
+    index = torch.tensor([0, 4, 2, 4])
+    got = rows_at(index, out, prenorm)
+    rows = torch.arange(4)
+    assert len(got) == 2
+    assert torch.equal(got[0], out[rows, index]) and torch.equal(got[1], prenorm[rows, index])
+    gm = make_fx(lambda i, x: rows_at(i, x)[0])(index, out)
+    targets = {node.target for node in gm.graph.nodes if node.op == "call_function"}
+    assert torch.ops.aten.index_select.default in targets and torch.ops.aten.index.Tensor not in targets
