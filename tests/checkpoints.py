@@ -3,6 +3,7 @@ graphspec's real loading code. Cached per session by the fixtures in conftest.py
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -61,6 +62,16 @@ def make_checkpoint(directory: Path, family: str = "llama", seed: int = 0, **ove
             parameter.add_(torch.randn_like(parameter) * 0.02)
     model.save_pretrained(directory)
     return Path(directory)
+
+
+def kv_cache(out: transformers.utils.ModelOutput) -> object:
+    """A transformers forward's KV cache: `cache` from 5.24 on (`past_key_values` goes in 5.40), else the old name."""
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
+def cache_kwarg(model: torch.nn.Module, cache: object) -> dict[str, object]:
+    """`cache` as `model`'s forward takes it: `cache=` from transformers 5.24 on, `past_key_values=` before."""
+    return {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
 
 
 def load_hf(directory: Path) -> transformers.PreTrainedModel:

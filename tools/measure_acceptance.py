@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import inspect
 import json
 import platform
 import sys
@@ -92,6 +93,17 @@ def heldout_prompts(tokenizer, count: int, length: int, stdlib: Path | None = No
     return [eligible[(i * len(eligible)) // count] for i in range(count)]
 
 
+def kv_cache(out) -> object:
+    """A transformers forward's KV cache: the output's `cache` from transformers 5.24 on (`past_key_values`
+    is deprecated there and goes in 5.40), `past_key_values` before."""
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
+def cache_kwarg(model, cache: object) -> dict[str, object]:
+    """`cache` as `model`'s forward takes it: `cache=` from transformers 5.24 on, `past_key_values=` before."""
+    return {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
+
+
 @torch.no_grad()
 def greedy(model, ids: list[int], count: int) -> list[int]:
     """`count` greedy tokens after `ids` (no stopping at EOS), with the model's KV cache."""
@@ -99,7 +111,7 @@ def greedy(model, ids: list[int], count: int) -> list[int]:
     out = model(input_ids=torch.tensor([ids], device=device), use_cache=True)
     tokens = [int(out.logits[0, -1].argmax())]
     for _ in range(count - 1):
-        out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), past_key_values=out.past_key_values)
+        out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), **cache_kwarg(model, kv_cache(out)))
         tokens.append(int(out.logits[0, -1].argmax()))
     return tokens
 

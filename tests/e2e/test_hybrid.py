@@ -23,7 +23,15 @@ from graphspec.models import load_model
 from graphspec.models.hybrid import CONV_STATE, RECURRENT_STATE
 from graphspec.models.target import target_forward, target_states
 from graphspec.reference import reference_generate
-from tests.checkpoints import load_hf, load_hf_mtp, make_checkpoint, make_hybrid_checkpoint, make_hybrid_mtp_checkpoint
+from tests.checkpoints import (
+    cache_kwarg,
+    kv_cache,
+    load_hf,
+    load_hf_mtp,
+    make_checkpoint,
+    make_hybrid_checkpoint,
+    make_hybrid_mtp_checkpoint,
+)
 from tests.test_ops import g_test_p_value
 
 K = 3
@@ -126,10 +134,9 @@ def run_step(case, gm=None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Te
 def transformers_state(hf, tokens: torch.Tensor, decoded: list[int]):
     """transformers' cache after the prompt and then `decoded` fed one token at a time."""
     with torch.no_grad():
-        out = hf(tokens[None], use_cache=True)
-        cache = out.past_key_values
+        cache = kv_cache(hf(tokens[None], use_cache=True))
         for token in decoded:
-            cache = hf(torch.tensor([[token]]), past_key_values=cache, use_cache=True).past_key_values
+            cache = kv_cache(hf(torch.tensor([[token]]), **cache_kwarg(hf, cache), use_cache=True))
     return cache
 
 

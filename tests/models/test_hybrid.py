@@ -16,7 +16,7 @@ from graphspec.models import load_model, loading
 from graphspec.models.hybrid import CONV_STATE, KV_CACHE, RECURRENT_STATE, HybridLM
 from graphspec.models.loading import load_config
 from graphspec.models.spec import ModelSpec
-from tests.checkpoints import load_hf, make_hybrid_checkpoint, nest_language_model
+from tests.checkpoints import kv_cache, load_hf, make_hybrid_checkpoint, nest_language_model
 
 RELATIVE_TOLERANCE = 1e-4
 PROMPT_LENGTHS = (7, 13, 3)  # right-padded in one batch
@@ -102,7 +102,7 @@ def test_prefill_state_equals_the_transformers_cache_per_layer(cases, name):
     linear_layers = case.model.spec.linear_layers
     for row, prompt in enumerate(case.prompts):
         with torch.no_grad():
-            cache = case.hf(prompt[None], use_cache=True).past_key_values
+            cache = kv_cache(case.hf(prompt[None], use_cache=True))
         for index, layer in enumerate(linear_layers):
             hf_layer = cache.layers[layer]
             # transformers keeps the last W conv inputs, graphspec the last W-1 (all the next step reads).
