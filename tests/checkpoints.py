@@ -69,9 +69,9 @@ def kv_cache(out: transformers.utils.ModelOutput) -> object:
     return out["cache"] if "cache" in out else out["past_key_values"]
 
 
-def cache_kwarg(model: torch.nn.Module, cache: object) -> dict[str, object]:
-    """`cache` as `model`'s forward takes it: `cache=` from transformers 5.24 on, `past_key_values=` before."""
-    return {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name `model`'s forward takes the KV cache by: `cache` from transformers 5.24 on, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def load_hf(directory: Path) -> transformers.PreTrainedModel:

@@ -99,9 +99,10 @@ def kv_cache(out) -> object:
     return out["cache"] if "cache" in out else out["past_key_values"]
 
 
-def cache_kwarg(model, cache: object) -> dict[str, object]:
-    """`cache` as `model`'s forward takes it: `cache=` from transformers 5.24 on, `past_key_values=` before."""
-    return {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
+def cache_argument(model) -> str:
+    """The name `model`'s forward takes the KV cache by: `cache` from transformers 5.24 on, `past_key_values`
+    before (read once per loop: inspecting the signature costs more than a tiny model's decode step)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @torch.no_grad()
@@ -110,8 +111,9 @@ def greedy(model, ids: list[int], count: int) -> list[int]:
     device = model.device
     out = model(input_ids=torch.tensor([ids], device=device), use_cache=True)
     tokens = [int(out.logits[0, -1].argmax())]
+    cache = cache_argument(model)
     for _ in range(count - 1):
-        out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), **cache_kwarg(model, kv_cache(out)))
+        out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), **{cache: kv_cache(out)})
         tokens.append(int(out.logits[0, -1].argmax()))
     return tokens
 

@@ -68,7 +68,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))  # demo_heads, train_demo_heads, measure_acceptance (also by file path)
 from demo_training import StepCap, autocast, lr_at, make_optimizer, windows  # noqa: E402
-from measure_acceptance import cache_kwarg, kv_cache  # noqa: E402
+from measure_acceptance import cache_argument, kv_cache  # noqa: E402
 from train_demo_heads import train_heads  # noqa: E402
 
 SPECIAL = "<|endoftext|>"  # id 0: BOS, EOS and pad
@@ -333,8 +333,9 @@ def generate_greedy(model, stream, args) -> torch.Tensor:
         with autocast(args.device):
             out = model(input_ids=tokens, use_cache=True)
             pieces = [tokens, out.logits[:, -1].argmax(-1, keepdim=True)]
+            cache = cache_argument(model)
             for _ in range(args.gen_new - 1):
-                out = model(input_ids=pieces[-1], **cache_kwarg(model, kv_cache(out)), use_cache=True)
+                out = model(input_ids=pieces[-1], **{cache: kv_cache(out)}, use_cache=True)
                 pieces.append(out.logits[:, -1].argmax(-1, keepdim=True))
         sequences.append(torch.cat(pieces, dim=1))
     return torch.cat(sequences)

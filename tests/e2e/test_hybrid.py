@@ -24,7 +24,7 @@ from graphspec.models.hybrid import CONV_STATE, RECURRENT_STATE
 from graphspec.models.target import target_forward, target_states
 from graphspec.reference import reference_generate
 from tests.checkpoints import (
-    cache_kwarg,
+    cache_argument,
     kv_cache,
     load_hf,
     load_hf_mtp,
@@ -134,9 +134,9 @@ def run_step(case, gm=None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Te
 def transformers_state(hf, tokens: torch.Tensor, decoded: list[int]):
     """transformers' cache after the prompt and then `decoded` fed one token at a time."""
     with torch.no_grad():
-        cache = kv_cache(hf(tokens[None], use_cache=True))
+        cache, name = kv_cache(hf(tokens[None], use_cache=True)), cache_argument(hf)
         for token in decoded:
-            cache = kv_cache(hf(torch.tensor([[token]]), **cache_kwarg(hf, cache), use_cache=True))
+            cache = kv_cache(hf(torch.tensor([[token]]), **{name: cache}, use_cache=True))
     return cache
 
 
