@@ -293,7 +293,7 @@ def bench_sample(batch: int, sm: int, copy_gb_s: float) -> list[dict]:
     rows = [
         row(
             "argmax", f"B={batch} V={VOCAB}",
-            timed(lambda: torch.ops.graphspec.argmax_triton(logits, *argmax_values)),
+            timed(lambda: torch.ops.graphspec.argmax_triton(logits, None, *argmax_values)),
             nbytes, copy_gb_s, timed(lambda: ops.argmax(logits)),
         )
     ]  # fmt: skip

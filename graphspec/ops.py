@@ -101,6 +101,29 @@ def _(tokens: Tensor, embed_weight: Tensor, embed_norm: Tensor, hidden: Tensor, 
     return hidden.new_empty((*hidden.shape[:-1], 2 * hidden.shape[-1]))
 
 
+def rope_tables_reference(positions: Tensor, inv_freq: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [..., D/2]
+    angles = torch.cat((freqs, freqs), dim=-1)  # [..., D]
+    if scale == 1.0:  # most rope types: no multiply
+        return angles.cos(), angles.sin()
+    return angles.cos() * scale, angles.sin() * scale
+
+
+@library.op("graphspec::rope_tables", mutates_args=())
+def rope_tables(positions: Tensor, inv_freq: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """cos and sin [..., D] (fp32) of integer positions [...]: angles position * inv_freq [D/2] (fp32), the
+    halves repeated (rotate_half's layout), times scale (a rope type's attention factor), as transformers'
+    rotary embeddings compute them. One op so that a GPU computes both tables in one launch (the cast,
+    multiply, cat, cos and sin were five in every forward)."""
+    return rope_tables_reference(positions, inv_freq, scale)
+
+
+@torch.library.register_fake("graphspec::rope_tables")
+def _(positions: Tensor, inv_freq: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    shape = (*positions.shape, 2 * inv_freq.shape[-1])
+    return inv_freq.new_empty(shape, dtype=torch.float32), inv_freq.new_empty(shape, dtype=torch.float32)
+
+
 def rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -794,16 +817,23 @@ def process_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Te
     return weight.to(torch.float64) / weight.sum(-1, keepdim=True).to(torch.float64)
 
 
+def argmax_reference(logits: Tensor, ids: Tensor | None = None) -> Tensor:
+    best = logits.argmax(dim=-1)
+    return best if ids is None else ids.index_select(0, best.flatten()).view(best.shape)
+
+
 @library.op("graphspec::argmax", mutates_args=())
-def argmax(logits: Tensor) -> Tensor:
+def argmax(logits: Tensor, ids: Tensor | None = None) -> Tensor:
     """Greedy token per row: the first index of the maximum over the last dim, like torch.argmax (NaN
     counts as the maximum). logits [..., V] -> [...] int64. An op of its own so it lowers to a kernel
-    that spreads one row's vocab over the GPU (torch's reduction took 35 us for one 128k row on an H200)."""
-    return logits.argmax(dim=-1)
+    that spreads one row's vocab over the GPU (torch's reduction took 35 us for one 128k row on an H200).
+    ids [V] int64 (a reduced vocabulary's token ids: EAGLE-3's d2t, a token map): the result is ids[index],
+    looked up by the same launch that picks the index (a separate gather was a launch per draft)."""
+    return argmax_reference(logits, ids)
 
 
 @torch.library.register_fake("graphspec::argmax")
-def _(logits: Tensor) -> Tensor:
+def _(logits: Tensor, ids: Tensor | None = None) -> Tensor:
     return logits.new_empty(logits.shape[:-1], dtype=torch.int64)
 
 
@@ -990,6 +1020,7 @@ OPS = {
     "add_rms_norm": torch.ops.graphspec.add_rms_norm.default,
     "embed_norm_concat": torch.ops.graphspec.embed_norm_concat.default,
     "rotary": torch.ops.graphspec.rotary.default,
+    "rope_tables": torch.ops.graphspec.rope_tables.default,
     "silu_mul": torch.ops.graphspec.silu_mul.default,
     "kv_update": torch.ops.graphspec.kv_update.default,
     "kv_write": torch.ops.graphspec.kv_write.default,

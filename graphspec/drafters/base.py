@@ -112,8 +112,7 @@ class StepView:
         full row's first maximum, torch.argmax's rule."""
         full = scatter_to_vocab(logits, ids, vocab_size)
         if self.greedy and ids is not None:
-            best = ops.argmax(logits)
-            drafts = ids.index_select(0, best.flatten()).view(best.shape)
+            drafts = ops.argmax(logits, ids)
         elif index is None:
             drafts = self.pick_positions(full)
         else:

@@ -348,8 +348,11 @@ class Eagle3(Drafter):
         # Row j's features sit at position start - 1 + j; clamped so even a never-written slot (padding
         # rows read the spare one) writes inside the cache.
         kv_start = (start - 1).clamp(min=0, max=cache.shape[4] - width)
-        drafted = length[:, None] - 2 + torch.arange(1, k, device=length.device)  # drafts 2..K's KV positions
-        positions = torch.cat((kv_start[:, None] + offsets, drafted), dim=1)
+        drafted = length - 2 + torch.arange(1, k, device=length.device)[:, None]  # drafts 2..K's KV positions [K-1, B]
+        # Their KV starts, computed with the other position arithmetic (one launch on a GPU, not one per draft);
+        # [K-1, B], so each draft's row is contiguous (the kernels read a [B] index as contiguous).
+        chain_kv = drafted.clamp(min=0)
+        positions = torch.cat((kv_start[:, None] + offsets, drafted.t()), dim=1)
         cos, sin = rope_tables(positions, params["inv_freq"], self.head.rope_scale)  # [B, W + K - 1, D]
 
         def head(tokens: Tensor, hidden: Tensor, kv: Tensor, cache: Tensor, rows: slice) -> tuple[Tensor, ...]:
@@ -364,9 +367,12 @@ class Eagle3(Drafter):
         proposals, proposal_logits = [proposal], [logits]
         # 2. Drafts 2..K: d_{i-1} (at position L + i - 2) with the head's own pre-norm value, at L + i - 3.
         for index in range(1, k):
-            kv = (length + index - 2).clamp(min=0)
             out, prenorm, cache = head(
-                proposals[-1][:, None], chained[:, None], kv, cache, slice(width + index - 1, width + index)
+                proposals[-1][:, None],
+                chained[:, None],
+                chain_kv[index - 1],
+                cache,
+                slice(width + index - 1, width + index),
             )
             chained = prenorm[:, 0]
             proposal, logits = self.pick(params, out[:, 0], step, index)

@@ -311,6 +311,9 @@ class Mtp(Drafter):
         # get a valid id, an embedding lookup must stay in range), then each layer's draft once drawn.
         seq = torch.where(columns <= draft_row[:, None], padded(tokens, depth - 1), 0)
         chain = torch.arange(depth - 1, max(k, depth) - 1, device=length.device)  # draft i > d: position L + i - 2
+        # Their KV starts (one before), with the other position arithmetic: one launch on a GPU, not one per
+        # draft; [K - d, B], each draft's row contiguous (the kernels read a [B] index as contiguous).
+        chain_kv = (length + (chain - depth)[:, None]).clamp(min=0)
         positions = torch.cat((kv_start[:, None] + 1 + columns, length[:, None] + chain), dim=1)
         cos, sin = self.target.rope(positions, params["inv_freq"])  # [B, width + d - 1 + K - d, D]
         proposals: list[Tensor] = []
@@ -334,7 +337,7 @@ class Mtp(Drafter):
         # head's own output.
         chained = outputs[-1]
         for index in range(depth, k):
-            kv = (length + (index - 1 - depth)).clamp(min=0)
+            kv = chain_kv[index - depth]
             at = slice(width + depth - 1 + index - depth, width + index)
             args = (depth - 1, proposals[-1][:, None], chained[:, None], kv, slot_ids, cache, cos[:, at], sin[:, at])
             out, cache = self.run(params, *args)

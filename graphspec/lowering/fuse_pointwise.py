@@ -49,7 +49,7 @@ ELEMENTWISE = {
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not"})
 VIEWS = frozenset({
     _aten.unsqueeze.default, _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.permute.default,
-    _aten.transpose.int, _aten.view.default, _aten._unsafe_view.default, _aten.reshape.default,
+    _aten.transpose.int, _aten.t.default, _aten.view.default, _aten._unsafe_view.default, _aten.reshape.default,
     _aten.alias.default,
 })  # fmt: skip
 OTHERS = frozenset({_aten.clamp.default, _aten._to_copy.default, _aten.cat.default, _aten.stack.default})
@@ -223,6 +223,8 @@ class _Program:
             a, b = args[1] % source.dim(), args[2] % source.dim()
             dims[a], dims[b] = dims[b], dims[a]
             return {"op": "permute", "dims": dims, **view}
+        if target == _aten.t.default:  # a transpose of the (at most) two dims
+            return {"op": "permute", "dims": list(reversed(range(source.dim()))), **view}
         if target == _aten.permute.default:
             return {"op": "permute", "dims": [d % source.dim() for d in args[1]], **view}
         return {"op": "reshape", **view}  # view, _unsafe_view, reshape, alias

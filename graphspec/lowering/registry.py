@@ -63,9 +63,16 @@ def _vals_at(node: fx.Node, positions: Iterable[int]) -> list[Any] | None:
 
 
 def _is_index(value: torch.Tensor, length: int) -> bool:
-    """A [length] tensor of integers (bool would mean a mask to index_put, not indices)."""
+    """A contiguous [length] tensor of integers (bool would mean a mask to index_put, not indices): the kernels
+    read entry b at offset b (a strided view, a column of a [B, K] tensor say, would be read wrong)."""
     dtype = value.dtype
-    return value.dim() == 1 and value.shape[0] == length and not dtype.is_floating_point and dtype != torch.bool
+    return (
+        value.dim() == 1
+        and value.shape[0] == length
+        and (length <= 1 or value.stride(0) == 1)
+        and not dtype.is_floating_point
+        and dtype != torch.bool
+    )
 
 
 def fits_attention(node: fx.Node) -> bool:
@@ -345,7 +352,27 @@ def fits_argmax(node: fx.Node) -> bool:
     if values is None:
         return False
     (logits,) = values
-    return logits.dim() >= 1 and logits.dtype in FLOAT_DTYPES and 0 < logits.shape[-1] < INT32_LIMIT
+    # Optional ids at arg 1 (a reduced vocabulary's token ids): int64, one per column.
+    if positional_args(node)[1] is None:
+        ids_fit = True
+    else:
+        ids = _vals_at(node, (1,))
+        ids_fit = ids is not None and ids[0].dtype == torch.int64 and tuple(ids[0].shape) == (logits.shape[-1],)
+    return logits.dim() >= 1 and logits.dtype in FLOAT_DTYPES and 0 < logits.shape[-1] < INT32_LIMIT and ids_fit
+
+
+def fits_rope_tables(node: fx.Node) -> bool:
+    values = _vals(node, 2)
+    if values is None:
+        return False
+    positions, inv_freq = values
+    return (
+        not positions.dtype.is_floating_point
+        and positions.dtype != torch.bool
+        and inv_freq.dtype == torch.float32
+        and inv_freq.dim() == 1
+        and 0 < inv_freq.shape[0] <= _module("rope_tables").MAX_HALF
+    )
 
 
 def fits_embedding(node: fx.Node) -> bool:
@@ -473,6 +500,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "add_rms_norm": fits_add_rms_norm,
     "embed_norm_concat": fits_embed_norm_concat,
     "rotary": fits_rotary,
+    "rope_tables": fits_rope_tables,
     "silu_mul": fits_silu_mul,
     "kv_write": fits_kv_write,
     "rotary_kv_write": fits_rotary_kv_write,
@@ -509,10 +537,10 @@ INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's
 # Lowered under numerics="invariant" only: cuBLAS is as fast or faster at the step's shapes (bench_linear).
 INVARIANT_ONLY = frozenset({"mm", "addmm"})
 # Row-invariant with every config row: the norms (the hybrids' too, and embed_norm_concat's) tile whole rows, sized
-# by the last dim only; rotary, silu_mul, gdn_gates and the KV writes are elementwise, embedding and index_select
-# copies; argmax and verify_greedy are exact (a max and a first index do not round); mm and addmm fix their tiles
-# and K split by (N, K) only. The attention kernels' default rows size their splits by the batch and the cache
-# length, so they have an "invariant" row instead (prefill programs are not fused under invariant numerics: their
+# by the last dim only; rotary, rope_tables, silu_mul, gdn_gates and the KV writes are elementwise, embedding and
+# index_select copies; argmax and verify_greedy are exact (a max and a first index do not round); mm and addmm fix
+# their tiles and K split by (N, K) only. The attention kernels' default rows size their splits by the batch and the
+# cache length, so they have an "invariant" row instead (prefill programs are not fused under invariant numerics: their
 # attention is the decode kernel's). The others (sampling statistics split the vocabulary by the batch; linear
 # attention) have neither yet.
 ROW_INVARIANT = frozenset(
@@ -524,6 +552,7 @@ ROW_INVARIANT = frozenset(
         "add_offset_rms_norm",
         "gated_rms_norm",
         "rotary",
+        "rope_tables",
         "silu_mul",
     }
     | {"gdn_gates", "kv_write", "rotary_kv_write", "argmax", "verify_greedy", "embedding", "index_select"}
@@ -587,6 +616,7 @@ CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "rms_norm": fits_on_cpu,
     "add_rms_norm": fits_on_cpu,
     "embed_norm_concat": fits_on_cpu,
+    "rope_tables": fits_on_cpu,
     "silu_mul": fits_on_cpu,
     "argmax": fits_on_cpu,
     "sample": fits_on_cpu,  # the sort-free path where the candidates settle the batch, else the reference

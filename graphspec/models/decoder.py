@@ -265,12 +265,8 @@ class DecoderLM(nn.Module):
 
 
 def rope_tables(positions: Tensor, inv_freq: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """cos and sin [B, T, D] of positions [B, T] (see DecoderLM.rope)."""
-    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, D/2]
-    angles = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]
-    if scale == 1.0:  # most rope types: skip two multiplies per forward in the step graph
-        return angles.cos(), angles.sin()
-    return angles.cos() * scale, angles.sin() * scale
+    """cos and sin [B, T, D] of positions [B, T] (see DecoderLM.rope), one op (graphspec.ops.rope_tables)."""
+    return ops.rope_tables(positions, inv_freq, scale)
 
 
 # What a drafter can read from a target forward: "final", the final (normed) hidden states (MTP heads),

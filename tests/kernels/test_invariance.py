@@ -119,6 +119,21 @@ def test_silu_mul_row_is_invariant() -> None:
     assert_same_bits(*three_ways(row, others, lambda x: silu_mul.silu_mul(x, **config)))
 
 
+def test_rope_tables_row_is_invariant() -> None:
+    """A position's cos and sin rows (fp32: the rotary kernels round them to the model dtype)."""
+    from graphspec.kernels import rope_tables
+
+    g = generator(8)
+    row, others = (torch.randint(0, 131072, (rows,), generator=g).to(DEVICE) for rows in (1, 35))
+    freq = (1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128)).to(DEVICE)
+    config = invariant_config("rope_tables")
+
+    def run(pos: torch.Tensor) -> torch.Tensor:
+        return torch.cat(rope_tables.rope_tables(pos, freq, 1.0, **config), -1)
+
+    assert_same_bits(*three_ways(row, others, run))
+
+
 # Attention: one query of one row at cache position p, with the same keys at positions <= p each time.
 @pytest.mark.parametrize("position", [40, 511, 512, 1100])  # first split; its last key; the next; the third
 def test_attention_query_is_invariant(position: int) -> None:

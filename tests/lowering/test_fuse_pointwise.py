@@ -99,6 +99,25 @@ def test_single_ops_floats_and_views_of_inputs_stay():
     assert not fuse_pointwise.run(gm, ctx()).changed
 
 
+def test_a_transposed_value_joins_its_group():
+    """EAGLE-3's draft positions [K-1, B] (rows contiguous for the kernels) read transposed ([B, K-1], aten.t) by a
+    cat: one launch, the same bits."""
+
+    def positions(length):
+        drafted = length - 2 + torch.arange(1, 4, device=length.device)[:, None]
+        return drafted.clamp(min=0), torch.cat((length[:, None], drafted.t()), 1)
+
+    args = (torch.tensor([3, 9, 0, 50], device=DEVICE),)
+    gm = make_fx(positions, tracing_mode="fake")(*args)
+    for node in gm.graph.nodes:
+        node.meta["gs_region"] = "draft"
+    expected = gm(*args)
+    result = fuse_pointwise.run(gm, ctx())
+    assert result.stats["groups"] == 1 and not any(node.target == aten.cat.default for node in gm.graph.nodes)
+    for got, want in zip(gm(*args), expected, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_nothing_changes_on_the_cpu_or_with_reference_lowering():
     gm, _ = traced()
     assert not fuse_pointwise.run(gm, PassContext(k=2, batch=4, mode="greedy", sm=None)).changed

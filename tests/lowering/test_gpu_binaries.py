@@ -187,6 +187,11 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
             tokens = torch.tensor([0, 2, 1])
             embed_norm_concat.embed_norm_concat(tokens, weights, weights[0], hidden, weights[1], 1e-5, **config)
         lowered.add("embed_norm_concat")
+        # A reduced vocabulary's greedy draft (argmax looking its pick up in the ids), and rope tables with a scale.
+        from graphspec.kernels import argmax, rope_tables
+
+        argmax.argmax(torch.randn(3, 300, dtype=torch.bfloat16), torch.arange(300) + 7, **argmax.CONFIGS[90])
+        rope_tables.rope_tables(torch.arange(6).view(2, 3), torch.rand(64), 0.5, **rope_tables.CONFIGS["default"])
         # The invariant matmul with a bias (no test checkpoint has one), bf16 at a 1B projection's K.
         from graphspec.kernels import addmm
 

@@ -13,6 +13,7 @@ from graphspec import ops
 from graphspec.config import PassContext
 from graphspec.errors import InputError
 from graphspec.lowering import lower_kernels, registry
+from graphspec.op_nodes import positional_args
 from tests import graphs
 from tests.graphs import assert_graph_equal
 from tests.kernels.helpers import DEVICE
@@ -55,8 +56,9 @@ def test_lowers_every_hot_op_with_config_args() -> None:
         name = next((op for op in HOT_OPS if node.target == ops.OPS[op]), None)
         if name is not None:
             configs = registry._module(name).CONFIGS
+            args = positional_args(node)  # defaults filled in, then the config
             node.target = getattr(torch.ops.graphspec, f"{name}_triton").default
-            node.args = (*node.args, *configs[90].values())
+            node.args = (*args, *configs[90].values())
     result = lower_kernels.run(gm, ctx(sm=None, options={"force_sm": 90}))
     assert result.changed and result.stats == {"lowered": len(HOT_OPS), "fallback": 0}
     assert_graph_equal(result.gm, expected)
@@ -66,6 +68,22 @@ def test_lowers_every_hot_op_with_config_args() -> None:
     assert attention.meta["gs_kernel"]["sm"] == 90
     assert attention.meta["gs_kernel"]["config"] == registry._module("attention").CONFIGS[90]
     assert "torch.ops.graphspec.attention_triton.default(" in result.gm.code  # the config shows in code
+
+
+def test_argmax_with_ids_lowers_only_when_the_ids_fit() -> None:
+    """argmax(logits, ids) keeps its ids on the kernel (the lookup in its merge launch); ids the kernel does not
+    take (int32, or not one per column) keep the reference."""
+
+    def graph(ids: torch.Tensor) -> fx.GraphModule:
+        return make_fx(lambda logits, ids: ops.argmax(logits, ids), tracing_mode="fake")(torch.randn(3, 50), ids)
+
+    fits = lower_kernels.run(graph(torch.arange(50)), ctx(sm=90))
+    (node,) = [n for n in fits.gm.graph.nodes if n.op == "call_function"]
+    assert node.target == torch.ops.graphspec.argmax_triton.default
+    assert node.args[1].op == "placeholder" and node.args[2:] == tuple(registry._module("argmax").CONFIGS[90].values())
+    for ids in (torch.arange(50, dtype=torch.int32), torch.arange(49)):
+        result = lower_kernels.run(graph(ids), ctx(sm=90))
+        assert result.stats == {"lowered": 0, "fallback": 1}
 
 
 def test_unknown_sm_lowers_with_default_configs() -> None:

@@ -96,12 +96,26 @@ def test_kv_write_fits_integer_indices_and_matching_shapes() -> None:
         kv_write_node(cache, slots, start, k, k[..., :4]),  # v narrower than k
         kv_write_node(cache, slots, start, k[:, :1], k[:, :1]),  # fewer heads than the cache
         kv_write_node(cache, slots, start.float(), k, k),  # float positions
+        kv_write_node(cache, slots, torch.tensor([[0, 9], [5, 9]])[:, 0], k, k),  # a column: read as contiguous
         kv_write_node(cache, slots != 0, start, k, k),  # a bool mask, not slot ids
         kv_write_node(cache, slots[:1], start, k, k),  # one slot id for two rows
         kv_write_node(cache, slots, start, k, k, layer=2),  # no such layer
         kv_write_node(cache.to(torch.int8), slots, start, k, k),
     ):
         assert registry.resolve("kv_write", 90, bad) is None, bad.args
+
+
+def test_rope_tables_fit_integer_positions_and_fp32_frequencies() -> None:
+    def node(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.fx.Node:
+        gm = make_fx(lambda p, f: ops.rope_tables(p, f, 1.0), tracing_mode="fake")(positions, inv_freq)
+        return next(n for n in gm.graph.nodes if n.target == ops.OPS["rope_tables"])
+
+    positions, inv_freq = torch.arange(6).view(2, 3), torch.rand(64)
+    assert registry.resolve("rope_tables", 90, node(positions, inv_freq)) is not None
+    assert registry.resolve("rope_tables", 90, node(positions.int(), inv_freq)) is not None
+    float_positions, fp64_frequencies, too_wide = positions.float(), inv_freq.double(), torch.rand(300)
+    for bad in (node(float_positions, inv_freq), node(positions, fp64_frequencies), node(positions, too_wide)):
+        assert registry.resolve("rope_tables", 90, bad) is None, bad.args
 
 
 def rotary_kv_write_node(q, k, v, cache, layer: int = 1) -> torch.fx.Node:
