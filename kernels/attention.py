@@ -52,21 +52,14 @@ __all__ = ["CONFIGS", "attention", "attention_reference", "attention_triton"]
 # B 1 / 32k tokens / K 4, and read bandwidth above the copy rate at B 64 / 4k. 80 and default are
 # untuned guesses (smaller smem footprint). fp32 caches (CPU tests) use IEEE dots and spill on a GPU.
 # block_m: query rows per tile, 0 = the query tile rounded up to a power of 2; split_keys: keys per split,
-# 0 = as many splits as programs_per_sm asks (their size follows the cache length). solo_keys: where the batch's
-# (row, KV head) tiles alone fill SOLO_FILL of the SMs, a row that sees at most this many keys is computed by
-# its first split alone, which writes the output itself, and the reduce passes it over (0 = never): a split of
-# a short row there buys no parallelism and costs the partials' round trip (sm 90: 1024, from bench_drafters
-# at B = 16, 512 of 1024 keys, against no split at all and 2 splits: 2026-11-29 in docs/BENCHMARKS.md).
+# 0 = as many splits as programs_per_sm asks (their size follows the cache length).
 # "invariant" (numerics="invariant", any SM): a fixed tile and fixed 512-key splits, so a query's keys
 # are visited in the same blocks, splits and order whatever the batch, the query block or the cache
 # length; the splits it cannot see weigh exactly 0 in the reduce.
 CONFIGS: dict[int | str, dict[str, int]] = {
-    80: {"block_n": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4, "block_m": 0, "split_keys": 0,
-         "solo_keys": 0},
-    90: {"block_n": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2, "block_m": 0, "split_keys": 0,
-         "solo_keys": 1024},
-    "default": {"block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2, "block_m": 0, "split_keys": 0,
-                "solo_keys": 0},
+    80: {"block_n": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4, "block_m": 0, "split_keys": 0},
+    90: {"block_n": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2, "block_m": 0, "split_keys": 0},
+    "default": {"block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2, "block_m": 0, "split_keys": 0},
     "invariant": {
         "block_n": 64,
         "num_warps": 4,
@@ -74,15 +67,13 @@ CONFIGS: dict[int | str, dict[str, int]] = {
         "programs_per_sm": 0,
         "block_m": 16,
         "split_keys": 512,
-        "solo_keys": 0,
     },
-}  # fmt: skip
+}
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
 HEAD_DIMS = (64, 128, 256)  # head dims the kernel is tested for (256: Qwen3.5 and Qwen3-Next full attention)
 MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
 MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
-SOLO_FILL = 0.8  # solo_keys applies where batch * KV heads * query tiles >= this share of the SMs (FA2's rule)
 REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step
 # Warps of each reduce program (one output row of D values). One: benchmarks/bench_launch_configs.py
 # --ops attention_reduce on an H200 (2026-11-22, 33 splits, 32 q heads): 2.3-3.0 us per launch at the
@@ -156,7 +147,6 @@ def attention_kernel(
     num_kv_heads,
     num_splits,
     split_keys,  # > 0: every split covers this many keys (fixed); 0: kv_len cut into num_splits chunks
-    solo_keys,  # SOLO: a chunk holds at least this many keys (a row with fewer is its first split's alone)
     stride_qb,
     stride_qh,
     stride_qt,
@@ -187,7 +177,6 @@ def attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
-    SOLO: tl.constexpr,  # solo_keys > 0 (SPLIT only)
     ROTARY: tl.constexpr,
     QK_NORM: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -221,19 +210,17 @@ def attention_kernel(
     # num_splits chunks of whole BLOCK_N blocks (or fixed split_keys chunks): split `split` covers
     # positions [lo, hi).
     kv_len = tl.minimum(start + T, seq_capacity)
-    chunk = split_chunk(kv_len, num_splits, split_keys, solo_keys, BLOCK_N, SOLO)
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    if split_keys > 0:
+        chunk = split_keys
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
     if SPLIT:
         # The split count follows the cache's capacity (a static grid), so at a short context most
         # splits start past the row's keys: they store an empty partial (log-sum-exp -inf, output 0,
-        # what the loop below would leave) and go no further (a solo row's store nothing: the reduce
-        # skips the row). The step's new keys lie below kv_len, in no such split. q's load comes first
-        # all the same: after this test it would wait for start_pos.
+        # what the loop below would leave) and go no further. The step's new keys lie below kv_len, in
+        # no such split. q's load comes first all the same: after this test it would wait for start_pos.
         if lo >= kv_len:
-            if SOLO:
-                if kv_len <= chunk:  # a solo row (its first split holds every key)
-                    return
             empty_out = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
             empty_lse = tl.full([BLOCK_M], float("-inf"), tl.float32)
             store_partial(part_out_ptr, part_lse_ptr, out_rows, num_splits, split, empty_out, empty_lse, dims, row_ok)
@@ -325,41 +312,16 @@ def attention_kernel(
 
     has_keys = l_i > 0  # false for rows whose window misses this split entirely
     norm = tl.where(has_keys, l_i, 1.0)
-    out = acc / norm[:, None]
     if SPLIT:
         lse = tl.where(has_keys, m_i + tl.log2(norm), float("-inf"))
-        if SOLO:
-            # A solo row's first split writes the output: the bits the reduce would give it (its one
-            # partial weighs exactly 1 there), without the partials' round trip.
-            if kv_len <= chunk:
-                store_output(out_ptr, out_rows, out, dims, row_ok, HEAD_DIM)
-            else:
-                store_partial(part_out_ptr, part_lse_ptr, out_rows, num_splits, split, out, lse, dims, row_ok)
-        else:
-            store_partial(part_out_ptr, part_lse_ptr, out_rows, num_splits, split, out, lse, dims, row_ok)
+        store_partial(part_out_ptr, part_lse_ptr, out_rows, num_splits, split, acc / norm[:, None], lse, dims, row_ok)
     else:
-        store_output(out_ptr, out_rows, out, dims, row_ok, HEAD_DIM)
-
-
-@triton.jit
-def store_output(out_ptr, out_rows, out, dims, row_ok, HEAD_DIM: tl.constexpr):
-    """The tile's rows of the attention output (fp32 `out`), rounded once to the output dtype."""
-    dtype = out_ptr.dtype.element_ty
-    offsets = out_rows[:, None] * HEAD_DIM + dims[None, :]
-    tl.store(out_ptr + offsets, round_to(out, dtype).to(dtype), mask=row_ok[:, None])
-
-
-@triton.jit
-def split_chunk(kv_len, num_splits, split_keys, solo_keys, BLOCK_N: tl.constexpr, SOLO: tl.constexpr):
-    """Keys per split of a row that sees kv_len keys: kv_len cut into num_splits chunks of whole BLOCK_N
-    blocks, or split_keys each; with SOLO at least solo_keys (a multiple of BLOCK_N). The main kernel and
-    the reduce compute it alike, so both know which rows are solo."""
-    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
-    if split_keys > 0:
-        chunk = split_keys
-    if SOLO:
-        chunk = tl.maximum(chunk, solo_keys)
-    return chunk
+        out = round_to(acc / norm[:, None], out_ptr.dtype.element_ty)
+        tl.store(
+            out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
 
 
 @triton.jit
@@ -367,26 +329,14 @@ def attention_reduce_kernel(
     part_out_ptr,
     part_lse_ptr,
     out_ptr,
-    start_pos_ptr,  # SOLO only
     num_splits,
-    seq_capacity,
-    q_heads,
-    solo_keys,
-    T: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
     CHUNK: tl.constexpr,
-    SOLO: tl.constexpr,
 ):
     # One program per output row (b, t, h), the row index of contiguous [B, T, Hq]; combines that
     # row's num_splits partials: out = sum_s 2^(lse_s - top) * out_s / sum_s 2^(lse_s - top).
     row = tl.program_id(0).to(tl.int64)
-    if SOLO:  # a solo row's first split wrote its output (attention_kernel): nothing to combine
-        start = tl.load(start_pos_ptr + row // (T * q_heads)).to(tl.int32)
-        kv_len = tl.minimum(start + T, seq_capacity)
-        if kv_len <= split_chunk(kv_len, num_splits, 0, solo_keys, BLOCK_N, SOLO):
-            return
     splits = tl.arange(0, BLOCK_SPLITS)
     lse = tl.load(part_lse_ptr + row * num_splits + splits, mask=splits < num_splits, other=float("-inf"))
     top = tl.max(lse, 0)
@@ -433,7 +383,6 @@ def attention(
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
     block_m: int = CONFIGS["default"]["block_m"],
     split_keys: int = CONFIGS["default"]["split_keys"],
-    solo_keys: int = CONFIGS["default"]["solo_keys"],
     rotary: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
     qk_norm: tuple[Tensor, Tensor, float] | None = None,
     causal: bool = True,
@@ -448,8 +397,7 @@ def attention(
     qk_norm=(q_weight, k_weight, eps) (with rotary only) first rms_norms each head of q and of the
     step's k over D, as graphspec::rms_norm would (to its fp32 rounding).
     causal=False: graphspec::block_attention's window (every query sees the whole block).
-    block_m/split_keys > 0 fix the query tile and the split size (the "invariant" config row); solo_keys > 0
-    leaves a row of at most that many keys to its first split where the batch alone fills the GPU."""
+    block_m/split_keys > 0 fix the query tile and the split size (the "invariant" config row)."""
     check_device(q, cache, *(rotary or ()))
     batch, q_heads, t, head_dim = q.shape
     kv_heads, seq_capacity = cache.shape[3], cache.shape[4]
@@ -496,9 +444,6 @@ def attention(
         splits = cdiv(seq_capacity, split_keys)
     else:
         splits = num_splits(batch, kv_heads, m_blocks, seq_capacity, block_n, programs_per_sm, sm_count(q.device))
-    # Solo rows: only with splits sized by the length (a fixed split size is what invariant numerics fix).
-    fills = batch * kv_heads * m_blocks >= SOLO_FILL * sm_count(q.device)
-    solo = cdiv(solo_keys, block_n) * block_n if splits > 1 and not split_keys and fills else 0
     if splits > 1:
         part_out = torch.empty((batch, t, q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, t, q_heads, splits), dtype=torch.float32, device=q.device)
@@ -526,7 +471,6 @@ def attention(
         kv_heads,
         splits,
         split_keys,
-        solo,
         *q.stride(),
         *cache.stride(),
         *k.stride()[:4],
@@ -539,7 +483,6 @@ def attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         SPLIT=splits > 1,
-        SOLO=solo > 0,
         ROTARY=rotary is not None,
         QK_NORM=qk_norm is not None,
         CAUSAL=causal,
@@ -551,9 +494,8 @@ def attention(
     )
     if splits > 1:
         attention_reduce_kernel[(batch * q_heads * t,)](
-            part_out, part_lse, out, start_pos, splits, seq_capacity, q_heads, solo,
-            T=t, HEAD_DIM=head_dim, BLOCK_N=block_n, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=REDUCE_CHUNK,
-            SOLO=solo > 0, num_warps=REDUCE_WARPS,
+            part_out, part_lse, out, splits,
+            HEAD_DIM=head_dim, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=REDUCE_CHUNK, num_warps=REDUCE_WARPS,
         )  # fmt: skip
     return out
 
@@ -572,10 +514,9 @@ def attention_triton(
     programs_per_sm: int,
     block_m: int,
     split_keys: int,
-    solo_keys: int,
 ) -> Tensor:
     """graphspec::attention lowered to attention_kernel; the trailing ints are CONFIG_FIELDS."""
-    config = (block_n, num_warps, num_stages, programs_per_sm, block_m, split_keys, solo_keys)
+    config = (block_n, num_warps, num_stages, programs_per_sm, block_m, split_keys)
     return attention(q, cache, layer, slot_ids, start_pos, scale, *config)
 
 

@@ -40,12 +40,11 @@ def block_attention(
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
     block_m: int = CONFIGS["default"]["block_m"],
     split_keys: int = CONFIGS["default"]["split_keys"],
-    solo_keys: int = CONFIGS["default"]["solo_keys"],
 ) -> Tensor:
     """Launch the attention kernel without the causal mask; same result as graphspec.ops.block_attention."""
     return causal_kernel.attention(
         q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm, block_m,
-        split_keys, solo_keys, causal=False,
+        split_keys, causal=False,
     )  # fmt: skip
 
 
@@ -63,11 +62,10 @@ def block_attention_triton(
     programs_per_sm: int,
     block_m: int,
     split_keys: int,
-    solo_keys: int,
 ) -> Tensor:
     """graphspec::block_attention lowered to the attention kernel with CAUSAL=False; the trailing ints
     are CONFIG_FIELDS."""
-    config = (block_n, num_warps, num_stages, programs_per_sm, block_m, split_keys, solo_keys)
+    config = (block_n, num_warps, num_stages, programs_per_sm, block_m, split_keys)
     return block_attention(q, cache, layer, slot_ids, start_pos, scale, *config)
 
 

@@ -85,52 +85,19 @@ def test_attention_empty_splits_leave_no_garbage(monkeypatch: pytest.MonkeyPatch
     """At a short context most splits start past a row's keys, and their programs return early; what
     they leave must still combine to nothing: with the partial buffers allocated full of NaN, the result
     is the reference's."""
-    q, cache, slot_ids, start_pos = make_case(2, 4, 2, 2, 96, 64, torch.float32, seed=17)
-    start_pos[:] = torch.tensor([3, 30])  # 5 and 32 keys of 96: 1 and 2 of the 6 splits hold keys
-    assert kernel.num_splits(2, 2, 1, 96, 16, 64, sm_count(DEVICE)) == 6
-    nan_partials(monkeypatch)
-    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, block_n=16, programs_per_sm=64)
-    monkeypatch.undo()
-    check(q, cache, 0, slot_ids, start_pos, 0.125, out)
-
-
-def nan_partials(monkeypatch: pytest.MonkeyPatch) -> None:
-    """New float buffers (the partials) start full of NaN: whatever a kernel leaves unwritten shows."""
     empty = torch.empty
 
     def nan_empty(*args, **kwargs) -> torch.Tensor:
         tensor = empty(*args, **kwargs)
         return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
 
+    q, cache, slot_ids, start_pos = make_case(2, 4, 2, 2, 96, 64, torch.float32, seed=17)
+    start_pos[:] = torch.tensor([3, 30])  # 5 and 32 keys of 96: 1 and 2 of the 6 splits hold keys
+    assert kernel.num_splits(2, 2, 1, 96, 16, 64, sm_count(DEVICE)) == 6
     monkeypatch.setattr(torch, "empty", nan_empty)
-
-
-def test_attention_solo_rows_skip_the_reduce(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the batch's tiles fill the GPU (every launch here: the interpreter counts 2 SMs), a row that sees
-    at most solo_keys keys is its first split's alone: that split writes the output, the other splits and the
-    reduce leave the row alone (NaN partials stay unread). Longer rows split and reduce as before. A solo row
-    gets the bits of an unsplit launch (the same loop over its keys)."""
-    q, cache, slot_ids, start_pos = make_case(4, 4, 2, 2, 96, 64, torch.bfloat16, seed=19)
-    start_pos[:] = torch.tensor([3, 30, 60, 94])  # 5, 32, 62 and 96 keys: two solo rows at solo_keys 32
-    config = {"block_n": 16, "programs_per_sm": 64}
-    assert kernel.num_splits(4, 2, 1, 96, 16, 64, sm_count(DEVICE)) == 6
-    unsplit = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, block_n=16, programs_per_sm=0)
-    nan_partials(monkeypatch)
-    solo = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, solo_keys=32, **config)
+    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, block_n=16, programs_per_sm=64)
     monkeypatch.undo()
-    check(q, cache, 0, slot_ids, start_pos, 0.125, solo)
-    assert torch.equal(solo[:2].view(torch.int16), unsplit[:2].view(torch.int16))
-    assert not torch.equal(solo[2:].view(torch.int16), unsplit[2:].view(torch.int16))  # split: another order
-
-
-def test_attention_solo_keys_wait_for_a_full_grid() -> None:
-    """One (row, KV head) tile does not fill the GPU: its short row still splits (solo_keys changes nothing)."""
-    q, cache, slot_ids, start_pos = make_case(1, 4, 1, 2, 96, 64, torch.float32, seed=23)
-    start_pos[:] = 10
-    config = {"block_n": 16, "programs_per_sm": 64}
-    plain = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, **config)
-    assert torch.equal(plain, kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, solo_keys=64, **config))
-    check(q, cache, 0, slot_ids, start_pos, 0.125, plain)
+    check(q, cache, 0, slot_ids, start_pos, 0.125, out)
 
 
 @pytest.mark.parametrize("sm", list(kernel.CONFIGS))
@@ -185,19 +152,6 @@ def device_config() -> dict[str, int]:
 )
 def test_attention_real_shapes_gpu(batch: int, seq: int, k: int) -> None:
     q, cache, slot_ids, start_pos = make_case(batch, 32, 8, k + 1, seq, 128, torch.bfloat16, seed=batch + k, layers=1)
-    poison_allocator()
-    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 128**-0.5, **device_config())
-    check(q, cache, 0, slot_ids, start_pos, 128**-0.5, out)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("k", [0, 4])
-def test_attention_solo_rows_at_batch_16_gpu(k: int) -> None:
-    """The sm 90 row at B = 16 (128 tiles of 8B heads fill the H200's SMs): rows of up to solo_keys keys solo,
-    longer rows split, in one launch."""
-    q, cache, slot_ids, start_pos = make_case(16, 32, 8, k + 1, 4096, 128, torch.bfloat16, seed=29, layers=1)
-    start_pos[:8] = torch.randint(0, 1024 - k, (8,), device="cuda")  # within solo_keys
-    start_pos[0] = 1024 - k - 1  # exactly solo_keys keys
     poison_allocator()
     out = kernel.attention(q, cache, 0, slot_ids, start_pos, 128**-0.5, **device_config())
     check(q, cache, 0, slot_ids, start_pos, 128**-0.5, out)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Solo rows (kernels/attention.py solo_keys: where the batch's tiles fill the GPU, a row of up to 1024 keys is its
+# Ran at 0b663e8 (solo rows were reverted after). Solo rows (kernels/attention.py solo_keys: where the batch's tiles fill the GPU, a row of up to 1024 keys is its
 # first split's alone, no reduce) on the GPU in one device call: the attention GPU tests, then bench_drafters at
 # B = 16 (512 of 1024 keys, and 8000 of 8192) with solo_off.diff applied (solo_keys 0: 2 splits, as before) and
 # without it, and issue 13's table (B = 1, 4, 16, 64; bucket 64 at K = 1) on the final code.
