@@ -52,27 +52,29 @@ __all__ = ["CONFIGS", "attention", "attention_reference", "attention_triton"]
 # B 1 / 32k tokens / K 4, and read bandwidth above the copy rate at B 64 / 4k. 80 and default are
 # untuned guesses (smaller smem footprint). fp32 caches (CPU tests) use IEEE dots and spill on a GPU.
 # block_m: query rows per tile, 0 = the query tile rounded up to a power of 2; split_keys: keys per split,
-# 0 = as many splits as programs_per_sm asks (their size follows the cache length).
+# 0 = as many splits as programs_per_sm asks (their size follows the cache length). wave_block_n: where the
+# batch's (row, KV head, query block) tiles alone make one wave of more than WAVE_FILL of the SMs, no split and
+# this many keys per loop step (0 = split as programs_per_sm says): a 128-key block in flight per program hides
+# the HBM latency that a second split per SM hid, without the reduce (sm 90: 128; at B = 16, 8B heads, 15-20%
+# faster per launch at 512 keys and 4-6% at 4000; docs/BENCHMARKS.md 2026-11-29, the attention probe).
 # "invariant" (numerics="invariant", any SM): a fixed tile and fixed 512-key splits, so a query's keys
 # are visited in the same blocks, splits and order whatever the batch, the query block or the cache
 # length; the splits it cannot see weigh exactly 0 in the reduce.
 CONFIGS: dict[int | str, dict[str, int]] = {
-    80: {"block_n": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4, "block_m": 0, "split_keys": 0},
-    90: {"block_n": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2, "block_m": 0, "split_keys": 0},
-    "default": {"block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2, "block_m": 0, "split_keys": 0},
-    "invariant": {
-        "block_n": 64,
-        "num_warps": 4,
-        "num_stages": 3,
-        "programs_per_sm": 0,
-        "block_m": 16,
-        "split_keys": 512,
-    },
-}
+    80: {"block_n": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4, "block_m": 0, "split_keys": 0,
+         "wave_block_n": 0},
+    90: {"block_n": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2, "block_m": 0, "split_keys": 0,
+         "wave_block_n": 128},
+    "default": {"block_n": 32, "num_warps": 4, "num_stages": 2, "programs_per_sm": 2, "block_m": 0, "split_keys": 0,
+                "wave_block_n": 0},
+    "invariant": {"block_n": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 0, "block_m": 16,
+                  "split_keys": 512, "wave_block_n": 0},
+}  # fmt: skip
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
 HEAD_DIMS = (64, 128, 256)  # head dims the kernel is tested for (256: Qwen3.5 and Qwen3-Next full attention)
 MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
+WAVE_FILL = 0.5  # wave_block_n: tile counts in (WAVE_FILL * SMs, SMs] (below, B <= 8 at 8B heads: a tie)
 MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
 REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step
 # Warps of each reduce program (one output row of D values). One: benchmarks/bench_launch_configs.py
@@ -383,6 +385,7 @@ def attention(
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
     block_m: int = CONFIGS["default"]["block_m"],
     split_keys: int = CONFIGS["default"]["split_keys"],
+    wave_block_n: int = CONFIGS["default"]["wave_block_n"],
     rotary: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
     qk_norm: tuple[Tensor, Tensor, float] | None = None,
     causal: bool = True,
@@ -397,7 +400,8 @@ def attention(
     qk_norm=(q_weight, k_weight, eps) (with rotary only) first rms_norms each head of q and of the
     step's k over D, as graphspec::rms_norm would (to its fp32 rounding).
     causal=False: graphspec::block_attention's window (every query sees the whole block).
-    block_m/split_keys > 0 fix the query tile and the split size (the "invariant" config row)."""
+    block_m/split_keys > 0 fix the query tile and the split size (the "invariant" config row); wave_block_n > 0:
+    one unsplit program per tile, that many keys a step, where the tiles make one wave (WAVE_FILL)."""
     check_device(q, cache, *(rotary or ()))
     batch, q_heads, t, head_dim = q.shape
     kv_heads, seq_capacity = cache.shape[3], cache.shape[4]
@@ -437,13 +441,19 @@ def attention(
     # TRITON_INTERPRET=1; there the kernel upcasts the (exactly representable) operands to fp32.
     # Remove when the interpreter's dot handles 16-bit floats.
     upcast = q.device.type != "cuda" and q.dtype != torch.float32
+    sms = sm_count(q.device)
+    one_wave = bool(wave_block_n) and not split_keys and WAVE_FILL * sms < batch * kv_heads * m_blocks <= sms
+    if one_wave:
+        block_n = wave_block_n
     block_n, num_stages = fit_shared_memory(q, block_m, block_n, num_stages)
     if split_keys:
         if split_keys % block_n:
             raise ValueError(f"attention kernel: split_keys ({split_keys}) must be a multiple of block_n ({block_n})")
         splits = cdiv(seq_capacity, split_keys)
+    elif one_wave:
+        splits = 1
     else:
-        splits = num_splits(batch, kv_heads, m_blocks, seq_capacity, block_n, programs_per_sm, sm_count(q.device))
+        splits = num_splits(batch, kv_heads, m_blocks, seq_capacity, block_n, programs_per_sm, sms)
     if splits > 1:
         part_out = torch.empty((batch, t, q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, t, q_heads, splits), dtype=torch.float32, device=q.device)
@@ -514,9 +524,10 @@ def attention_triton(
     programs_per_sm: int,
     block_m: int,
     split_keys: int,
+    wave_block_n: int,
 ) -> Tensor:
     """graphspec::attention lowered to attention_kernel; the trailing ints are CONFIG_FIELDS."""
-    config = (block_n, num_warps, num_stages, programs_per_sm, block_m, split_keys)
+    config = (block_n, num_warps, num_stages, programs_per_sm, block_m, split_keys, wave_block_n)
     return attention(q, cache, layer, slot_ids, start_pos, scale, *config)
 
 

@@ -40,11 +40,12 @@ def block_attention(
     programs_per_sm: int = CONFIGS["default"]["programs_per_sm"],
     block_m: int = CONFIGS["default"]["block_m"],
     split_keys: int = CONFIGS["default"]["split_keys"],
+    wave_block_n: int = CONFIGS["default"]["wave_block_n"],
 ) -> Tensor:
     """Launch the attention kernel without the causal mask; same result as graphspec.ops.block_attention."""
     return causal_kernel.attention(
         q, cache, layer, slot_ids, start_pos, scale, block_n, num_warps, num_stages, programs_per_sm, block_m,
-        split_keys, causal=False,
+        split_keys, wave_block_n, causal=False,
     )  # fmt: skip
 
 
@@ -62,10 +63,11 @@ def block_attention_triton(
     programs_per_sm: int,
     block_m: int,
     split_keys: int,
+    wave_block_n: int,
 ) -> Tensor:
     """graphspec::block_attention lowered to the attention kernel with CAUSAL=False; the trailing ints
     are CONFIG_FIELDS."""
-    config = (block_n, num_warps, num_stages, programs_per_sm, block_m, split_keys)
+    config = (block_n, num_warps, num_stages, programs_per_sm, block_m, split_keys, wave_block_n)
     return block_attention(q, cache, layer, slot_ids, start_pos, scale, *config)
 
 

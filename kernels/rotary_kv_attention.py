@@ -79,12 +79,13 @@ def rotary_kv_attention_triton(
     programs_per_sm: int,
     block_m: int,
     split_keys: int,
+    wave_block_n: int,
 ) -> Tensor:
     """graphspec::rotary_kv_attention lowered to attention_kernel; the trailing ints are CONFIG_FIELDS."""
     return rotary_kv_attention(
         q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal,
         block_n=block_n, num_warps=num_warps, num_stages=num_stages, programs_per_sm=programs_per_sm,
-        block_m=block_m, split_keys=split_keys,
+        block_m=block_m, split_keys=split_keys, wave_block_n=wave_block_n,
     )  # fmt: skip
 
 

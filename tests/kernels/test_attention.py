@@ -100,6 +100,60 @@ def test_attention_empty_splits_leave_no_garbage(monkeypatch: pytest.MonkeyPatch
     check(q, cache, 0, slot_ids, start_pos, 0.125, out)
 
 
+class LaunchSpy:
+    """Stands in for a Triton kernel: records each launch's grid and BLOCK_N, then launches the real one."""
+
+    def __init__(self, real) -> None:
+        self.real, self.launches = real, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((tuple(grid), kwargs["BLOCK_N"]))
+            return self.real[grid](*args, **kwargs)
+
+        return launch
+
+
+class NoLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError(f"launched with grid {grid}: this case has no reduce")
+
+
+def test_attention_one_wave_of_tiles_takes_one_unsplit_program_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the batch's tiles make one wave of more than WAVE_FILL of the SMs (2 tiles on the interpreter's
+    2 SMs), wave_block_n runs one program per tile over all its keys, wave_block_n keys a step: no split, no
+    reduce, whatever programs_per_sm would ask; the result is the reference's."""
+    assert sm_count(DEVICE) == 2 or DEVICE.type == "cuda"
+    q, cache, slot_ids, start_pos = make_case(2, 4, 1, 3, 100, 64, torch.float32, seed=23)  # 2 rows x 1 kv head
+    spy = LaunchSpy(kernel.attention_kernel)
+    monkeypatch.setattr(kernel, "attention_kernel", spy)
+    monkeypatch.setattr(kernel, "attention_reduce_kernel", NoLaunch())
+    monkeypatch.setattr(kernel, "sm_count", lambda device: 2)
+    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, block_n=16, programs_per_sm=64, wave_block_n=32)
+    assert spy.launches == [((1, 2, 1), 32)]
+    check(q, cache, 0, slot_ids, start_pos, 0.125, out)
+
+
+@pytest.mark.parametrize(
+    ("batch", "split_keys"),
+    [(1, 0), (3, 0), (2, 32)],  # one tile (half the SMs: not more), three (past one wave), fixed splits
+)
+def test_attention_wave_block_n_leaves_other_launches_split(
+    monkeypatch: pytest.MonkeyPatch, batch: int, split_keys: int
+) -> None:
+    """Tile counts outside (WAVE_FILL * SMs, SMs], and fixed split sizes (the invariant row), split as
+    before, with block_n."""
+    q, cache, slot_ids, start_pos = make_case(batch, 4, 1, 2, 96, 64, torch.float32, seed=29 + batch)
+    spy = LaunchSpy(kernel.attention_kernel)
+    monkeypatch.setattr(kernel, "attention_kernel", spy)
+    monkeypatch.setattr(kernel, "sm_count", lambda device: 2)
+    config = {"block_n": 16, "programs_per_sm": 64, "split_keys": split_keys, "wave_block_n": 32}
+    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, **config)
+    splits = 96 // split_keys if split_keys else kernel.num_splits(batch, 1, 1, 96, 16, 64, 2)
+    assert splits > 1 and spy.launches == [((splits, batch, 1), 16)]
+    check(q, cache, 0, slot_ids, start_pos, 0.125, out)
+
+
 @pytest.mark.parametrize("sm", list(kernel.CONFIGS))
 def test_attention_every_table_config(sm: int | str) -> None:
     """Each SM's config from the table (block size and split target) gives the reference's result."""
@@ -148,7 +202,8 @@ def device_config() -> dict[str, int]:
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("batch", "seq", "k"),
-    [(1, 32768, 1), (1, 32768, 8), (4, 32768, 4), (16, 8192, 1), (64, 4096, 4), (64, 2048, 8)],
+    # B = 16: one wave of 8B tiles on an H200 (wave_block_n)
+    [(1, 32768, 1), (1, 32768, 8), (4, 32768, 4), (16, 8192, 1), (16, 1024, 4), (64, 4096, 4), (64, 2048, 8)],
 )
 def test_attention_real_shapes_gpu(batch: int, seq: int, k: int) -> None:
     q, cache, slot_ids, start_pos = make_case(batch, 32, 8, k + 1, seq, 128, torch.bfloat16, seed=batch + k, layers=1)

@@ -189,6 +189,7 @@ def test_attention_default_rows_are_not_what_invariant_numerics_uses() -> None:
     assert config == attention.CONFIGS[registry.INVARIANT]
     assert config["block_m"] and config["split_keys"] % config["block_n"] == 0
     assert all(attention.CONFIGS[key]["split_keys"] == 0 for key in (80, 90, "default"))
+    assert config["wave_block_n"] == 0  # one unsplit program per tile where the batch fills one wave: shape-dependent
 
 
 @pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(4, 2, 64)])
