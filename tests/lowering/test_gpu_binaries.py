@@ -160,9 +160,11 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
         from graphspec.kernels import attention
 
         for config in (attention.CONFIGS[90], attention.CONFIGS["default"]):
-            q = torch.randn(1, 4, 4, 256, dtype=torch.bfloat16)
-            cache = torch.zeros(1, 2, 2, 1, 64, 256, dtype=torch.bfloat16)
-            attention.attention(q, cache, 0, torch.tensor([0]), torch.tensor([20]), 256**-0.5, **config)
+            for batch in (1, 2):  # 2 rows x 1 KV head: one wave of tiles on the interpreter's 2 SMs (wave_block_n)
+                q = torch.randn(batch, 4, 4, 256, dtype=torch.bfloat16)
+                cache = torch.zeros(1, 2, 2, 1, 64, 256, dtype=torch.bfloat16)
+                slot_ids, start_pos = torch.tensor([0, 1][:batch]), torch.tensor([20, 40][:batch])
+                attention.attention(q, cache, 0, slot_ids, start_pos, 256**-0.5, **config)
         # The fused rotary + KV write (what fuse_rotary_kv makes where attention stays apart), fp32 as the
         # step's and bf16, with each of its config rows; q/k/v as transposed slices of one projection.
         from graphspec.kernels import rotary_kv_write
