@@ -123,7 +123,6 @@ def test_attention_one_wave_of_tiles_takes_one_unsplit_program_each(monkeypatch:
     """Where the batch's tiles make one wave of more than WAVE_FILL of the SMs (2 tiles on the interpreter's
     2 SMs), wave_block_n runs one program per tile over all its keys, wave_block_n keys a step: no split, no
     reduce, whatever programs_per_sm would ask; the result is the reference's."""
-    assert sm_count(DEVICE) == 2 or DEVICE.type == "cuda"
     q, cache, slot_ids, start_pos = make_case(2, 4, 1, 3, 100, 64, torch.float32, seed=23)  # 2 rows x 1 kv head
     spy = LaunchSpy(kernel.attention_kernel)
     monkeypatch.setattr(kernel, "attention_kernel", spy)
