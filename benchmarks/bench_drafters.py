@@ -50,6 +50,7 @@ from benchmarks.bench_step import PRESETS, time_drafter_steps, time_replays, wri
 from graphspec import pipeline
 from graphspec.cli import bucket_ks
 from graphspec.compiled import device_sm
+from graphspec.config import FOLD_NORMS
 from graphspec.drafters.dflash import DFlashHead
 from graphspec.drafters.eagle3 import Eagle3Head, aux_layers
 from graphspec.drafters.mtp import MtpHead, layer_names
@@ -300,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PASS[,PASS]",
         help="compile every step and target-only forward without these passes (the A/B of a pass)",
     )
+    parser.add_argument(
+        "--fold-norms",
+        choices=sorted(FOLD_NORMS),
+        default="auto",
+        help="fold the post-attention norms into gate/up (compile's fold_norms; auto: on CUDA) (A/B runs)",
+    )
     args = parser.parse_args(argv)
     unknown_passes = sorted(set(args.skip_passes) - set(pipeline.PASS_NAMES))
     if unknown_passes:
@@ -332,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"device": common.device_name(args.device), "args": vars(args), "rows": []}
     options = dict(k=max(args.k), dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len, modes=("greedy",))
     options["skip"] = args.skip_passes
+    options["fold_norms"] = FOLD_NORMS[args.fold_norms]
     with tempfile.TemporaryDirectory(dir=common.checkpoint_dir(0)) as workdir:
         target_dir = write_checkpoint(Path(workdir) / "target", target_shape, args.device, seed=1)
         draft_dir = write_checkpoint(Path(workdir) / "draft", draft_shape, args.device, seed=2)

@@ -144,16 +144,16 @@ class InjectedFailureError(RuntimeError):
 
 class LoadCache:
     def __init__(self) -> None:
-        self.models: dict[tuple[str, str, str], object] = {}
+        self.models: dict[tuple[str, str, str, bool], object] = {}
         self._module = None
         self._original = None
 
-    def load(self, path, dtype="float32", device="cpu"):
+    def load(self, path, dtype="float32", device="cpu", fold_norms=False):
         from graphspec.models.loading import load_model
 
-        key = (str(Path(path).resolve()), str(dtype), str(device))
+        key = (str(Path(path).resolve()), str(dtype), str(device), fold_norms)
         if key not in self.models:
-            self.models[key] = load_model(path, dtype, device)
+            self.models[key] = load_model(path, dtype, device, fold_norms=fold_norms)
         return self.models[key]
 
     def install(self) -> bool:
@@ -162,7 +162,7 @@ class LoadCache:
         if not hasattr(compiler_module, "load_model"):
             return False  # compile() changed how it loads: it then loads per call (slower, still right)
         self._module, self._original = compiler_module, compiler_module.load_model
-        compiler_module.load_model = lambda path, dtype="float32", device="cpu": self.load(path, dtype, device)
+        compiler_module.load_model = self.load
         return True
 
     def uninstall(self) -> None:

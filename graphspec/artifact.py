@@ -74,7 +74,7 @@ from safetensors.torch import load_file, save_file
 
 from graphspec import trace
 from graphspec.compiled import Compiled, device_sm, prefill_graph_name
-from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, SpecConfig
+from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, SpecConfig, default_fold_norms
 from graphspec.drafters import (
     DIRECTORY_KINDS,
     FILE_SETTINGS,
@@ -443,6 +443,8 @@ def compile_command(compiled: Compiled, out: Path, copy_weights: bool) -> str:
         words += ["--lowering", config.lowering]
     if config.numerics != "default":
         words += ["--numerics", config.numerics]
+    if config.fold_norms != default_fold_norms(config.device, config.numerics):
+        words += ["--fold-norms", "on" if config.fold_norms else "off"]
     modes = sorted({mode for mode, _ in compiled.graphs}, key=SAMPLING_MODES.index)
     if tuple(modes) != SAMPLING_MODES:
         words += ["--modes", ",".join(modes)]
@@ -1044,7 +1046,7 @@ def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:
     except TypeError as error:
         raise ArtifactError(f"{path / MANIFEST}: bad config ({error}); recompile with `{command}`") from None
     verified = time.perf_counter()
-    target = load_model(weights["target"], config.dtype, config.device)
+    target = load_model(weights["target"], config.dtype, config.device, fold_norms=config.fold_norms)
     settings = {name: value for name, value in drafter_record.items() if name in SETTINGS[kind]}
     # File settings name the artifact's own (verified) copy.
     files = {name: settings.pop(name) for name in FILE_SETTINGS if name in settings}
@@ -1052,7 +1054,9 @@ def _build(path: Path, manifest: dict[str, Any], command: str) -> Compiled:
     checked = check_drafter(
         weights.get("draft", kind), kind, weights["target"], target.config, config.max_seq_len, settings, config.k
     )
-    drafter = open_drafter(weights.get("draft", kind), kind, target, config.dtype, config.device, checked, settings)
+    drafter = open_drafter(
+        weights.get("draft", kind), kind, target, config.dtype, config.device, checked, settings, config.fold_norms
+    )
     described = {name: value for name, value in drafter_record.items() if name not in files}
     if drafter.describe() != {"kind": kind, **described}:
         raise ArtifactError(

@@ -132,6 +132,7 @@ PHASE_CHECKS = {
     "insert_verify": _VERIFIED,
     "mask_padding": _VERIFIED,
     "defunctionalize_kv": _IN_PLACE,
+    "addmm_in_place": _IN_PLACE,
     "fuse_rotary_kv": _IN_PLACE,
     "fuse_kv_attention": _IN_PLACE,
     "fuse_qk_norm": _IN_PLACE,
@@ -143,6 +144,7 @@ PHASE_CHECKS = {
 _PREFILL_IN_PLACE = (graph_lints, outputs_are_named, no_functional_cache_updates, caches_are_inputs, no_host_sync_ops)
 PREFILL_PHASE_CHECKS = {
     "defunctionalize_kv": _PREFILL_IN_PLACE,
+    "addmm_in_place": _PREFILL_IN_PLACE,
     "fuse_prefill_attention": _PREFILL_IN_PLACE,
     "lower_kernels": _PREFILL_IN_PLACE,
 }

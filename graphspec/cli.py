@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import graphspec
-from graphspec.config import DEFAULT_PREFILL_TOKENS, MAX_K, NUMERICS, SAMPLING_MODES
+from graphspec.config import DEFAULT_PREFILL_TOKENS, FOLD_NORMS, MAX_K, NUMERICS, SAMPLING_MODES
 from graphspec.cublas import use_no_workspace
 from graphspec.drafter_kinds import DEFAULT_NGRAM, KINDS, NAMED_KINDS
 from graphspec.errors import ArtifactError, GraphspecError
@@ -289,6 +289,13 @@ def build_parser() -> Parser:
         "own output; default: the fastest kernels",
     )
     compile_parser.add_argument(
+        "--fold-norms",
+        choices=tuple(FOLD_NORMS),
+        default="auto",
+        help="fold each layer's post-attention norm into its gate/up projection (one launch fewer per layer); "
+        "auto: on CUDA under default numerics",
+    )
+    compile_parser.add_argument(
         "--modes",
         type=modes,
         default=",".join(SAMPLING_MODES),
@@ -540,6 +547,7 @@ def run_compile(args: argparse.Namespace) -> int:
                 capture=args.capture,
                 lowering=args.lowering,
                 numerics=args.numerics,
+                fold_norms=FOLD_NORMS[args.fold_norms],
                 stop_after=args.stop_after,
                 skip=skip,
                 copy_weights=not args.reference_weights,
@@ -765,7 +773,8 @@ def describe_manifest(path: Path, manifest: dict[str, Any]) -> str:
         f"           format {manifest['format_version']}, created {manifest.get('created', '?')}",
         f"step       k={config['k']}{by_bucket}  buckets {','.join(map(str, config['batch_sizes']))}  "
         f"modes {','.join(manifest.get('modes', []))}  dtype {config['dtype']}  max_seq_len {config['max_seq_len']}  "
-        f"capture {config['capture']}  lowering {config['lowering']}  numerics {config.get('numerics', 'default')}",
+        f"capture {config['capture']}  lowering {config['lowering']}  numerics {config.get('numerics', 'default')}  "
+        f"fold_norms {config.get('fold_norms', False)}",
         f"device     {device['device']} ({device.get('name', '?')}, {sm})",
         "versions   " + "  ".join(f"{name} {version}" for name, version in versions.items()),
     ]

@@ -12,7 +12,7 @@ import torch
 from graphspec import checks, trace, trace_prefill
 from graphspec.artifact import check_out, save_artifact
 from graphspec.compiled import Compiled, device_sm, prefill_graph_name
-from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, PassContext, SpecConfig
+from graphspec.config import DEFAULT_PREFILL_TOKENS, SAMPLING_MODES, PassContext, SpecConfig, default_fold_norms
 from graphspec.context import default_max_seq_len
 from graphspec.counters import COUNTERS
 from graphspec.cublas import use_no_workspace
@@ -68,6 +68,7 @@ def compile(
     copy_weights: bool = True,
     modes: Iterable[str] = SAMPLING_MODES,
     k_by_bucket: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
+    fold_norms: bool | None = None,
     on_progress: Callable[[str], None] | None = None,
     drafter: str | None = None,
     **drafter_options: object,
@@ -84,6 +85,8 @@ def compile(
     max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py).
     k_by_bucket: drafts per step of chosen buckets, below k (e.g. {64: 1} or [(64, 1)]: fewer drafts where a
     large batch makes the verify compute-bound); the other buckets draft k.
+    fold_norms: fold each decoder layer's post-attention norm into its gate/up projection where the models allow
+    (models/fold_norms.py; None: config.default_fold_norms, on CUDA under default numerics).
     numerics "invariant": row-invariant kernels in the steps and prefill programs (greedy only;
     lowering/registry.py), so a draft equal to the target accepts every draft and speculation changes no
     token of the target's own output."""
@@ -98,6 +101,7 @@ def compile(
         lowering=lowering,
         numerics=numerics,
         k_by_bucket=() if k_by_bucket is None else k_by_bucket,  # type: ignore[arg-type]: SpecConfig normalizes it
+        fold_norms=default_fold_norms(device, numerics) if fold_norms is None else fold_norms,
     )
     validate_names(stop_after, skip)
     modes = tuple(modes)
@@ -131,10 +135,12 @@ def compile(
     check_context(target, target_spec, max_seq_len)
     checked = check_drafter(draft, kind, target, target_config, max_seq_len, dict(drafter_options), k)
     progress(f"loading target {target}")
-    target_model = load_model(target, dtype, device)
+    target_model = load_model(target, dtype, device, fold_norms=config.fold_norms)
     if checked is None:  # the drafter has weights of its own
         progress(f"loading draft {draft}")
-    drafter_model = open_drafter(draft, kind, target_model, dtype, device, checked, dict(drafter_options))
+    drafter_model = open_drafter(
+        draft, kind, target_model, dtype, device, checked, dict(drafter_options), fold_norms=config.fold_norms
+    )
     check_tokenizers(target_model, drafter_model)
     sm = device_sm(device)
     slots = max(config.batch_sizes) + 1

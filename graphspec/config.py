@@ -16,6 +16,13 @@ MAX_K = 16
 DEFAULT_PREFILL_TOKENS = 2048
 SAMPLING_MODES = ("greedy", "sample")
 NUMERICS = ("default", "invariant")
+FOLD_NORMS = {"auto": None, "on": True, "off": False}  # `--fold-norms` -> compile's fold_norms (None: auto)
+
+
+def default_fold_norms(device: str, numerics: str) -> bool:
+    """compile's fold_norms=None: fold on CUDA under default numerics, where it saves a launch per layer (on the
+    CPU there are no launches to save, and the CPU's packed-weight matmuls take plain projections)."""
+    return device.startswith("cuda") and numerics == "default"
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,9 @@ class SpecConfig:
     # (vLLM's disable_by_batch_size, TensorRT-LLM's draft_len_schedule). Other buckets draft k. Stored as
     # sorted (bucket, K) pairs; k stays the largest K, which the drafter's states are laid out for.
     k_by_bucket: tuple[tuple[int, int], ...] = ()
+    # Fold each decoder layer's post-attention norm weight into its gate/up projection, where a model allows
+    # (models/fold_norms.py): one launch fewer per layer. The loader folds the weights, so an artifact records it.
+    fold_norms: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int):
@@ -65,6 +75,13 @@ class SpecConfig:
             raise InputError(
                 f"numerics='invariant' needs the Triton kernels: device cuda and lowering auto, got device "
                 f"{self.device!r}, lowering {self.lowering!r} (on the CPU the reference ops have no invariant form)"
+            )
+        if not isinstance(self.fold_norms, bool):
+            raise InputError(f"fold_norms must be True or False, got {self.fold_norms!r}")
+        if self.fold_norms and self.numerics == "invariant":
+            raise InputError(
+                "fold_norms=True with numerics='invariant': the folded residual add is cuBLAS's addmm, which is not "
+                "row-invariant; compile with fold_norms=False (the default under invariant numerics)"
             )
         if self.max_seq_len < self.k + 3:
             raise InputError(f"max_seq_len={self.max_seq_len} is too small for k={self.k}")

@@ -163,6 +163,27 @@ def _(gate_up: Tensor) -> Tensor:
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
 
 
+def scaled_silu_mul_reference(gate_up: Tensor, x: Tensor, eps: float) -> Tensor:
+    # The row scale r = rsqrt(mean(x^2) + eps) of an RMSNorm, applied to a projection of the un-normalized row
+    # x (the norm's weight folded into the projection, models/fold_norms.py): r * (x @ (W * g).T) is
+    # rms_norm(x, g) @ W.T. One rounding at the end: the scaled gate and up never exist in the dtype.
+    scale = torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + eps)
+    gate, up = (gate_up.to(torch.float32) * scale).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
+
+
+@library.op("graphspec::scaled_silu_mul", mutates_args=())
+def scaled_silu_mul(gate_up: Tensor, x: Tensor, eps: float) -> Tensor:
+    """silu_mul of gate_up [..., 2I] scaled by the RMSNorm row scale of x [..., H] (the rows gate_up projects):
+    silu(r * gate) * (r * up), r = rsqrt(mean(x^2) + eps) per row."""
+    return scaled_silu_mul_reference(gate_up, x, eps).contiguous()
+
+
+@torch.library.register_fake("graphspec::scaled_silu_mul")
+def _(gate_up: Tensor, x: Tensor, eps: float) -> Tensor:
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
 # --------------------------------------------------------------------------------------------------
 # KV cache
 # --------------------------------------------------------------------------------------------------
@@ -1022,6 +1043,7 @@ OPS = {
     "rotary": torch.ops.graphspec.rotary.default,
     "rope_tables": torch.ops.graphspec.rope_tables.default,
     "silu_mul": torch.ops.graphspec.silu_mul.default,
+    "scaled_silu_mul": torch.ops.graphspec.scaled_silu_mul.default,
     "kv_update": torch.ops.graphspec.kv_update.default,
     "kv_write": torch.ops.graphspec.kv_write.default,
     "slot_update": torch.ops.graphspec.slot_update.default,

@@ -21,6 +21,7 @@ from graphspec.dump import DumpWriter, PassRecord, all_nodes, op_counts
 from graphspec.errors import InputError, PassError
 from graphspec.lowering import fuse_pointwise, lower_kernels
 from graphspec.passes import (
+    addmm_in_place,
     defunctionalize_kv,
     fold_constants,
     fuse_kv_attention,
@@ -41,6 +42,7 @@ PIPELINE = (
     fold_constants,  # last while the graph is pure: after mask_padding's where(row_valid, x, number)
     # Phase 2: leave functional form. Nothing below may assume purity; no dead-code elimination.
     defunctionalize_kv,
+    addmm_in_place,
     # Phase 3: fusions across the in-place KV writes (they need those writes), into reference ops
     # that compute the same bits; before lowering, so fused ops get their kernels like any other op.
     fuse_rotary_kv,
@@ -60,6 +62,7 @@ PASS_NAMES = tuple(p.NAME for p in PIPELINE)
 PREFILL_PIPELINE = (
     # Phase 1: leave functional form (prefill writes the target's and the drafter's states in place).
     defunctionalize_kv,
+    addmm_in_place,
     # Phase 2: each layer's KV write and attention become one flash-style prefill attention.
     fuse_prefill_attention,
     # Phase 3: kernels chosen for ctx.sm.

@@ -36,6 +36,7 @@ CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 MANY_ROWS = 512
+SCALE_BLOCK = 2048  # elements of the scale row summed per iteration (graphspec::scaled_silu_mul)
 
 
 def shape_class(gate_up: Tensor, *_: object) -> str | None:
@@ -48,13 +49,19 @@ def shape_class(gate_up: Tensor, *_: object) -> str | None:
 def silu_mul_kernel(
     x_ptr,
     out_ptr,
+    h_ptr,  # HAS_SCALE: the rows [rows, hidden] gate_up projects, whose RMSNorm row scale multiplies gate and up
     rows,
     inter,  # I: gate is columns [0, I) of a row, up columns [I, 2I)
     col_blocks,
     stride_xr,
     stride_xc,
+    hidden,
+    stride_hr,
+    eps,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     LIBDEVICE_EXP: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -64,13 +71,25 @@ def silu_mul_kernel(
     gate_ptr = x_ptr + row[:, None] * stride_xr + col[None, :] * stride_xc
     gate = tl.load(gate_ptr, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gate_ptr + inter * stride_xc, mask=mask, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    if HAS_SCALE:  # graphspec::scaled_silu_mul: r = rsqrt(mean(h^2) + eps), every program reads its rows whole
+        squares = tl.zeros([BLOCK_R], tl.float32)
+        for start in range(0, hidden, BLOCK_H):  # a fixed order for a given hidden size: row-invariant
+            cols = start + tl.arange(0, BLOCK_H)
+            h_mask = (row < rows)[:, None] & (cols < hidden)[None, :]
+            h = tl.load(h_ptr + row[:, None] * stride_hr + cols[None, :], mask=h_mask, other=0.0).to(tl.float32)
+            squares += tl.sum(h * h, axis=1)
+        scale = tl.rsqrt(squares / hidden + eps)[:, None]
+        gate, up = gate * scale, up * scale
     if LIBDEVICE_EXP:  # __nv_expf, what torch's CUDA silu calls (tl.exp is ex2.approx-based)
         e = libdevice.exp(-gate)
     else:  # the interpreter has no libdevice
         e = tl.exp(-gate)
-    dtype = out_ptr.dtype.element_ty
-    silu = round_to(tl.div_rn(gate, 1.0 + e), dtype)  # torch's silu: fp32 math, one rounding
-    out = round_to(silu * up, dtype)  # exact product, rounded once, as torch's 16-bit multiply
+    if HAS_SCALE:  # the reference's fp32 silu and product, one rounding
+        out = tl.div_rn(gate, 1.0 + e) * up
+    else:
+        silu = round_to(tl.div_rn(gate, 1.0 + e), dtype)  # torch's silu: fp32 math, one rounding
+        out = round_to(silu * up, dtype)  # exact product, rounded once, as torch's 16-bit multiply
     tl.store(out_ptr + row[:, None] * inter + col[None, :], out.to(dtype), mask=mask)
 
 
@@ -85,8 +104,11 @@ def silu_mul(
     gate_up: Tensor,
     tile_elems: int = CONFIGS["default"]["tile_elems"],
     num_warps: int = CONFIGS["default"]["num_warps"],
+    scale_of: Tensor | None = None,
+    eps: float = 0.0,
 ) -> Tensor:
-    """silu(gate) * up of gate_up [..., 2I] (any strides); a new contiguous [..., I] of its dtype."""
+    """silu(gate) * up of gate_up [..., 2I] (any strides); a new contiguous [..., I] of its dtype. With
+    scale_of [..., H] (contiguous rows): gate and up first multiplied by its rows' rsqrt(mean(x^2) + eps)."""
     check_device(gate_up)
     width = gate_up.shape[-1]
     if width % 2:
@@ -95,13 +117,18 @@ def silu_mul(
     out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
     x2 = gate_up.reshape(-1, width)  # a view when the leading dims collapse (any row stride), else a copy
     rows = x2.shape[0]
+    h2 = x2 if scale_of is None else scale_of.reshape(-1, scale_of.shape[-1])
+    if scale_of is not None and (h2.shape[0] != rows or h2.stride(-1) != 1):
+        raise ValueError(f"scaled silu_mul kernel: scale_of {list(scale_of.shape)} is not {rows} unit-stride rows")
     if rows == 0 or inter == 0:
         return out
     block_r, block_c = tile_shape(inter, tile_elems)
     col_blocks = cdiv(inter, block_c)
+    hidden = h2.shape[-1]
     silu_mul_kernel[(cdiv(rows, block_r) * col_blocks,)](
-        x2, out, rows, inter, col_blocks, x2.stride(0), x2.stride(1),
-        BLOCK_R=block_r, BLOCK_C=block_c, LIBDEVICE_EXP=not interpreting(), num_warps=num_warps,
+        x2, out, h2, rows, inter, col_blocks, x2.stride(0), x2.stride(1), hidden, h2.stride(0), eps,
+        BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_H=min(next_power_of_2(hidden), SCALE_BLOCK),
+        HAS_SCALE=scale_of is not None, LIBDEVICE_EXP=not interpreting(), num_warps=num_warps,
     )  # fmt: skip
     return out
 

@@ -61,6 +61,12 @@ def step_case(checkpoint_factory) -> StepCase:
     return StepCase(checkpoint_factory("llama", seed=0), checkpoint_factory("qwen3", seed=1))
 
 
+@pytest.fixture(scope="session")
+def folded_step_case(checkpoint_factory) -> StepCase:
+    """step_case's models with their post-attention norms folded into gate/up (models/fold_norms.py)."""
+    return StepCase(checkpoint_factory("llama", seed=0), checkpoint_factory("qwen3", seed=1), fold_norms=True)
+
+
 @pytest.fixture
 def no_weight_loading(monkeypatch):
     """Any weight load fails the test: refusals must come first."""

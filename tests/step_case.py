@@ -14,9 +14,9 @@ BATCH, K, SLOTS, MAX_SEQ = 3, 2, 4, 48
 
 
 class StepCase:
-    def __init__(self, target_dir, draft_dir) -> None:
-        self.target = load_model(target_dir).model
-        self.drafter = DraftModel(load_model(draft_dir))
+    def __init__(self, target_dir, draft_dir, fold_norms: bool = False) -> None:
+        self.target = load_model(target_dir, fold_norms=fold_norms).model
+        self.drafter = DraftModel(load_model(draft_dir, fold_norms=fold_norms))
         self.draft = self.drafter.model
         generator = torch.Generator().manual_seed(0)
         inputs = trace.example_step_inputs(self.target, self.drafter, K, BATCH, SLOTS, MAX_SEQ, torch.float32, "cpu")

@@ -275,6 +275,27 @@ def test_split_graph_round_trips_with_its_pieces(checkpoints, tmp_path):
     ]
 
 
+def test_folded_norms_round_trip_and_the_graphs_refuse_unfolded_weights(checkpoints, tmp_path, monkeypatch):
+    """An artifact compiled with fold_norms records it; its loader folds the checkpoint's own weights again and
+    generates what the compiled runtime does. Weights loaded the other way are other parameters than the graphs
+    take (the folded norms leave the declared weights), so they are refused, not run."""
+    options = {**COMPILE, "batch_sizes": (1,), "modes": ("greedy",)}
+    original = graphspec.compile(*checkpoints, **options, fold_norms=True, out=tmp_path / "art")
+    manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert manifest["config"]["fold_norms"] is True
+    addmms = [n.target for n in original.graphs[("greedy", 1)].graph.nodes if "addmm" in str(n.target)]
+    assert addmms and set(addmms) == {torch.ops.aten.addmm_.default}
+    assert [r.token_ids for r in Runtime.load(tmp_path / "art").generate(PROMPTS, max_new_tokens=8)] == [
+        r.token_ids for r in Runtime(original).generate(PROMPTS, max_new_tokens=8)
+    ]
+    from graphspec import artifact
+
+    load_model = artifact.load_model
+    monkeypatch.setattr(artifact, "load_model", lambda *args, fold_norms: load_model(*args, fold_norms=False))
+    with pytest.raises(ArtifactError, match="other parameters than the compiled graphs take"):
+        load_artifact(tmp_path / "art")
+
+
 def test_kernel_choices_are_saved_and_restored(compiled, tmp_path):
     result = compiled[0]
     gm = copy.deepcopy(result.graphs[("greedy", 1)])

@@ -164,9 +164,10 @@ def open_drafter(
     device: str,
     checked: Drafter | None = None,
     settings: dict[str, Any] | None = None,
+    fold_norms: bool = False,
 ) -> Drafter:
     """The drafter with its weights loaded (after check_drafter passed on the same settings and the
-    target is loaded)."""
+    target is loaded). fold_norms: a draft model's, as load_model's."""
     if checked is not None:
         return checked
     settings = settings or {}
@@ -178,7 +179,7 @@ def open_drafter(
         return Eagle3(draft, target, target.model.model.embed_tokens.weight.dtype, device, settings.get("token_map"))
     if kind == "dflash":
         return DFlash(draft, target, target.model.model.embed_tokens.weight.dtype, device, settings.get("token_map"))
-    return DraftModel(load_model(draft, dtype, device))
+    return DraftModel(load_model(draft, dtype, device, fold_norms=fold_norms))
 
 
 __all__ = [

@@ -212,6 +212,22 @@ def fits_silu_mul(node: fx.Node) -> bool:
     )
 
 
+def fits_scaled_silu_mul(node: fx.Node) -> bool:
+    values = _vals(node, 2)
+    if values is None or not fits_silu_mul(node):
+        return False
+    gate_up, x = values
+    rows = gate_up.numel() // max(1, gate_up.shape[-1])
+    return (
+        x.dim() >= 1
+        and x.dtype in FLOAT_DTYPES
+        and tuple(x.shape[:-1]) == tuple(gate_up.shape[:-1])
+        and (x.numel() == 0 or x.stride(-1) == 1)
+        and (rows <= 1 or x.reshape(rows, -1).stride(0) >= x.shape[-1])  # rows in a reshape, not a copy
+        and x.shape[-1] * rows < INT32_LIMIT
+    )
+
+
 def fits_kv_write(node: fx.Node) -> bool:
     # kv_write(cache, layer, slot_ids, start_pos, k, v): layer is a plain int, not a node.
     values = _vals_at(node, (0, 2, 3, 4, 5))
@@ -502,6 +518,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "rotary": fits_rotary,
     "rope_tables": fits_rope_tables,
     "silu_mul": fits_silu_mul,
+    "scaled_silu_mul": fits_scaled_silu_mul,
     "kv_write": fits_kv_write,
     "rotary_kv_write": fits_rotary_kv_write,
     "rotary_kv_attention": fits_rotary_kv_attention,
@@ -537,9 +554,10 @@ INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's
 # Lowered under numerics="invariant" only: cuBLAS is as fast or faster at the step's shapes (bench_linear).
 INVARIANT_ONLY = frozenset({"mm", "addmm"})
 # Row-invariant with every config row: the norms (the hybrids' too, and embed_norm_concat's) tile whole rows, sized
-# by the last dim only; rotary, rope_tables, silu_mul, gdn_gates and the KV writes are elementwise, embedding and
-# index_select copies; argmax and verify_greedy are exact (a max and a first index do not round); mm and addmm fix
-# their tiles and K split by (N, K) only. The attention kernels' default rows size their splits by the batch and the
+# by the last dim only; rotary, rope_tables, silu_mul, gdn_gates and the KV writes are elementwise (scaled_silu_mul
+# sums its row scale in an order fixed by the hidden size), embedding and index_select copies; argmax and
+# verify_greedy are exact (a max and a first index do not round); mm and addmm fix their tiles and K split by (N, K)
+# only. The attention kernels' default rows size their splits by the batch and the
 # cache length, so they have an "invariant" row instead (prefill programs are not fused under invariant numerics: their
 # attention is the decode kernel's). The others (sampling statistics split the vocabulary by the batch; linear
 # attention) have neither yet.
@@ -554,6 +572,7 @@ ROW_INVARIANT = frozenset(
         "rotary",
         "rope_tables",
         "silu_mul",
+        "scaled_silu_mul",
     }
     | {"gdn_gates", "kv_write", "rotary_kv_write", "argmax", "verify_greedy", "embedding", "index_select"}
     | INVARIANT_ONLY
@@ -618,6 +637,7 @@ CPU_KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "embed_norm_concat": fits_on_cpu,
     "rope_tables": fits_on_cpu,
     "silu_mul": fits_on_cpu,
+    "scaled_silu_mul": fits_on_cpu,
     "argmax": fits_on_cpu,
     "sample": fits_on_cpu,  # the sort-free path where the candidates settle the batch, else the reference
     "verify_rejection": fits_on_cpu,

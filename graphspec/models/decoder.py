@@ -85,11 +85,13 @@ class Attention(nn.Module):
         cache: Tensor,
         in_place: bool,
         last_index: Tensor | None = None,
+        residual: Tensor | None = None,
     ) -> tuple[Tensor, ...]:
         """(out [B, T, hidden], cache); with last_index [B], a third value: the output [B, 1, hidden] of
         each row's query at t = last_index[b] alone, attending to the cache as written (its whole chunk is
-        in it, but causality stops it at its own position)."""
-        return self.attend(self.qkv_proj(x), cos, sin, start_pos, slot_ids, cache, in_place, last_index)
+        in it, but causality stops it at its own position). With residual [B, T, hidden], the outputs are
+        residual + the attention's (the o projection adds into it: one addmm, see add_linear)."""
+        return self.attend(self.qkv_proj(x), cos, sin, start_pos, slot_ids, cache, in_place, last_index, residual)
 
     def attend(
         self,
@@ -101,6 +103,7 @@ class Attention(nn.Module):
         cache: Tensor,
         in_place: bool,
         last_index: Tensor | None = None,
+        residual: Tensor | None = None,
     ) -> tuple[Tensor, ...]:
         """forward from the q/k/v projection qkv [B, T, q + k + v widths] on: callers that project more
         rows than they attend with (DFlash's context rows share the block's GEMM) pass their rows' part."""
@@ -120,14 +123,21 @@ class Attention(nn.Module):
             cache = ops.kv_update(cache, self.layer, slot_ids, start_pos, k, v)
         attend = ops.attention if self.causal else ops.block_attention
         out = attend(q, cache, self.layer, slot_ids, start_pos, self.scale)  # [B, T, Hq, D]
+        rows = torch.arange(batch, device=qkv.device)
+        # The last row's residual is gathered before the o projection adds into the whole residual (which may
+        # then write it in place: passes/addmm_in_place.py).
+        last_residual = None if residual is None or last_index is None else residual[rows, last_index][:, None]
         # An explicit width, not -1: an empty batch (0 rows) must reshape too.
-        out = self.o_proj(out.view(batch, t, self.num_heads * self.head_dim))
+        out = self.project(out.view(batch, t, self.num_heads * self.head_dim), residual)
         if last_index is None:
             return out, cache
-        rows = torch.arange(batch, device=qkv.device)
         q_last = q[rows, :, last_index][:, :, None]  # [B, Hq, 1, D], rotated
         last = ops.attention(q_last, cache, self.layer, slot_ids, start_pos + last_index, self.scale)  # [B, 1, Hq, D]
-        return out, cache, self.o_proj(last.view(batch, 1, self.num_heads * self.head_dim))
+        return out, cache, self.project(last.view(batch, 1, self.num_heads * self.head_dim), last_residual)
+
+    def project(self, out: Tensor, residual: Tensor | None) -> Tensor:
+        """The o projection of out [B, T, Hq * D], added into residual when given."""
+        return self.o_proj(out) if residual is None else add_linear(residual, out, self.o_proj)
 
 
 class MLP(nn.Module):
@@ -136,9 +146,15 @@ class MLP(nn.Module):
         size = spec.intermediate_size
         self.gate_up_proj = FusedLinear(spec.hidden_size, {"gate_proj": size, "up_proj": size}, spec.mlp_bias)
         self.down_proj = Linear(size, spec.hidden_size, bias=spec.mlp_bias)
+        # Set by models/fold_norms.py: the eps of the RMSNorm whose weight gate_up_proj holds. forward then takes
+        # the un-normalized rows and applies the norm's row scale after the projection (scaled_silu_mul).
+        self.folded_norm_eps: float | None = None
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        if self.folded_norm_eps is None:
+            return self.down_proj(ops.silu_mul(gate_up))
+        return self.down_proj(ops.scaled_silu_mul(gate_up, x, self.folded_norm_eps))
 
 
 class DecoderLayer(nn.Module):
@@ -221,23 +237,31 @@ class DecoderLM(nn.Module):
         for index, layer in enumerate(layers):
             if index in layer_inputs:  # the residual stream entering layer `index` (transformers' hidden_states[index])
                 captured[f"layer_in:{index}"] = residual
-            norm = layer.post_attention_layernorm
-            if last_index is not None and index == len(layers) - 1:
-                attn_out, cache, attn_last = layer.self_attn(
-                    hidden, cos, sin, start_pos, slot_ids, cache, in_place, last_index
+            # The next layer's input norm (or the final norm) fuses with this layer's residual add.
+            next_norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm
+            attend_last = last_index if index == len(layers) - 1 else None
+            if layer.mlp.folded_norm_eps is None:
+                norm = layer.post_attention_layernorm
+                attn_out, cache, *attn_last = layer.self_attn(
+                    hidden, cos, sin, start_pos, slot_ids, cache, in_place, attend_last
                 )
-                rows = torch.arange(tokens.shape[0], device=tokens.device)
-                last, last_residual = ops.add_rms_norm(
-                    attn_last, residual[rows, last_index][:, None], norm.weight, norm.eps
+                if attn_last:  # the last position alone (prefill's first token): its residual gathered
+                    rows = torch.arange(tokens.shape[0], device=tokens.device)
+                    last, last_residual = ops.add_rms_norm(
+                        attn_last[0], residual[rows, last_index][:, None], norm.weight, norm.eps
+                    )
+                hidden, residual = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps)
+            else:  # folded (models/fold_norms.py): the MLP normalizes its own input rows
+                residual, cache, *attn_last = layer.self_attn(
+                    hidden, cos, sin, start_pos, slot_ids, cache, in_place, attend_last, residual
                 )
+                if attn_last:
+                    last = last_residual = attn_last[0]
+                hidden = residual
+            if attn_last:
                 final = self.model.norm
                 last_hidden = ops.add_rms_norm(layer.mlp(last), last_residual, final.weight, final.eps)[0][:, 0]
-            else:
-                attn_out, cache = layer.self_attn(hidden, cos, sin, start_pos, slot_ids, cache, in_place)
-            hidden, residual = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps)
-            # The next layer's input norm (or the final norm) fuses with this layer's residual add.
-            norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm
-            hidden, residual = ops.add_rms_norm(layer.mlp(hidden), residual, norm.weight, norm.eps)
+            hidden, residual = ops.add_rms_norm(layer.mlp(hidden), residual, next_norm.weight, next_norm.eps)
         out = self._output(output, hidden, captured, capture)
         return (out if last_index is None else (out, last_hidden)), cache
 
@@ -262,6 +286,15 @@ class DecoderLM(nn.Module):
         """KV cache [L, 2, SLOTS, Hkv, S, D]; zeroed unless only its shape matters (tracing)."""
         make = torch.zeros if zeroed else torch.empty
         return make(kv_cache_shape(self.spec, self.spec.num_layers, slots, max_seq_len), dtype=dtype, device=device)
+
+
+def add_linear(residual: Tensor, x: Tensor, linear: nn.Linear) -> Tensor:
+    """residual + linear(x) (no bias) as one aten.addmm: cuBLAS adds the product into the residual (beta = 1)
+    where graphspec::add_rms_norm would be a launch of its own, and the addmm_in_place pass lets it write the
+    residual in place where nothing reads the old one (an out-of-place addmm copies its input first)."""
+    width = residual.shape[-1]
+    out = torch.addmm(residual.reshape(-1, width), x.reshape(-1, x.shape[-1]), linear.weight.t())
+    return out.view(residual.shape)
 
 
 def rope_tables(positions: Tensor, inv_freq: Tensor, scale: float) -> tuple[Tensor, Tensor]:

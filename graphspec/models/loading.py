@@ -25,6 +25,8 @@ from transformers import AutoConfig, PretrainedConfig
 
 from graphspec.errors import CheckpointError
 from graphspec.models.decoder import DecoderLM, checkpoint_layout, checkpoint_shapes
+from graphspec.models.fold_norms import fold_norms as fold_norms_into_projections
+from graphspec.models.fold_norms import fold_refusal
 from graphspec.models.hybrid import HybridLM
 from graphspec.models.spec import FAMILIES, ModelSpec, rope_frequencies, text_config
 
@@ -611,10 +613,14 @@ def tensor_problems(
 
 
 def load_model(
-    path: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
+    path: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    fold_norms: bool = False,
 ) -> LoadedModel:
     """Load and validate a checkpoint directory. Raises CheckpointError naming what is wrong. MTP
-    tensors stored beside the model (see is_mtp_tensor) are left for the MTP drafter."""
+    tensors stored beside the model (see is_mtp_tensor) are left for the MTP drafter. fold_norms: fold the
+    layers' post-attention norms into their gate/up projections where the model allows (models/fold_norms.py)."""
     path = Path(path)
     torch_dtype = parse_dtype(dtype)
     config = load_config(path)
@@ -639,6 +645,8 @@ def load_model(
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = model.inv_freq.to(device)
     model.eval().requires_grad_(False)
+    if fold_norms and fold_refusal(model) is None:
+        fold_norms_into_projections(model)
     return LoadedModel(model, config, load_tokenizer(path), path, files)
 
 

@@ -31,8 +31,8 @@ def pair_dirs(checkpoint_factory):
 def runtime_for(pair_dirs):
     cache = {}
 
-    def make(name: str, k: int, batch_sizes=(1, 4), modes=("greedy",)) -> graphspec.Runtime:
-        key = (name, k, tuple(batch_sizes), tuple(modes))
+    def make(name: str, k: int, batch_sizes=(1, 4), modes=("greedy",), fold_norms=False) -> graphspec.Runtime:
+        key = (name, k, tuple(batch_sizes), tuple(modes), fold_norms)
         if key not in cache:
             target, draft = pair_dirs(name)
             cache[key] = graphspec.Runtime.from_pretrained(
@@ -44,6 +44,7 @@ def runtime_for(pair_dirs):
                 device="cpu",
                 max_seq_len=MAX_SEQ,
                 modes=modes,
+                fold_norms=fold_norms,
             )
         return cache[key]
 

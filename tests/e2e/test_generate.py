@@ -8,6 +8,7 @@ import torch
 from graphspec.kernels import attention_cpu_native
 
 import graphspec
+from graphspec import ops
 from graphspec.counters import COUNTERS
 from graphspec.errors import InputError
 from graphspec.reference import reference_generate
@@ -58,6 +59,25 @@ def test_greedy_is_lossless_against_transformers(runtime_for, hf_greedy, pair, k
     for prompt, result, plain in zip(batch, results, reference, strict=True):
         assert result.token_ids == hf_greedy(pair, prompt, 24, []) == plain
         assert result.finish_reason == "length"
+
+
+@pytest.mark.parametrize(("pair", "k"), [("unrelated", 4), ("self", 3), ("qwen2", 7)])
+def test_folded_norms_are_lossless_against_transformers(runtime_for, hf_greedy, pair, k):
+    """Target and draft with their post-attention norms folded into gate/up (models/fold_norms.py): the step's
+    residual adds are addmms written in place and its SwiGLUs scaled_silu_mul; greedy output is transformers'
+    token for token, and a draft equal to the target still accepts every draft."""
+    runtime = runtime_for(pair, k, fold_norms=True)
+    step = runtime.compiled.graphs[("greedy", 4)]
+    targets = {node.target for node in step.graph.nodes if node.op == "call_function"}
+    assert {torch.ops.aten.addmm_.default, ops.OPS["scaled_silu_mul"]} <= targets
+    assert ops.OPS["silu_mul"] not in targets
+    runtime.stats = type(runtime.stats)(runtime.k)
+    batch = prompts(seed=k + 20)
+    results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
+    for prompt, result in zip(batch, results, strict=True):
+        assert result.token_ids == hf_greedy(pair, prompt, 24, [])
+        if pair == "self":
+            assert set(result.stats.accepted_per_step[:-1]) == {k}
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 64])

@@ -1,6 +1,6 @@
 """The CPU table's norm, SwiGLU, argmax and rope table ops (kernels/rms_norm_cpu.py, add_rms_norm_cpu.py,
-embed_norm_concat_cpu.py, silu_mul_cpu.py, argmax_cpu.py, rope_tables_cpu.py): the reference's arithmetic, so
-the same bits as the reference op."""
+embed_norm_concat_cpu.py, silu_mul_cpu.py, scaled_silu_mul_cpu.py, argmax_cpu.py, rope_tables_cpu.py): the
+reference's arithmetic, so the same bits as the reference op."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from graphspec.kernels import (
     embed_norm_concat_cpu,
     rms_norm_cpu,
     rope_tables_cpu,
+    scaled_silu_mul_cpu,
     silu_mul_cpu,
 )
 
@@ -38,6 +39,7 @@ def test_cpu_reference_ops_equal_the_reference_ops(dtype: torch.dtype) -> None:
         ),
         (embed_norm_concat_cpu.embed_norm_concat_cpu(*pair), ops.embed_norm_concat(*pair)),
         (silu_mul_cpu.silu_mul_cpu(gate_up), ops.silu_mul(gate_up)),
+        (scaled_silu_mul_cpu.scaled_silu_mul_cpu(gate_up, x, 1e-5), ops.scaled_silu_mul(gate_up, x, 1e-5)),
         (argmax_cpu.argmax_cpu(x), ops.argmax(x)),
         (argmax_cpu.argmax_cpu(x, ids), ops.argmax(x, ids)),
         *zip(rope_tables_cpu.rope_tables_cpu(tokens, freq, 1.0), ops.rope_tables(tokens, freq, 1.0), strict=True),

@@ -119,6 +119,20 @@ def test_silu_mul_row_is_invariant() -> None:
     assert_same_bits(*three_ways(row, others, lambda x: silu_mul.silu_mul(x, **config)))
 
 
+def test_scaled_silu_mul_row_is_invariant() -> None:
+    """The folded-norm SwiGLU (models/fold_norms.py): its row scale sums the row in a fixed order."""
+    from graphspec.kernels import scaled_silu_mul
+
+    g = generator(16)
+    row, others = (torch.randn(rows, 2 * 272 + 2 * 1000, generator=g).to(DEVICE, DTYPE) for rows in (1, 35))
+    config = invariant_config("scaled_silu_mul")
+
+    def run(pairs: torch.Tensor) -> torch.Tensor:  # gate_up and the rows it projects, side by side
+        return scaled_silu_mul.scaled_silu_mul(pairs[:, : 2 * 272], pairs[:, 2 * 272 :].contiguous(), 1e-5, **config)
+
+    assert_same_bits(*three_ways(row, others, run))
+
+
 def test_rope_tables_row_is_invariant() -> None:
     """A position's cos and sin rows (fp32: the rotary kernels round them to the model dtype)."""
     from graphspec.kernels import rope_tables

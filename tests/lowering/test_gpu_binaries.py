@@ -189,6 +189,13 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
             tokens = torch.tensor([0, 2, 1])
             embed_norm_concat.embed_norm_concat(tokens, weights, weights[0], hidden, weights[1], 1e-5, **config)
         lowered.add("embed_norm_concat")
+        # The folded-norm SwiGLU (models/fold_norms.py), bf16 at the 8B sizes, decode and prefill config rows.
+        from graphspec.kernels import scaled_silu_mul
+
+        for config in (scaled_silu_mul.CONFIGS[90], scaled_silu_mul.CONFIGS[(90, "many_rows")]):
+            gate_up, x = torch.randn(2, 2 * 14336, dtype=torch.bfloat16), torch.randn(2, 4096, dtype=torch.bfloat16)
+            scaled_silu_mul.scaled_silu_mul(gate_up, x, 1e-5, **config)
+        lowered.add("scaled_silu_mul")
         # A reduced vocabulary's greedy draft (argmax looking its pick up in the ids), and rope tables with a scale.
         from graphspec.kernels import argmax, rope_tables
 

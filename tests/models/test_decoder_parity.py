@@ -1,5 +1,6 @@
 """graphspec's own decoder against transformers on the same checkpoint, for every supported family:
-prefill logits and cached incremental-decode logits agree within 1e-4 relative error (fp32, CPU)."""
+prefill logits and cached incremental-decode logits agree within 1e-4 relative error (fp32, CPU); the same
+with the post-attention norms folded into gate/up (models/fold_norms.py) where a family allows it."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ VARIANTS = {
     "qwen3": ("qwen3", {}),  # per-head q/k RMSNorm
     "qwen3_bias": ("qwen3", {"attention_bias": True}),  # Qwen3's attention_bias also biases o_proj
 }
+# The variants whose norms fold (the others have biases the fold refuses: tests/models/test_fold_norms.py).
+FOLDABLE = ("llama", "llama3_rope_tied", "mistral", "qwen2", "qwen3")
+FORMS = [(name, folded) for name in VARIANTS for folded in (False, True) if name in FOLDABLE or not folded]
+FORM_IDS = [f"{name}-folded" if folded else name for name, folded in FORMS]
 RELATIVE_TOLERANCE = 1e-4
 PROMPT_LENGTHS = (7, 19, 12)  # right-padded in one prefill; decoded together afterwards
 DECODE_STEPS = 5
@@ -31,9 +36,10 @@ SLOTS, SLOT_IDS = 4, (2, 0, 3)  # rows live in non-identity slots, one slot unus
 class Case:
     """One variant's checkpoint loaded both ways, plus fixed random token sequences."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, folded: bool = False) -> None:
         self.hf = load_hf(directory)
-        self.model = load_model(directory).model
+        self.model = load_model(directory, fold_norms=folded).model
+        assert (self.model.model.layers[0].mlp.folded_norm_eps is not None) == folded
         generator = torch.Generator().manual_seed(1)
         vocab = self.model.spec.vocab_size
         self.prompts = [torch.randint(0, vocab, (n,), generator=generator) for n in PROMPT_LENGTHS]
@@ -53,14 +59,16 @@ class Case:
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
-    made: dict[str, Case] = {}
+    made: dict[tuple[str, bool], Case] = {}
+    directories: dict[str, Path] = {}
 
-    def get(name: str) -> Case:
-        if name not in made:
+    def get(name: str, folded: bool = False) -> Case:
+        if name not in directories:
             family, overrides = VARIANTS[name]
-            directory = make_checkpoint(tmp_path_factory.mktemp(f"parity_{name}"), family, seed=3, **overrides)
-            made[name] = Case(directory)
-        return made[name]
+            directories[name] = make_checkpoint(tmp_path_factory.mktemp(f"parity_{name}"), family, seed=3, **overrides)
+        if (name, folded) not in made:
+            made[name, folded] = Case(directories[name], folded)
+        return made[name, folded]
 
     return get
 
@@ -83,17 +91,17 @@ def prefill(case: Case, in_place: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return logits, cache if in_place else new_cache
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_prefill_logits_match_transformers(cases, variant: str) -> None:
-    case = cases(variant)
+@pytest.mark.parametrize(("variant", "folded"), FORMS, ids=FORM_IDS)
+def test_prefill_logits_match_transformers(cases, variant: str, folded: bool) -> None:
+    case = cases(variant, folded)
     logits, _ = prefill(case, in_place=True)
     for row, length in enumerate(PROMPT_LENGTHS):
         expected = case.hf_logits()[row][:length]
         assert relative_error(logits[row, :length], expected) < RELATIVE_TOLERANCE, f"row {row}"
 
 
-@pytest.mark.parametrize("variant", ["llama", "qwen3_bias"])
-def test_last_position_path_matches_the_full_pass_and_transformers(cases, variant: str) -> None:
+@pytest.mark.parametrize(("variant", "folded"), [("llama", False), ("qwen3_bias", False), ("qwen3", True)])
+def test_last_position_path_matches_the_full_pass_and_transformers(cases, variant: str, folded: bool) -> None:
     """forward(last_index=...) (prefill's first token): each row's last prompt position through the last
     layer alone gives the full pass's final hidden state there, and transformers' logits; the cache (the
     last layer's K/V of every position included) is the full pass's, bit for bit."""
@@ -120,11 +128,11 @@ def test_last_position_path_matches_the_full_pass_and_transformers(cases, varian
 
 
 @pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "functional"])
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_incremental_decode_logits_match_transformers(cases, variant: str, in_place: bool) -> None:
+@pytest.mark.parametrize(("variant", "folded"), FORMS, ids=FORM_IDS)
+def test_incremental_decode_logits_match_transformers(cases, variant: str, folded: bool, in_place: bool) -> None:
     # Rows of different lengths decode in lockstep, each at its own position, through the KV cache
     # that the padded prefill left behind (including dead entries past each row's prompt).
-    case = cases(variant)
+    case = cases(variant, folded)
     _, cache = prefill(case, in_place)
     lengths = torch.tensor(PROMPT_LENGTHS)
     slots = torch.tensor(SLOT_IDS)

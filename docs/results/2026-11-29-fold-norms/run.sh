@@ -1,0 +1,25 @@
+#!/bin/bash
+# fold_norms (models/fold_norms.py) on the H200, one device call per PART:
+#   PART=tests: the GPU tests the fold touches (the scaled_silu_mul kernel at 8B/1B shapes, its row invariance, and
+#               the captured end-to-end steps, which fold on CUDA by default);
+#   PART=bench: bench_drafters with the norms folded and not, side by side in one call (target-only decode and
+#               verify, the draft-model step and EAGLE-3 with a 16k map, B = 1 and 16, K = 4, 512 of 1024 keys).
+#   OUT=... PART=tests|bench COMMIT=$(git rev-parse --short HEAD) bash docs/results/2026-11-29-fold-norms/run.sh
+set -u
+python -m pip install --no-deps --no-build-isolation -q -e . > /dev/null 2>&1
+echo "${COMMIT:-unknown}" > "$OUT/commit.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+if [ "$PART" = tests ]; then
+  timeout 500 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_scaled_silu_mul.py \
+    tests/kernels/test_silu_mul.py tests/kernels/test_invariance.py tests/e2e/test_eagle3.py tests/e2e/test_mtp.py \
+    tests/e2e/test_k_by_bucket.py tests/e2e/test_dflash.py tests/runtime/test_graphs.py tests/test_artifact.py \
+    2>&1 | tail -15 > "$OUT/pytest_gpu.log"
+  cat "$OUT/pytest_gpu.log"
+else
+  args="--drafters draft_model,eagle3 --token-map-sizes 16384 --batch-sizes 1,16"
+  for fold in off on; do
+    timeout 270 python benchmarks/bench_drafters.py $args --fold-norms $fold --json "$OUT/$fold.json" 2>&1 \
+      | grep -v "warm-up" | tail -8 > "$OUT/$fold.log"
+  done
+  cat "$OUT"/off.log "$OUT"/on.log
+fi

@@ -1,0 +1,123 @@
+"""Let an addmm write the tensor it adds into: aten.addmm(x, a, b) -> aten.addmm_(x, a, b) where x dies there.
+
+Input:  an in-place graph (after defunctionalize_kv) with aten.addmm nodes, among them the residual adds of
+        folded norms (models/decoder.add_linear: residual + o_proj(attention) as addmm(residual, a, W.t())).
+Output: each addmm whose input x is an [M, N] tensor of the output's shape and dtype, made fresh by the graph
+        (not a graph input, not a view of anything but itself), which nothing reads after the addmm (through
+        x or any view of the tensor x views), becomes addmm_ on x; its users read x. Other addmms unchanged.
+        Same results: addmm_ computes what addmm does, into x's memory.
+
+    r2 = view(r, [M, N]); s = addmm(r2, a, t(w)); h = view(s, [B, T, N])
+        ->  r2 = view(r, [M, N]); s = addmm_(r2, a, t(w)); h = view(s, [B, T, N])     (r read nowhere after)
+
+Why: cuBLAS adds a product into its output with beta = 1 at no cost, but an out-of-place addmm first copies x
+into its new output: a launch as long as graphspec::add_rms_norm's, which folding the norm removed. Written in
+place, the o projection's residual add is free. An addmm whose input is read later (a residual a drafter
+captures, a bias that is a weight) keeps its copy.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from graphspec.config import PassContext, PassResult
+from graphspec.passes.cleanup import tag, tidy
+
+NAME = "addmm_in_place"
+
+ADDMM = torch.ops.aten.addmm.default
+ADDMM_ = torch.ops.aten.addmm_.default
+# Views whose schema does not say so: make_fx reshapes an op's fresh result with _unsafe_view, which aliases it.
+UNDECLARED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
+
+
+def _returns(node: fx.Node) -> list | None:
+    """The schema returns of the op node (of its tuple's producer for a getitem), None for other targets."""
+    target = node.target
+    if target is operator.getitem and isinstance(node.args[0], fx.Node):
+        target = node.args[0].target
+    schema = getattr(target, "_schema", None)
+    return None if schema is None else list(schema.returns)
+
+
+def is_view(node: fx.Node) -> bool:
+    """Whether the node's output aliases its first argument without writing it (aten.view, t, slice...)."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    if node.target in UNDECLARED_VIEWS:
+        return True
+    returns = _returns(node)
+    if not returns or len(returns) != 1:
+        return False
+    alias = returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def is_fresh(node: fx.Node) -> bool:
+    """Whether the node's output is memory of its own: an op result that aliases none of the op's inputs."""
+    if node.op != "call_function" or is_view(node):
+        return False
+    returns = _returns(node)
+    if not returns:
+        return False
+    index = node.args[1] if node.target is operator.getitem else 0
+    return isinstance(index, int) and index < len(returns) and returns[index].alias_info is None
+
+
+def aliases(base: fx.Node) -> list[fx.Node]:
+    """base and every node that views it, through any chain of views."""
+    found, frontier = [base], [base]
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            if is_view(user) and user.args[0] is node and user not in found:
+                found.append(user)
+                frontier.append(user)
+    return found
+
+
+def can_write_in_place(addmm: fx.Node, order: dict[fx.Node, int]) -> bool:
+    x = addmm.args[0]
+    if not isinstance(x, fx.Node) or addmm.kwargs:
+        return False
+    x_val, out_val = x.meta.get("val"), addmm.meta.get("val")
+    if not isinstance(x_val, torch.Tensor) or not isinstance(out_val, torch.Tensor):
+        return False
+    if x_val.shape != out_val.shape or x_val.dtype != out_val.dtype or not x_val.is_contiguous():
+        return False
+    base = x
+    while is_view(base):
+        base = base.args[0]
+    if not is_fresh(base):
+        return False
+    group = aliases(base)
+    readers = [user for node in group for user in node.users if user not in group and user is not addmm]
+    return all(order[reader] < order[addmm] for reader in readers)
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+    graph = gm.graph
+    addmms = list(graph.find_nodes(op="call_function", target=ADDMM))
+    if not addmms:
+        return PassResult(gm, changed=False, note="no addmm")
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    written, kept = 0, 0
+    for node in addmms:
+        if not can_write_in_place(node, order):
+            kept += 1
+            continue
+        with graph.inserting_before(node):
+            in_place = graph.call_function(ADDMM_, node.args)
+        in_place.meta = dict(node.meta)
+        tag([in_place], NAME)
+        order[in_place] = order[node]
+        node.replace_all_uses_with(in_place)
+        graph.erase_node(node)
+        written += 1
+    if not written:
+        return PassResult(gm, changed=False, stats={"kept": kept}, note="every addmm's input is read later")
+    tidy(gm, dead_code=False)
+    return PassResult(gm, changed=True, stats={"in_place": written, "kept": kept})
