@@ -5,8 +5,11 @@ The SwiGLU of a gate/up projection whose RMSNorm weight was folded into the proj
 row scale rsqrt(mean(x^2) + eps), and scales gate and up by it in fp32 before the silu; one rounding at the
 end, as the reference (graphspec.ops.scaled_silu_mul_reference). The scale's sum runs in a fixed order for a
 given hidden size, so a row's result does not depend on the launch (row-invariant). The config rows are
-silu_mul's: the same tiles over gate_up, which the extra row read (H elements per program, from L2) does not
-change at decode sizes.
+silu_mul's, but the wide "many_rows" tiles start at MANY_ROWS rows instead of a prefill chunk's 512: every
+program reads its rows of x whole (H elements from L2), which narrow tiles repeat many times over at a verify's
+rows (docs/results/2026-11-29-fold-norms/tiles_probe.log, H200, 8B MLP, us per launch: 80 rows 5.35 with 512
+outputs per program, 4.20 with 2048, against 5.16 for the silu_mul + add_rms_norm it replaces; 1-20 rows best
+at 512: 1.91 at one row against 2.89).
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     key: dict(config) for key, config in silu_mul_kernel.CONFIGS.items()
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
-shape_class = silu_mul_kernel.shape_class
+MANY_ROWS = 48  # from here on the (sm, "many_rows") row (see the module doc)
+
+
+def shape_class(gate_up: Tensor, *_: object) -> str | None:
+    """The config row's shape class (lowering/registry.py): wide tiles from MANY_ROWS rows on."""
+    rows = gate_up.numel() // max(1, gate_up.shape[-1]) if gate_up.dim() else 1
+    return "many_rows" if rows >= MANY_ROWS else None
 
 
 def scaled_silu_mul(

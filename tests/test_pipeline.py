@@ -15,6 +15,7 @@ def test_pipeline_order_is_the_documented_one():
         "mask_padding",
         "fold_constants",
         "defunctionalize_kv",
+        "addmm_in_place",
         "fuse_rotary_kv",
         "fuse_kv_attention",
         "fuse_qk_norm",
@@ -28,6 +29,7 @@ def test_pipeline_order_is_the_documented_one():
     assert described[len(pipeline.PASS_NAMES)] == "prefill chunk program:"
     assert [line.split()[1].rstrip(":") for line in prefill] == [
         "defunctionalize_kv",
+        "addmm_in_place",
         "fuse_prefill_attention",
         "lower_kernels",
     ]

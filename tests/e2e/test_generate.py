@@ -214,6 +214,8 @@ def test_bad_generate_input_is_refused_before_any_work(runtime_for, call, messag
         ({"numerics": "exact"}, "numerics must be one of default, invariant"),
         ({"numerics": "invariant"}, "numerics='invariant' needs the Triton kernels: device cuda"),
         ({"numerics": "invariant", "device": "cuda", "lowering": "reference"}, "lowering 'reference'"),
+        ({"fold_norms": "yes"}, "fold_norms must be True or False"),
+        ({"fold_norms": True, "numerics": "invariant", "device": "cuda"}, "not row-invariant"),
         (
             {"device": "cuda:0"} if not torch.cuda.is_available() else {"max_seq_len": 10**6},
             "CUDA is not available|max_seq_len",

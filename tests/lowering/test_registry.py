@@ -264,6 +264,21 @@ def test_shape_class_rows() -> None:
     assert registry.resolve("prefill_attention", 90, prefill_attention_node(128)).sm == 90
 
 
+def test_scaled_silu_mul_takes_wide_tiles_from_a_verify_s_rows() -> None:
+    """The folded-norm SwiGLU re-reads x per program, so its wide tiles start at its own MANY_ROWS (48: a verify
+    block of B = 16, K = 4 is 80 rows), far below silu_mul's 512."""
+    scaled = registry._module("scaled_silu_mul")
+
+    def node(rows: int) -> torch.fx.Node:
+        gm = make_fx(ops.OPS["scaled_silu_mul"], tracing_mode="fake")(torch.randn(rows, 16), torch.randn(rows, 8), 1e-5)
+        return next(n for n in gm.graph.nodes if n.target is ops.OPS["scaled_silu_mul"])
+
+    assert 16 < scaled.MANY_ROWS <= 80
+    assert registry.resolve("scaled_silu_mul", 90, node(80)).config == scaled.CONFIGS[(90, "many_rows")]
+    assert registry.resolve("scaled_silu_mul", 90, node(scaled.MANY_ROWS - 1)).config == scaled.CONFIGS[90]
+    assert registry.resolve("scaled_silu_mul", 90, node(1)).config["tile_elems"] == 512
+
+
 def test_config_tables_refuse_malformed_shape_class_rows() -> None:
     from graphspec.kernels.common import check_config_table
 
