@@ -3,7 +3,8 @@
 #   PART=tests: the GPU tests the fold touches (the scaled_silu_mul kernel at 8B/1B shapes, its row invariance, and
 #               the captured end-to-end steps, which fold on CUDA by default);
 #   PART=bench: bench_drafters with the norms folded and not, side by side in one call (target-only decode and
-#               verify, the draft-model step and EAGLE-3 with a 16k map, B = 1 and 16, K = 4, 512 of 1024 keys).
+#               verify, the draft-model step and EAGLE-3 with a 16k map, B = 1 and 16, K = 4, 512 of 1024 keys),
+#               ORDER="off on" (default) or "on off"; KERNEL_TESTS=1 first runs the scaled_silu_mul GPU tests.
 #   OUT=... PART=tests|bench COMMIT=$(git rev-parse --short HEAD) bash docs/results/2026-11-29-fold-norms/run.sh
 set -u
 python -m pip install --no-deps --no-build-isolation -q -e . > /dev/null 2>&1
@@ -16,10 +17,15 @@ if [ "$PART" = tests ]; then
     2>&1 | tail -15 > "$OUT/pytest_gpu.log"
   cat "$OUT/pytest_gpu.log"
 else
+  if [ "${KERNEL_TESTS:-0}" = 1 ]; then
+    timeout 120 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_scaled_silu_mul.py \
+      tests/kernels/test_invariance.py -k "scaled" 2>&1 | tail -3 > "$OUT/pytest_kernels.log"
+    cat "$OUT/pytest_kernels.log"
+  fi
   args="--drafters draft_model,eagle3 --token-map-sizes 16384 --batch-sizes 1,16"
-  for fold in off on; do
+  for fold in ${ORDER:-off on}; do
     timeout 270 python benchmarks/bench_drafters.py $args --fold-norms $fold --json "$OUT/$fold.json" 2>&1 \
       | grep -v "warm-up" | tail -8 > "$OUT/$fold.log"
   done
-  cat "$OUT"/off.log "$OUT"/on.log
+  for fold in ${ORDER:-off on}; do echo "== fold $fold"; cat "$OUT/$fold.log"; done
 fi
