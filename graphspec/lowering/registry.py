@@ -222,8 +222,7 @@ def fits_scaled_silu_mul(node: fx.Node) -> bool:
         x.dim() >= 1
         and x.dtype in FLOAT_DTYPES
         and tuple(x.shape[:-1]) == tuple(gate_up.shape[:-1])
-        and (x.numel() == 0 or x.stride(-1) == 1)
-        and (rows <= 1 or x.reshape(rows, -1).stride(0) >= x.shape[-1])  # rows in a reshape, not a copy
+        and (x.numel() == 0 or x.stride(-1) == 1)  # the kernel reads a row's elements at unit stride
         and x.shape[-1] * rows < INT32_LIMIT
     )
 
@@ -557,9 +556,9 @@ INVARIANT_ONLY = frozenset({"mm", "addmm"})
 # by the last dim only; rotary, rope_tables, silu_mul, gdn_gates and the KV writes are elementwise (scaled_silu_mul
 # sums its row scale in an order fixed by the hidden size), embedding and index_select copies; argmax and
 # verify_greedy are exact (a max and a first index do not round); mm and addmm fix their tiles and K split by (N, K)
-# only. The attention kernels' default rows size their splits by the batch and the
-# cache length, so they have an "invariant" row instead (prefill programs are not fused under invariant numerics: their
-# attention is the decode kernel's). The others (sampling statistics split the vocabulary by the batch; linear
+# only. The attention kernels' default rows size their splits by the batch and the cache length, so they have an
+# "invariant" row instead (prefill programs are not fused under invariant numerics: their attention is the decode
+# kernel's). The others (sampling statistics split the vocabulary by the batch; linear
 # attention) have neither yet.
 ROW_INVARIANT = frozenset(
     {

@@ -44,9 +44,12 @@ def _returns(node: fx.Node) -> list | None:
 
 
 def is_view(node: fx.Node) -> bool:
-    """Whether the node's output aliases its first argument without writing it (aten.view, t, slice...)."""
-    if node.op != "call_function" or node.target is operator.getitem:
+    """Whether the node's output aliases its first argument without writing it (aten.view, t, slice..., and an
+    item of a split's or unbind's list of views)."""
+    if node.op != "call_function":
         return False
+    if node.target is operator.getitem:
+        return isinstance(node.args[0], fx.Node) and is_view(node.args[0])
     if node.target in UNDECLARED_VIEWS:
         return True
     returns = _returns(node)

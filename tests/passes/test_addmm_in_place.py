@@ -90,6 +90,27 @@ def test_a_late_reader_through_another_view_keeps_the_copy() -> None:
     assert targets(addmm_in_place.run(gm, CTX).gm) == [ADDMM]
 
 
+def test_a_late_reader_through_an_item_of_a_split_keeps_the_copy() -> None:
+    """split returns a list of views: an item of it, read after the addmm, reads the old residual too."""
+    gm = residual_graph()
+    graph = gm.graph
+    residual = next(n for n in graph.nodes if n.target is operator.getitem)
+    addmm = next(n for n in graph.nodes if n.target is ADDMM)
+    with graph.inserting_before(addmm):
+        parts = graph.call_function(torch.ops.aten.split.Tensor, (residual, 4, -1))
+        first = graph.call_function(operator.getitem, (parts, 0))
+    output = graph.find_nodes(op="output")[0]
+    with graph.inserting_before(output):
+        late = graph.call_function(torch.ops.aten.mul.Tensor, (first, 2.0))
+    output.args = ((*output.args[0], late),)
+    gm.recompile()
+    FakeTensorProp(gm).propagate(*inputs())
+    expected = gm(*inputs())
+    result = addmm_in_place.run(gm, CTX)
+    assert targets(result.gm) == [ADDMM]
+    torch.testing.assert_close(result.gm(*inputs())[1], expected[1], rtol=0, atol=0)
+
+
 def test_nothing_to_do_without_addmm() -> None:
     graph = fx.Graph()
     x = graph.placeholder("x")
