@@ -55,6 +55,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 import graphspec
 from benchmarks import common
 from benchmarks.bench_step import PRESETS, write_checkpoint
+from graphspec.config import FOLD_NORMS
 
 SHAPES = "512x1,2048x1,4096x1,2048x8"
 
@@ -235,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-start-artifact", default=None, help=argparse.SUPPRESS)  # the fresh process
     parser.add_argument("--cold-start-profile", default=None, metavar="FILE", help="cProfile the cold start's load")
     parser.add_argument("--profile", default=None, metavar="SHAPE", help="profile the kernels at one of --shapes")
+    parser.add_argument(
+        "--fold-norms",
+        choices=sorted(FOLD_NORMS),
+        default="auto",
+        help="fold the post-attention norms into gate/up (compile's fold_norms; auto: on CUDA) (A/B runs)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.cold_start_artifact:
@@ -262,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime = graphspec.Runtime.from_pretrained(
             target_dir, draft_dir, k=args.k, batch_sizes=buckets, dtype="bfloat16", device=args.device,
             max_seq_len=args.max_seq_len, prefill_tokens=args.prefill_tokens, modes=modes,
+            fold_norms=FOLD_NORMS[args.fold_norms],
         )  # fmt: skip
         report["compile_and_warm_up_s"] = time.perf_counter() - begin
         print(f"[bench] graphspec compiled and warmed up in {report['compile_and_warm_up_s']:.0f} s", flush=True)
@@ -279,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             runtime = graphspec.Runtime.from_pretrained(
                 target_dir, "ngram", k=args.k, batch_sizes=sorted({batch for _, batch in shapes}),
                 dtype="bfloat16", device=args.device, max_seq_len=args.max_seq_len,
-                prefill_tokens=args.prefill_tokens, modes=("greedy",),
+                prefill_tokens=args.prefill_tokens, modes=("greedy",), fold_norms=FOLD_NORMS[args.fold_norms],
             )  # fmt: skip
             report["graphspec_ngram"] = time_graphspec(runtime, shapes, args.reps, args.seed, args.profile)
             del runtime
