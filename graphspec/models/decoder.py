@@ -19,6 +19,13 @@ from torch import Tensor, nn
 from graphspec import ops
 from graphspec.models.spec import ModelSpec
 
+# A folded layer (models/fold_norms.py) takes the folded form (o projection added into the residual, the norm's
+# row scale in the SwiGLU) in programs of up to this many rows (batch x tokens): there one launch fewer per layer
+# won on an H200 (decode and verify, 1-80 rows, 2026-11-29). A prefill chunk's thousands of rows ran slower folded
+# (cuBLAS's beta = 1 GEMM, the row-scale re-reads: docs/BENCHMARKS.md), so larger programs keep the norm kernel,
+# with the folded layers' norm weight as ones.
+FOLDED_MAX_ROWS = 80
+
 
 class RMSNorm(nn.Module):
     """Holds the weight; the computation is graphspec::rms_norm / add_rms_norm."""
@@ -146,15 +153,16 @@ class MLP(nn.Module):
         size = spec.intermediate_size
         self.gate_up_proj = FusedLinear(spec.hidden_size, {"gate_proj": size, "up_proj": size}, spec.mlp_bias)
         self.down_proj = Linear(size, spec.hidden_size, bias=spec.mlp_bias)
-        # Set by models/fold_norms.py: the eps of the RMSNorm whose weight gate_up_proj holds. forward then takes
-        # the un-normalized rows and applies the norm's row scale after the projection (scaled_silu_mul).
+        # Set by models/fold_norms.py: the eps of the RMSNorm whose weight gate_up_proj holds.
         self.folded_norm_eps: float | None = None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, scale_eps: float | None = None) -> Tensor:
+        """down(silu(gate) * up) of x's projections; with scale_eps, x is un-normalized (a folded norm's input) and
+        gate and up are first scaled by its rows' rsqrt(mean(x^2) + scale_eps) (graphspec::scaled_silu_mul)."""
         gate_up = self.gate_up_proj(x)
-        if self.folded_norm_eps is None:
+        if scale_eps is None:
             return self.down_proj(ops.silu_mul(gate_up))
-        return self.down_proj(ops.scaled_silu_mul(gate_up, x, self.folded_norm_eps))
+        return self.down_proj(ops.scaled_silu_mul(gate_up, x, scale_eps))
 
 
 class DecoderLayer(nn.Module):
@@ -240,30 +248,39 @@ class DecoderLM(nn.Module):
             # The next layer's input norm (or the final norm) fuses with this layer's residual add.
             next_norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm
             attend_last = last_index if index == len(layers) - 1 else None
-            if layer.mlp.folded_norm_eps is None:
-                norm = layer.post_attention_layernorm
+            norm_weight, norm_eps = self.post_attention_norm(layer)
+            if layer.mlp.folded_norm_eps is None or tokens.numel() > FOLDED_MAX_ROWS:
                 attn_out, cache, *attn_last = layer.self_attn(
                     hidden, cos, sin, start_pos, slot_ids, cache, in_place, attend_last
                 )
                 if attn_last:  # the last position alone (prefill's first token): its residual gathered
                     rows = torch.arange(tokens.shape[0], device=tokens.device)
                     last, last_residual = ops.add_rms_norm(
-                        attn_last[0], residual[rows, last_index][:, None], norm.weight, norm.eps
+                        attn_last[0], residual[rows, last_index][:, None], norm_weight, norm_eps
                     )
-                hidden, residual = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps)
-            else:  # folded (models/fold_norms.py): the MLP normalizes its own input rows
+                hidden, residual = ops.add_rms_norm(attn_out, residual, norm_weight, norm_eps)
+                scale_eps = None
+            else:  # folded, few rows: the o projection adds into the residual, the MLP scales its own rows
                 residual, cache, *attn_last = layer.self_attn(
                     hidden, cos, sin, start_pos, slot_ids, cache, in_place, attend_last, residual
                 )
                 if attn_last:
                     last = last_residual = attn_last[0]
-                hidden = residual
+                hidden, scale_eps = residual, norm_eps
             if attn_last:
                 final = self.model.norm
-                last_hidden = ops.add_rms_norm(layer.mlp(last), last_residual, final.weight, final.eps)[0][:, 0]
-            hidden, residual = ops.add_rms_norm(layer.mlp(hidden), residual, next_norm.weight, next_norm.eps)
+                last_out = layer.mlp(last, scale_eps)
+                last_hidden = ops.add_rms_norm(last_out, last_residual, final.weight, final.eps)[0][:, 0]
+            hidden, residual = ops.add_rms_norm(layer.mlp(hidden, scale_eps), residual, next_norm.weight, next_norm.eps)
         out = self._output(output, hidden, captured, capture)
         return (out if last_index is None else (out, last_hidden)), cache
+
+    def post_attention_norm(self, layer: nn.Module) -> tuple[Tensor, float]:
+        """The weight and eps of `layer`'s post-attention norm: its own, or ones where fold_norms moved the
+        weight into gate/up (models/fold_norms.py; the norm then only normalizes, where it runs)."""
+        if layer.mlp.folded_norm_eps is not None:
+            return self.folded_norm_weight, layer.mlp.folded_norm_eps
+        return layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps
 
     def _output(self, output: str, hidden: Tensor, captured: dict[str, Tensor], capture: tuple[str, ...]) -> Any:
         if output == "last_logits":

@@ -4,7 +4,8 @@ rms_norm(x, g) @ W.T = r(x) * (x @ (W * g).T), with r(x) = rsqrt(mean(x^2) + eps
 projection's weight, nothing has to write the normalized rows between the attention and the MLP: the o
 projection adds into the residual (one addmm, decoder.add_linear, which the addmm_in_place pass turns into a
 write in place), gate_up projects the residual itself, and graphspec::scaled_silu_mul applies r. A decode layer
-drops one launch (graphspec::add_rms_norm) of its eight.
+drops one launch (graphspec::add_rms_norm) of its eight. Programs of many rows (prefill chunks) keep the norm
+kernel, which then only normalizes (weight: the model's `folded_norm_weight`, ones; decoder.FOLDED_MAX_ROWS).
 
 The fold is a change of the weights every program of a compile reads, so it is made once, at load, where the
 compile decides it (SpecConfig.fold_norms, recorded in the artifact, whose loader folds the checkpoint's own
@@ -45,3 +46,6 @@ def fold_norms(model: DecoderLM) -> None:
             weight.copy_((weight.float() * norm.weight.float()).to(weight.dtype))
             layer.mlp.folded_norm_eps = norm.eps
             del layer.post_attention_layernorm
+        # What the folded norms weigh where a program keeps the norm kernel (decoder.FOLDED_MAX_ROWS).
+        ones = torch.ones(model.spec.hidden_size, dtype=weight.dtype, device=weight.device)
+        model.register_buffer("folded_norm_weight", ones, persistent=False)

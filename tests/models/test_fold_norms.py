@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
-from graphspec import trace
+from graphspec import ops, trace
 from graphspec.models import load_model
+from graphspec.models.decoder import FOLDED_MAX_ROWS
 from graphspec.models.fold_norms import fold_norms, fold_refusal
 from tests.checkpoints import make_hybrid_checkpoint
 
@@ -25,10 +27,14 @@ def test_the_norm_weight_moves_into_gate_up_once_per_element(checkpoint_factory,
         assert torch.equal(after.mlp.gate_up_proj.weight, expected)
         assert after.mlp.folded_norm_eps == norm.eps and before.mlp.folded_norm_eps is None
         assert not hasattr(after, "post_attention_layernorm")
-    # The step's declared weights say which form a graph takes: the folded norms are gone from them.
+    # The step's declared weights say which form a graph takes: the folded norms are gone from them, and the ones
+    # that weigh them where a program keeps the norm kernel (many rows) are there.
     dropped = set(trace.model_inputs(plain)) - set(trace.model_inputs(folded))
     assert dropped == {f"model.layers.{i}.post_attention_layernorm.weight" for i in range(plain.spec.num_layers)}
-    assert set(trace.model_inputs(folded)) < set(trace.model_inputs(plain))
+    assert set(trace.model_inputs(folded)) - set(trace.model_inputs(plain)) == {"folded_norm_weight"}
+    assert torch.equal(
+        folded.folded_norm_weight, torch.ones(plain.spec.hidden_size, dtype=folded.folded_norm_weight.dtype)
+    )
 
 
 @pytest.mark.parametrize(
@@ -53,3 +59,23 @@ def test_a_hybrid_model_and_a_folded_one_are_refused(checkpoint_factory, tmp_pat
     folded = load_model(checkpoint_factory("llama", seed=4), fold_norms=True).model
     with pytest.raises(ValueError, match="folded already"):
         fold_norms(folded)
+
+
+@pytest.mark.parametrize("rows", [(2, 3), (2, FOLDED_MAX_ROWS // 2 + 1)], ids=["few rows", "many rows"])
+def test_few_rows_take_the_folded_form_and_many_keep_the_norm_kernel(checkpoint_factory, rows) -> None:
+    """A folded model runs the folded form (addmm into the residual, scaled_silu_mul) in programs of up to
+    FOLDED_MAX_ROWS rows and the norm kernel (weighted by ones) above: both compute the unfolded model's forward."""
+    directory = checkpoint_factory("llama", seed=4)
+    plain, folded = load_model(directory).model, load_model(directory, fold_norms=True).model
+    tokens = torch.randint(0, plain.spec.vocab_size, rows, generator=torch.Generator().manual_seed(0))
+    start, slots = torch.zeros(rows[0], dtype=torch.int64), torch.arange(rows[0])
+
+    def forward(model):
+        return model(tokens, start, slots, model.new_cache(rows[0], 64, torch.float32, "cpu"), output="logits")[0]
+
+    with torch.no_grad():
+        torch.testing.assert_close(forward(folded), forward(plain), rtol=1e-5, atol=1e-5)
+    targets = {node.target for node in make_fx(lambda: forward(folded))().graph.nodes}
+    few = tokens.numel() <= FOLDED_MAX_ROWS
+    assert (ops.OPS["scaled_silu_mul"] in targets) == few and (ops.OPS["silu_mul"] in targets) != few
+    assert (torch.ops.aten.addmm.default in targets) == few
