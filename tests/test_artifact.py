@@ -292,8 +292,9 @@ def test_folded_norms_round_trip_and_the_graphs_refuse_unfolded_weights(checkpoi
 
     load_model = artifact.load_model
     monkeypatch.setattr(artifact, "load_model", lambda *args, fold_norms: load_model(*args, fold_norms=False))
-    with pytest.raises(ArtifactError, match="other parameters than the compiled graphs take"):
+    with pytest.raises(ArtifactError, match="other parameters than the compiled graphs take") as refused:
         load_artifact(tmp_path / "art")
+    assert "--fold-norms on" in str(refused.value)  # the recompile command keeps the choice (auto: off on the CPU)
 
 
 def test_kernel_choices_are_saved_and_restored(compiled, tmp_path):

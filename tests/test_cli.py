@@ -34,13 +34,14 @@ USER_ERRORS = {
     "k_zero": (["compile", "{target}", "--draft", "{draft}", "-k", "0", "--out", "{tmp}/a"], "argument -k"),
     "batch_size_zero": (["compile", "{target}", "--draft", "{draft}", "--batch-sizes", "0,2"], "'0,2'"),
     "batch_size_words": (["compile", "{target}", "--draft", "{draft}", "--batch-sizes", "a,b"], "'a,b'"),
+    "fold_norms_word": (["compile", "{target}", "--draft", "{draft}", "--fold-norms", "yes"], "argument --fold-norms"),
     "missing_target": (["compile", "{tmp}/no_target", "--draft", "{draft}", "--out", "{tmp}/a"], "no_target"),
     "missing_artifact": (["generate", "{tmp}/no_art", "--prompt-ids", "1,2"], "no_art does not exist"),
 }
 # Bad flag values that fail in the same argparse step as unknown_flag, whose process (exit status 2, one
 # stderr line, nothing printed at import) covers their wiring: they call main() here instead of paying a
 # torch import each (about 4.5 CPU-seconds a process).
-USER_ERRORS_IN_PROCESS = {"k_zero", "batch_size_zero", "batch_size_words"}
+USER_ERRORS_IN_PROCESS = {"k_zero", "batch_size_zero", "batch_size_words", "fold_norms_word"}
 
 
 def command(*args: object) -> list[str]:
@@ -90,7 +91,7 @@ def runs(checkpoints, tmp_path_factory):
         ),
         "bisect": start(
             "compile", target, "--draft", draft, "-k", "2", "--batch-sizes", "1", "--modes", "greedy", *COMPILE_FLAGS,
-            "--dump-dir", bisect, "--skip", "mask_padding", "--stop-after", "defunctionalize_kv",
+            "--dump-dir", bisect, "--skip", "mask_padding", "--stop-after", "defunctionalize_kv", "--fold-norms", "on",
         ),
         **{
             name: start(*(arg.format(**values) for arg in args))
@@ -185,6 +186,8 @@ def test_stop_after_and_skip_bisect_the_pipeline(runs):
     ]  # fmt: skip
     assert "SKIPPED" in (dumps / "02_mask_padding.py").read_text()
     assert "partial pipeline (stopped after defunctionalize_kv; skipped mask_padding)" in result.stderr
+    # --fold-norms on (auto would not fold on the CPU): the traced step has the folded layers' SwiGLU.
+    assert "graphspec.scaled_silu_mul" in (dumps / "00_traced.py").read_text()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -234,6 +237,7 @@ def test_inspect_summarizes_the_manifest(runs):
         "prefill_b2_c",
         "graphs/step_b1_greedy.json",
         "target/model.safetensors",
+        "numerics default  fold_norms False",
         "this machine: matches",
         "recompile  graphspec compile",
     ):
