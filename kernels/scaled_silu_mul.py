@@ -33,8 +33,7 @@ MANY_ROWS = 48  # from here on the (sm, "many_rows") row (see the module doc)
 
 def shape_class(gate_up: Tensor, *_: object) -> str | None:
     """The config row's shape class (lowering/registry.py): wide tiles from MANY_ROWS rows on."""
-    rows = gate_up.numel() // max(1, gate_up.shape[-1]) if gate_up.dim() else 1
-    return "many_rows" if rows >= MANY_ROWS else None
+    return "many_rows" if silu_mul_kernel.row_count(gate_up) >= MANY_ROWS else None
 
 
 def scaled_silu_mul(

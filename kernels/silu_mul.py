@@ -20,7 +20,7 @@ from triton.language.extra import libdevice
 from graphspec import library
 from graphspec.ops import silu_mul_reference
 
-__all__ = ["CONFIGS", "shape_class", "silu_mul", "silu_mul_reference", "silu_mul_triton", "tile_shape"]
+__all__ = ["CONFIGS", "row_count", "shape_class", "silu_mul", "silu_mul_reference", "silu_mul_triton", "tile_shape"]
 
 # tile_elems: outputs per program: BLOCK_C = min(tile_elems, padded I) columns x tile_elems // BLOCK_C rows.
 # CONFIGS[90] from benchmarks/bench_launch_configs.py on an H200 (2026-11-22): 512 outputs per program
@@ -39,10 +39,14 @@ MANY_ROWS = 512
 SCALE_BLOCK = 2048  # elements of the scale row summed per iteration (graphspec::scaled_silu_mul)
 
 
+def row_count(gate_up: Tensor) -> int:
+    """Rows of gate_up [..., 2I]: the product of its leading dims."""
+    return gate_up.numel() // max(1, gate_up.shape[-1]) if gate_up.dim() else 1
+
+
 def shape_class(gate_up: Tensor, *_: object) -> str | None:
     """The config row's shape class (lowering/registry.py): a prefill chunk's many rows take wider tiles."""
-    rows = gate_up.numel() // max(1, gate_up.shape[-1]) if gate_up.dim() else 1
-    return "many_rows" if rows >= MANY_ROWS else None
+    return "many_rows" if row_count(gate_up) >= MANY_ROWS else None
 
 
 @triton.jit

@@ -558,8 +558,7 @@ INVARIANT_ONLY = frozenset({"mm", "addmm"})
 # verify_greedy are exact (a max and a first index do not round); mm and addmm fix their tiles and K split by (N, K)
 # only. The attention kernels' default rows size their splits by the batch and the cache length, so they have an
 # "invariant" row instead (prefill programs are not fused under invariant numerics: their attention is the decode
-# kernel's). The others (sampling statistics split the vocabulary by the batch; linear
-# attention) have neither yet.
+# kernel's). The others (sampling statistics split the vocabulary by the batch; linear attention) have neither yet.
 ROW_INVARIANT = frozenset(
     {
         "rms_norm",

@@ -130,14 +130,14 @@ class Attention(nn.Module):
             cache = ops.kv_update(cache, self.layer, slot_ids, start_pos, k, v)
         attend = ops.attention if self.causal else ops.block_attention
         out = attend(q, cache, self.layer, slot_ids, start_pos, self.scale)  # [B, T, Hq, D]
+        if last_index is None:
+            # An explicit width, not -1: an empty batch (0 rows) must reshape too.
+            return self.project(out.view(batch, t, self.num_heads * self.head_dim), residual), cache
         rows = torch.arange(batch, device=qkv.device)
         # The last row's residual is gathered before the o projection adds into the whole residual (which may
         # then write it in place: passes/addmm_in_place.py).
-        last_residual = None if residual is None or last_index is None else residual[rows, last_index][:, None]
-        # An explicit width, not -1: an empty batch (0 rows) must reshape too.
+        last_residual = None if residual is None else residual[rows, last_index][:, None]
         out = self.project(out.view(batch, t, self.num_heads * self.head_dim), residual)
-        if last_index is None:
-            return out, cache
         q_last = q[rows, :, last_index][:, :, None]  # [B, Hq, 1, D], rotated
         last = ops.attention(q_last, cache, self.layer, slot_ids, start_pos + last_index, self.scale)  # [B, 1, Hq, D]
         return out, cache, self.project(last.view(batch, 1, self.num_heads * self.head_dim), last_residual)

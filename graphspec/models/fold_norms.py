@@ -47,5 +47,6 @@ def fold_norms(model: DecoderLM) -> None:
             layer.mlp.folded_norm_eps = norm.eps
             del layer.post_attention_layernorm
         # What the folded norms weigh where a program keeps the norm kernel (decoder.FOLDED_MAX_ROWS).
-        ones = torch.ones(model.spec.hidden_size, dtype=weight.dtype, device=weight.device)
+        like = model.model.norm.weight
+        ones = torch.ones(model.spec.hidden_size, dtype=like.dtype, device=like.device)
         model.register_buffer("folded_norm_weight", ones, persistent=False)
