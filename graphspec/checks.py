@@ -136,6 +136,7 @@ PHASE_CHECKS = {
     "fuse_rotary_kv": _IN_PLACE,
     "fuse_kv_attention": _IN_PLACE,
     "fuse_qk_norm": _IN_PLACE,
+    "fuse_row_scale": _IN_PLACE,
     "lower_kernels": _IN_PLACE,
     "split_attention": (graph_lints, regions_run_in_order),
 }

@@ -167,8 +167,7 @@ def scaled_silu_mul_reference(gate_up: Tensor, x: Tensor, eps: float) -> Tensor:
     # The row scale r = rsqrt(mean(x^2) + eps) of an RMSNorm, applied to a projection of the un-normalized row
     # x (the norm's weight folded into the projection, models/fold_norms.py): r * (x @ (W * g).T) is
     # rms_norm(x, g) @ W.T. One rounding at the end: the scaled gate and up never exist in the dtype.
-    scale = torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + eps)
-    gate, up = (gate_up.to(torch.float32) * scale).chunk(2, dim=-1)
+    gate, up = (gate_up.to(torch.float32) * inverse_rms_reference(x, eps)).chunk(2, dim=-1)
     return (torch.nn.functional.silu(gate) * up).to(gate_up.dtype)
 
 
@@ -182,6 +181,30 @@ def scaled_silu_mul(gate_up: Tensor, x: Tensor, eps: float) -> Tensor:
 @torch.library.register_fake("graphspec::scaled_silu_mul")
 def _(gate_up: Tensor, x: Tensor, eps: float) -> Tensor:
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+def inverse_rms_reference(x: Tensor, eps: float) -> Tensor:
+    """An RMSNorm's row scale rsqrt(mean(x^2) + eps) of x [..., H] in fp32, [..., 1]."""
+    return torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + eps)
+
+
+def row_scale_reference(x: Tensor, src: Tensor, eps: float) -> Tensor:
+    # A projection x of the un-normalized rows src whose RMSNorm weight was folded into the projection's weight
+    # (models/fold_norms.py), times the norm's row scale: rms_norm(src, g) @ W.T = r(src) * (src @ (W * g).T).
+    # One rounding: the scaled product, in x's dtype.
+    return (x.to(torch.float32) * inverse_rms_reference(src, eps)).to(x.dtype)
+
+
+@library.op("graphspec::row_scale", mutates_args=())
+def row_scale(x: Tensor, src: Tensor, eps: float) -> Tensor:
+    """x [..., N] times the RMSNorm row scale of src [..., H] (the rows x projects): x * rsqrt(mean(src^2) + eps)
+    per row. The fuse_row_scale pass moves it into the rotary_kv_attention that reads it."""
+    return row_scale_reference(x, src, eps).contiguous()
+
+
+@torch.library.register_fake("graphspec::row_scale")
+def _(x: Tensor, src: Tensor, eps: float) -> Tensor:
+    return x.new_empty(x.shape)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -358,11 +381,22 @@ def rotary_kv_attention_reference(
     k_norm: Tensor | None = None,
     norm_eps: float = 1e-6,
     causal: bool = True,
+    row_src: Tensor | None = None,
+    row_eps: float = 0.0,
 ) -> Tensor:
-    # Exactly [rms_norm of q and k,] rotary_kv_write, then attention (block_attention when not causal):
-    # bit-identical to those ops.
+    # Exactly [row_scale of q, k and v,] [rms_norm of q and k,] rotary_kv_write, then attention (block_attention
+    # when not causal): bit-identical to those ops.
+    if row_src is not None:
+        q, k, v = scale_heads((q, k, v), row_src, row_eps)
     q_rot = rotary_kv_write_reference(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, q_norm, k_norm, norm_eps)
     return attention_reference(q_rot, cache, layer, slot_ids, start_pos, scale, causal).contiguous()
+
+
+def scale_heads(heads: tuple[Tensor, ...], src: Tensor, eps: float) -> tuple[Tensor, ...]:
+    """Each [B, H, T, D] tensor of `heads` times the RMSNorm row scale of src [B, T, hidden] at its (b, t), rounded
+    once: row_scale of the projection the heads are views of, moved past its split and transpose."""
+    scale = inverse_rms_reference(src, eps)[:, None]  # [B, 1, T, 1]
+    return tuple((x.to(torch.float32) * scale).to(x.dtype) for x in heads)
 
 
 @library.op("graphspec::rotary_kv_attention", mutates_args=("cache",))
@@ -381,21 +415,25 @@ def rotary_kv_attention(
     k_norm: Tensor | None = None,
     norm_eps: float = 1e-6,
     causal: bool = True,
+    row_src: Tensor | None = None,
+    row_eps: float = 0.0,
 ) -> Tensor:
     """rotary_kv_write (rotary of q and k, the rotated k and v written into the cache) followed by
     attention of the rotated q, as one op: returns attention's [B, T, Hq, D]; neither rotated tensor
     exists outside the op. Shapes as in rotary_kv_write and attention. The fuse_kv_attention pass makes
     it from the pair, so one kernel launch does both. With q_norm and k_norm ([D] weights; Qwen3's
     per-head norms) q and k are first rms_norm'ed over the head dim (fuse_qk_norm folds them in).
-    causal=False: the attention is block_attention's (DFlash's block, no causal mask inside it)."""
+    causal=False: the attention is block_attention's (DFlash's block, no causal mask inside it). With row_src
+    [B, T, hidden] (the un-normalized rows q, k and v were projected from, a folded input norm: fuse_row_scale)
+    q, k and v are first scaled by its rows' rsqrt(mean(src^2) + row_eps), as graphspec::row_scale would."""
     return rotary_kv_attention_reference(
-        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal
+        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal, row_src, row_eps
     )
 
 
 @torch.library.register_fake("graphspec::rotary_kv_attention")
 def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm=None, k_norm=None, norm_eps=1e-6,
-      causal=True):  # fmt: skip
+      causal=True, row_src=None, row_eps=0.0):  # fmt: skip
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))
 
@@ -1044,6 +1082,7 @@ OPS = {
     "rope_tables": torch.ops.graphspec.rope_tables.default,
     "silu_mul": torch.ops.graphspec.silu_mul.default,
     "scaled_silu_mul": torch.ops.graphspec.scaled_silu_mul.default,
+    "row_scale": torch.ops.graphspec.row_scale.default,
     "kv_update": torch.ops.graphspec.kv_update.default,
     "kv_write": torch.ops.graphspec.kv_write.default,
     "slot_update": torch.ops.graphspec.slot_update.default,

@@ -28,6 +28,7 @@ from graphspec.passes import (
     fuse_prefill_attention,
     fuse_qk_norm,
     fuse_rotary_kv,
+    fuse_row_scale,
     insert_verify,
     mask_padding,
     split_attention,
@@ -48,6 +49,7 @@ PIPELINE = (
     fuse_rotary_kv,
     fuse_kv_attention,
     fuse_qk_norm,
+    fuse_row_scale,
     # Phase 4: kernels chosen for ctx.sm (reference ops stay where no kernel fits), then the integer glue
     # between them, one launch per stretch.
     lower_kernels,

@@ -16,7 +16,9 @@ combines them; with one split the main kernel writes the output directly.
 ROTARY (graphspec::rotary_kv_attention, kernels/rotary_kv_attention.py): q and the step's k arrive
 unrotated; every program rotates its q tile in registers, and the programs whose chunk holds the step's
 positions rotate those keys and store them and their values into the cache before the key loop, which
-is unchanged. QK_NORM adds Qwen3's per-head rms_norm of q and k before the rotation.
+is unchanged. QK_NORM adds Qwen3's per-head rms_norm of q and k before the rotation. ROW_SCALE (a folded input
+norm, models/fold_norms.py) first scales q, k and v by the norm's row scale of the un-normalized rows they were
+projected from: every program that rotates reads its row's T source rows (from L2) for it.
 
 CAUSAL=False (graphspec::block_attention, kernels/block_attention.py, DFlash's drafter): every query of
 the row's block sees every key up to the block's last position, start_pos[b] + T - 1, the window the
@@ -76,6 +78,7 @@ HEAD_DIMS = (64, 128, 256)  # head dims the kernel is tested for (256: Qwen3.5 a
 MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
 WAVE_FILL = 0.5  # wave_block_n: tile counts in (WAVE_FILL * SMs, SMs] (below, B <= 8 at 8B heads: a tie)
 MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
+ROW_TILE = 8192  # ROW_SCALE: source elements summed per loop step (T positions x ROW_BLOCK columns)
 REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step
 # Warps of each reduce program (one output row of D values). One: benchmarks/bench_launch_configs.py
 # --ops attention_reduce on an H200 (2026-11-22, 33 splits, 32 q heads): 2.3-3.0 us per launch at the
@@ -118,6 +121,21 @@ def norm_heads(x, partner, weight_ptr, dims, partner_dims, eps, HEAD_DIM: tl.con
 
 
 @triton.jit
+def row_inverse_rms(row_ptr, b, steps, T: tl.constexpr, stride_rb, stride_rt, eps, WIDTH: tl.constexpr,
+                    BLOCK: tl.constexpr):  # fmt: skip
+    """1 / sqrt(mean(src^2) + eps) of row b's source rows at `steps` (those < T), summed BLOCK columns at a time in
+    a fixed order; fp32 [len(steps)]."""
+    rows = b * stride_rb + steps.to(tl.int64) * stride_rt
+    squares = tl.zeros(steps.shape, tl.float32)
+    for start in tl.static_range(0, WIDTH, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = (steps < T)[:, None] & (cols < WIDTH)[None, :]
+        src = tl.load(row_ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        squares += tl.sum(src * src, 1)
+    return 1.0 / tl.sqrt_rn(squares / WIDTH + eps)  # IEEE sqrt and divide, like inverse_rms
+
+
+@triton.jit
 def store_partial(part_out_ptr, part_lse_ptr, out_rows, num_splits, split, out, lse, dims, row_ok):
     """One split's partial for the reduce: partials [B, T, Hq, splits, (D)] hold each row's normalized
     output `out` [rows, D] and base-2 log-sum-exp `lse` (-inf when the split holds none of its keys)."""
@@ -141,9 +159,11 @@ def attention_kernel(
     sin_ptr,
     q_norm_ptr,  # QK_NORM only: [D] weights of the per-head rms_norm of q and of k, before the rotation
     k_norm_ptr,
+    row_ptr,  # ROW_SCALE only: the un-normalized rows [B, T, ROW_WIDTH] q, k and v were projected from
     layer,
     qk_scale,  # scale * log2(e): scores in base-2 units so the softmax can use exp2
     norm_eps,
+    row_eps,
     seq_capacity,  # S, cache positions per slot
     slots,
     num_kv_heads,
@@ -173,6 +193,8 @@ def attention_kernel(
     stride_sinb,
     stride_sint,
     stride_sind,
+    stride_rb,
+    stride_rt,
     T: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -181,6 +203,9 @@ def attention_kernel(
     SPLIT: tl.constexpr,
     ROTARY: tl.constexpr,
     QK_NORM: tl.constexpr,
+    ROW_SCALE: tl.constexpr,
+    ROW_WIDTH: tl.constexpr,  # ROW_SCALE: the source rows' width (hidden size)
+    ROW_BLOCK: tl.constexpr,  # ROW_SCALE: source columns summed per loop step
     CAUSAL: tl.constexpr,
     BLOCK_T: tl.constexpr,  # ROTARY: T rounded up to a power of 2
     PRECISION: tl.constexpr,
@@ -232,8 +257,15 @@ def attention_kernel(
     # d +- D/2). Same rounding as the rotary kernel, so the rotated q is bit for bit what it stores.
     first_half = dims < HEAD_DIM // 2
     partner = tl.where(first_half, dims + HEAD_DIM // 2, dims - HEAD_DIM // 2)
+    steps = tl.arange(0, BLOCK_T)  # ROTARY: this step's T positions, padded
     if ROTARY:
         q_partner = tl.load(q_ptr + q_rows[:, None] + partner[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        if ROW_SCALE:  # row_scale's arithmetic: rsqrt(mean(src^2) + eps) per position, one rounding of the product
+            step_scale = row_inverse_rms(row_ptr, b.to(tl.int64), steps, T, stride_rb, stride_rt, row_eps, ROW_WIDTH,
+                                         ROW_BLOCK)  # fmt: skip
+            q_scale = tl.sum(tl.where(token[:, None] == steps[None, :], step_scale[None, :], 0.0), 1)[:, None]
+            q = round_to(q.to(tl.float32) * q_scale, dtype)
+            q_partner = round_to(q_partner.to(tl.float32) * q_scale, dtype)
         if QK_NORM:  # each row is one head: normalize it (and its partner columns) first, as rms_norm would
             q, q_partner = norm_heads(q, q_partner, q_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
         q_cos, q_sin = rope_rows(
@@ -255,12 +287,14 @@ def attention_kernel(
         # The loop is the plain kernel's, so the result is bit for bit that of rotary_kv_write then
         # attention. Every query tile (m_block) of a chunk stores the same bytes, so each reads back
         # what it stored; the barrier makes the program's global stores visible to all its threads.
-        steps = tl.arange(0, BLOCK_T)
         new_pos = start + steps
         own = (steps < T) & (new_pos >= lo) & (new_pos < hi)
         k_rows = b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh + steps.to(tl.int64) * stride_kt
         k_new = tl.load(k_ptr + k_rows[:, None] + dims[None, :] * stride_kd, mask=own[:, None], other=0.0)
         k_partner = tl.load(k_ptr + k_rows[:, None] + partner[None, :] * stride_kd, mask=own[:, None], other=0.0)
+        if ROW_SCALE:
+            k_new = round_to(k_new.to(tl.float32) * step_scale[:, None], dtype)
+            k_partner = round_to(k_partner.to(tl.float32) * step_scale[:, None], dtype)
         if QK_NORM:
             k_new, k_partner = norm_heads(k_new, k_partner, k_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
         k_cos, k_sin = rope_rows(
@@ -270,6 +304,8 @@ def attention_kernel(
         k_rot = rope(k_new, k_partner, k_cos, k_sin, first_half[None, :], dtype).to(dtype)
         v_rows = b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh + steps.to(tl.int64) * stride_vt
         v_new = tl.load(v_ptr + v_rows[:, None] + dims[None, :] * stride_vd, mask=own[:, None], other=0.0)
+        if ROW_SCALE:
+            v_new = round_to(v_new.to(tl.float32) * step_scale[:, None], dtype)
         # A slot outside the cache gets no write, as kv_write drops out-of-range targets.
         # HACK(triton<=3.9 interpreter): `block & scalar` of bools comes out as an int32 mask that
         # tl.store refuses; tl.where keeps it bool (as in kernels/rotary_kv_write.py).
@@ -388,6 +424,7 @@ def attention(
     wave_block_n: int = CONFIGS["default"]["wave_block_n"],
     rotary: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
     qk_norm: tuple[Tensor, Tensor, float] | None = None,
+    row_scale: tuple[Tensor, float] | None = None,
     causal: bool = True,
 ) -> Tensor:
     """Launch attention_kernel (+ attention_reduce_kernel when split). Same result as
@@ -399,6 +436,8 @@ def attention(
     would (the same bits). k, v and the cache share q's dtype; cos/sin are [B, T, D].
     qk_norm=(q_weight, k_weight, eps) (with rotary only) first rms_norms each head of q and of the
     step's k over D, as graphspec::rms_norm would (to its fp32 rounding).
+    row_scale=(src, eps) (with rotary only): q, k and v are first scaled by the RMSNorm row scale of src
+    [B, T, hidden] (unit-stride rows) at their (b, t), as graphspec::row_scale would (to its fp32 rounding).
     causal=False: graphspec::block_attention's window (every query sees the whole block).
     block_m/split_keys > 0 fix the query tile and the split size (the "invariant" config row); wave_block_n > 0:
     one unsplit program per tile, that many keys a step, where the tiles make one wave (WAVE_FILL)."""
@@ -429,6 +468,16 @@ def attention(
     else:
         q_weight = k_weight = q  # unused: QK_NORM is off
         norm_eps = 0.0
+    if row_scale is not None:
+        row_src, row_eps = row_scale
+        if rotary is None or row_src.dim() != 3 or tuple(row_src.shape[:2]) != (batch, t) or row_src.stride(2) != 1:
+            raise ValueError(
+                f"attention kernel: row_scale needs rotary and unit-stride [{batch}, {t}, hidden] rows, "
+                f"got {tuple(row_src.shape)}"
+            )
+    else:
+        row_src, row_eps = q, 0.0  # unused: ROW_SCALE is off
+    row_width = row_src.shape[-1] if row_scale is not None else 1
     if (seq_capacity - 1) * cache.stride(4) + (head_dim - 1) * cache.stride(5) >= 2**31:
         raise ValueError("attention kernel: one cache plane (S * D) must stay below 2**31 elements")
     out = torch.empty((batch, t, q_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -473,9 +522,11 @@ def attention(
         sin,
         q_weight,
         k_weight,
+        row_src,
         layer,
         scale * LOG2E,
         norm_eps,
+        row_eps,
         seq_capacity,
         cache.shape[2],
         kv_heads,
@@ -487,6 +538,7 @@ def attention(
         *v.stride()[:4],
         *cos.stride()[:3],
         *sin.stride()[:3],
+        *row_src.stride()[:2],
         T=t,
         GROUP=group,
         HEAD_DIM=head_dim,
@@ -495,6 +547,9 @@ def attention(
         SPLIT=splits > 1,
         ROTARY=rotary is not None,
         QK_NORM=qk_norm is not None,
+        ROW_SCALE=row_scale is not None,
+        ROW_WIDTH=row_width,
+        ROW_BLOCK=min(next_power_of_2(row_width), max(1, ROW_TILE // next_power_of_2(t))),
         CAUSAL=causal,
         BLOCK_T=next_power_of_2(t),
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",

@@ -7,7 +7,9 @@ rotary_kv_write was a launch of its own per layer and forward (about 2 us plus t
 a few kilobytes of work; this removes it. The key loop and every rounding are those of rotary_kv_write
 then attention, so the result is the same bits (tests/kernels/test_rotary_kv_attention.py). With
 q_norm/k_norm (fuse_qk_norm) each head of q and of the step's k is rms_norm'ed in registers first,
-which removes two more launches per layer and forward for models with per-head norms (Qwen3).
+which removes two more launches per layer and forward for models with per-head norms (Qwen3). With row_src
+(fuse_row_scale: a folded input norm, models/fold_norms.py) q, k and v are scaled by the norm's row scale of the
+un-normalized rows they were projected from, right after their loads: the norm's launch is gone too.
 causal=False is block_attention's window (DFlash's block): the kernel's CAUSAL constexpr off.
 """
 
@@ -43,17 +45,21 @@ def rotary_kv_attention(
     k_norm: Tensor | None = None,
     norm_eps: float = 1e-6,
     causal: bool = True,
+    row_src: Tensor | None = None,
+    row_eps: float = 0.0,
     **config: int,
 ) -> Tensor:
     """Same result as graphspec.ops.rotary_kv_attention_reference (cache written in place; with q_norm
-    and k_norm, to rms_norm's fp32 rounding); config fields as in CONFIGS (default: the "default" row)."""
+    and k_norm, to rms_norm's fp32 rounding; with row_src, to the row scale's); config fields as in CONFIGS
+    (default: the "default" row)."""
     if (q_norm is None) != (k_norm is None):
         raise ValueError("rotary_kv_attention kernel: q_norm and k_norm come together (or neither)")
     config = {**CONFIGS["default"], **config}
     qk_norm = None if q_norm is None else (q_norm, k_norm, norm_eps)
+    row_scale = None if row_src is None else (row_src, row_eps)
     return attention_kernel.attention(
         q, cache, layer, slot_ids, start_pos, scale, **config, rotary=(k, v, cos, sin), qk_norm=qk_norm,
-        causal=causal,
+        row_scale=row_scale, causal=causal,
     )  # fmt: skip
 
 
@@ -73,6 +79,8 @@ def rotary_kv_attention_triton(
     k_norm: Tensor | None,
     norm_eps: float,
     causal: bool,
+    row_src: Tensor | None,
+    row_eps: float,
     block_n: int,
     num_warps: int,
     num_stages: int,
@@ -83,13 +91,14 @@ def rotary_kv_attention_triton(
 ) -> Tensor:
     """graphspec::rotary_kv_attention lowered to attention_kernel; the trailing ints are CONFIG_FIELDS."""
     return rotary_kv_attention(
-        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal,
+        q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal, row_src, row_eps,
         block_n=block_n, num_warps=num_warps, num_stages=num_stages, programs_per_sm=programs_per_sm,
         block_m=block_m, split_keys=split_keys, wave_block_n=wave_block_n,
     )  # fmt: skip
 
 
 @torch.library.register_fake("graphspec::rotary_kv_attention_triton")
-def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal, *config):
+def _(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal, row_src, row_eps,
+      *config):  # fmt: skip
     batch, heads, t, head_dim = q.shape
     return q.new_empty((batch, t, heads, head_dim))

@@ -20,7 +20,7 @@ from graphspec.kernels.attention_cpu import attend_rows
 from torch import Tensor
 
 from graphspec import library
-from graphspec.ops import qk_norm_reference, rotary_kv_attention_reference, rotary_reference
+from graphspec.ops import qk_norm_reference, rotary_kv_attention_reference, rotary_reference, scale_heads
 
 __all__ = [
     "CONFIGS",
@@ -81,14 +81,19 @@ def rotary_kv_attention(
     k_norm: Tensor | None = None,
     norm_eps: float = 1e-6,
     causal: bool = True,
+    row_src: Tensor | None = None,
+    row_eps: float = 0.0,
 ) -> Tensor:
     """Same result as rotary_kv_attention_reference: the cache gets the same bits, the attention
     output matches to fp32 rounding. The registry lowers causal nodes only; a block (causal=False) runs
     the reference."""
     if not causal:
         return rotary_kv_attention_reference(
-            q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal
-        )
+            q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale, q_norm, k_norm, norm_eps, causal, row_src,
+            row_eps,
+        )  # fmt: skip
+    if row_src is not None:
+        q, k, v = scale_heads((q, k, v), row_src, row_eps)
     q, k = qk_norm_reference(q, k, q_norm, k_norm, norm_eps)  # the reference's own steps up to the cache write
     q_rot, k_rot = rotary_reference(q, k, cos, sin)  # [B, Hq, T, D], [B, Hkv, T, D]
     return kv_attention_cpu(q_rot, k_rot, v, cache, layer, slot_ids, start_pos, scale)

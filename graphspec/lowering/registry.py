@@ -285,6 +285,23 @@ def _norms_fit(node: fx.Node, first: int, q: torch.Tensor) -> bool:
     )
 
 
+def _row_scale_fits(node: fx.Node, position: int, q: torch.Tensor) -> bool:
+    """The optional source rows of a folded input norm at arg `position` (fuse_row_scale): none, or a floating
+    [B, T, hidden] of unit-stride rows for q [B, Hq, T, D]."""
+    if positional_args(node)[position] is None:
+        return True
+    values = _vals_at(node, (position,))
+    if values is None:
+        return False
+    (src,) = values
+    return (
+        src.dim() == 3
+        and tuple(src.shape[:2]) == (q.shape[0], q.shape[2])
+        and src.stride(2) == 1
+        and src.dtype.is_floating_point
+    )
+
+
 def fits_rotary_kv_attention(node: fx.Node) -> bool:
     # rotary_kv_attention(q, k, v, cos, sin, cache, layer, slot_ids, start_pos, scale): attention on the
     # rotated q (same shape) must fit, and the step's k/v enter the cache as is, so they share its dtype.
@@ -292,7 +309,8 @@ def fits_rotary_kv_attention(node: fx.Node) -> bool:
     if values is None or len(node.args) < 10 or type(node.args[6]) is not int:
         return False
     q, k, v, cos, sin, cache, slot_ids, start_pos = values
-    # Optional per-head norm weights at args 10, 11 (_norms_fit); arg 13, causal, a plain bool.
+    # Optional per-head norm weights at args 10, 11 (_norms_fit); arg 13, causal, a plain bool; arg 14, the
+    # optional source rows of a folded input norm (_row_scale_fits).
     if not isinstance(positional_args(node)[13], bool):
         return False
     return (
@@ -301,6 +319,7 @@ def fits_rotary_kv_attention(node: fx.Node) -> bool:
         and _rotary_fits(q, k, cos, sin)
         and _kv_write_fits(cache, node.args[6], slot_ids, start_pos, k, v)
         and _norms_fit(node, 10, q)
+        and _row_scale_fits(node, 14, q)
     )
 
 

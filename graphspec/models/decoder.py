@@ -23,7 +23,10 @@ from graphspec.models.spec import ModelSpec
 # row scale in the SwiGLU) in programs of up to this many rows (batch x tokens): there one launch fewer per layer
 # won on an H200 (decode and verify, 1-80 rows, 2026-11-29). A prefill chunk's thousands of rows ran slower folded
 # (cuBLAS's beta = 1 GEMM, the row-scale re-reads: docs/BENCHMARKS.md), so larger programs keep the norm kernel,
-# with the folded layers' norm weight as ones.
+# with the folded layers' norm weight as ones. A folded input norm takes its folded form (the down projection
+# added into the residual, the row scale on q/k/v: graphspec::row_scale, which the fuse_row_scale pass moves into
+# the step's attention kernel) in such programs that compute no last position: prefill programs' attention
+# (graphspec::prefill_attention) has no row scale to take, so they keep the norm.
 FOLDED_MAX_ROWS = 80
 
 
@@ -74,6 +77,8 @@ class Attention(nn.Module):
         hidden, q_dim, kv_dim = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.qkv_proj = FusedLinear(hidden, {"q_proj": q_dim, "k_proj": kv_dim, "v_proj": kv_dim}, spec.qkv_bias)
         self.o_proj = Linear(q_dim, hidden, bias=spec.o_bias)
+        # Set by models/fold_norms.py: the eps of the input RMSNorm whose weight qkv_proj holds.
+        self.folded_norm_eps: float | None = None
         if spec.qk_norm:
             self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
             self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
@@ -93,12 +98,18 @@ class Attention(nn.Module):
         in_place: bool,
         last_index: Tensor | None = None,
         residual: Tensor | None = None,
+        scale_eps: float | None = None,
     ) -> tuple[Tensor, ...]:
         """(out [B, T, hidden], cache); with last_index [B], a third value: the output [B, 1, hidden] of
         each row's query at t = last_index[b] alone, attending to the cache as written (its whole chunk is
         in it, but causality stops it at its own position). With residual [B, T, hidden], the outputs are
-        residual + the attention's (the o projection adds into it: one addmm, see add_linear)."""
-        return self.attend(self.qkv_proj(x), cos, sin, start_pos, slot_ids, cache, in_place, last_index, residual)
+        residual + the attention's (the o projection adds into it: one addmm, see add_linear). With scale_eps,
+        x is un-normalized (a folded input norm's input) and q/k/v are scaled by its rows' rsqrt(mean(x^2) +
+        scale_eps) (graphspec::row_scale)."""
+        qkv = self.qkv_proj(x)
+        if scale_eps is not None:
+            qkv = ops.row_scale(qkv, x, scale_eps)
+        return self.attend(qkv, cos, sin, start_pos, slot_ids, cache, in_place, last_index, residual)
 
     def attend(
         self,
@@ -156,13 +167,13 @@ class MLP(nn.Module):
         # Set by models/fold_norms.py: the eps of the RMSNorm whose weight gate_up_proj holds.
         self.folded_norm_eps: float | None = None
 
-    def forward(self, x: Tensor, scale_eps: float | None = None) -> Tensor:
+    def forward(self, x: Tensor, scale_eps: float | None = None, residual: Tensor | None = None) -> Tensor:
         """down(silu(gate) * up) of x's projections; with scale_eps, x is un-normalized (a folded norm's input) and
-        gate and up are first scaled by its rows' rsqrt(mean(x^2) + scale_eps) (graphspec::scaled_silu_mul)."""
+        gate and up are first scaled by its rows' rsqrt(mean(x^2) + scale_eps) (graphspec::scaled_silu_mul). With
+        residual, the output is residual + that (the down projection adds into it, see add_linear)."""
         gate_up = self.gate_up_proj(x)
-        if scale_eps is None:
-            return self.down_proj(ops.silu_mul(gate_up))
-        return self.down_proj(ops.scaled_silu_mul(gate_up, x, scale_eps))
+        act = ops.silu_mul(gate_up) if scale_eps is None else ops.scaled_silu_mul(gate_up, x, scale_eps)
+        return self.down_proj(act) if residual is None else add_linear(residual, act, self.down_proj)
 
 
 class DecoderLayer(nn.Module):
@@ -240,18 +251,23 @@ class DecoderLM(nn.Module):
         cos, sin = rope
         residual = self.model.embed_tokens(tokens)  # [B, T, hidden]
         layers = self.model.layers
-        hidden = ops.rms_norm(residual, layers[0].input_layernorm.weight, self.spec.rms_norm_eps)
+        few_rows = tokens.numel() <= FOLDED_MAX_ROWS
+        fold_input = few_rows and last_index is None  # where folded input norms take their folded form
+        if fold_input and layers[0].self_attn.folded_norm_eps is not None:
+            hidden = residual  # the first layer's q/k/v scale their own rows
+        else:
+            hidden = ops.rms_norm(residual, *self.input_norm(layers[0]))
         last_hidden = None
         for index, layer in enumerate(layers):
             if index in layer_inputs:  # the residual stream entering layer `index` (transformers' hidden_states[index])
                 captured[f"layer_in:{index}"] = residual
-            # The next layer's input norm (or the final norm) fuses with this layer's residual add.
-            next_norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm
             attend_last = last_index if index == len(layers) - 1 else None
+            # hidden is the residual itself where this layer's input norm is folded and takes its folded form.
+            input_eps = layer.self_attn.folded_norm_eps if fold_input else None
             norm_weight, norm_eps = self.post_attention_norm(layer)
-            if layer.mlp.folded_norm_eps is None or tokens.numel() > FOLDED_MAX_ROWS:
+            if layer.mlp.folded_norm_eps is None or not few_rows:
                 attn_out, cache, *attn_last = layer.self_attn(
-                    hidden, cos, sin, start_pos, slot_ids, cache, in_place, attend_last
+                    hidden, cos, sin, start_pos, slot_ids, cache, in_place, attend_last, None, input_eps
                 )
                 if attn_last:  # the last position alone (prefill's first token): its residual gathered
                     rows = torch.arange(tokens.shape[0], device=tokens.device)
@@ -262,18 +278,31 @@ class DecoderLM(nn.Module):
                 scale_eps = None
             else:  # folded, few rows: the o projection adds into the residual, the MLP scales its own rows
                 residual, cache, *attn_last = layer.self_attn(
-                    hidden, cos, sin, start_pos, slot_ids, cache, in_place, attend_last, residual
+                    hidden, cos, sin, start_pos, slot_ids, cache, in_place, attend_last, residual, input_eps
                 )
                 if attn_last:
                     last = last_residual = attn_last[0]
                 hidden, scale_eps = residual, norm_eps
             if attn_last:
-                final = self.model.norm
-                last_out = layer.mlp(last, scale_eps)
-                last_hidden = ops.add_rms_norm(last_out, last_residual, final.weight, final.eps)[0][:, 0]
-            hidden, residual = ops.add_rms_norm(layer.mlp(hidden, scale_eps), residual, next_norm.weight, next_norm.eps)
+                last_hidden = ops.add_rms_norm(layer.mlp(last, scale_eps), last_residual, *self.final_norm())[0][:, 0]
+            following = layers[index + 1] if index + 1 < len(layers) else None
+            if following is not None and fold_input and following.self_attn.folded_norm_eps is not None:
+                hidden = residual = layer.mlp(hidden, scale_eps, residual)  # the down projection adds into it
+            else:  # the next layer's input norm (or the final norm) fuses with this layer's residual add
+                weight, eps = self.input_norm(following) if following is not None else self.final_norm()
+                hidden, residual = ops.add_rms_norm(layer.mlp(hidden, scale_eps), residual, weight, eps)
         out = self._output(output, hidden, captured, capture)
         return (out if last_index is None else (out, last_hidden)), cache
+
+    def input_norm(self, layer: nn.Module) -> tuple[Tensor, float]:
+        """The weight and eps of `layer`'s input norm: its own, or ones where fold_norms moved the weight into
+        q/k/v (models/fold_norms.py; the norm then only normalizes, where it runs)."""
+        if layer.self_attn.folded_norm_eps is not None:
+            return self.folded_norm_weight, layer.self_attn.folded_norm_eps
+        return layer.input_layernorm.weight, layer.input_layernorm.eps
+
+    def final_norm(self) -> tuple[Tensor, float]:
+        return self.model.norm.weight, self.model.norm.eps
 
     def post_attention_norm(self, layer: nn.Module) -> tuple[Tensor, float]:
         """The weight and eps of `layer`'s post-attention norm: its own, or ones where fold_norms moved the

@@ -3,16 +3,17 @@
 Input:  an in-place graph (after defunctionalize_kv) with aten.addmm nodes, among them the residual adds of
         folded norms (models/decoder.add_linear: residual + o_proj(attention) as addmm(residual, a, W.t())).
 Output: each addmm whose input x is an [M, N] tensor of the output's shape and dtype, made fresh by the graph
-        (not a graph input, not a view of anything but itself), which nothing reads after the addmm (through
-        x or any view of the tensor x views), becomes addmm_ on x; its users read x. Other addmms unchanged.
-        Same results: addmm_ computes what addmm does, into x's memory.
+        (not a graph input, not a view of anything but itself; an earlier addmm_'s result is its input's memory),
+        which nothing reads after the addmm (through x or any alias of the memory x views), becomes addmm_ on x;
+        its users read x. Other addmms unchanged. Same results: addmm_ computes what addmm does, into x's memory.
 
     r2 = view(r, [M, N]); s = addmm(r2, a, t(w)); h = view(s, [B, T, N])
         ->  r2 = view(r, [M, N]); s = addmm_(r2, a, t(w)); h = view(s, [B, T, N])     (r read nowhere after)
 
 Why: cuBLAS adds a product into its output with beta = 1 at no cost, but an out-of-place addmm first copies x
 into its new output: a launch as long as graphspec::add_rms_norm's, which folding the norm removed. Written in
-place, the o projection's residual add is free. An addmm whose input is read later (a residual a drafter
+place, the o and down projections' residual adds are free (the down projection's adds into the o projection's
+in-place result: one residual buffer per forward). An addmm whose input is read later (a residual a drafter
 captures, a bias that is a weight) keeps its copy.
 """
 
@@ -59,6 +60,18 @@ def is_view(node: fx.Node) -> bool:
     return alias is not None and not alias.is_write
 
 
+def is_in_place(node: fx.Node) -> bool:
+    """Whether the node writes its first argument and returns it (aten.addmm_, ...): its output is that memory."""
+    returns = _returns(node) if node.op == "call_function" and node.target is not operator.getitem else None
+    alias = returns[0].alias_info if returns and len(returns) == 1 else None
+    return alias is not None and alias.is_write
+
+
+def is_alias(node: fx.Node) -> bool:
+    """Whether the node's output is its first argument's memory: a view of it, or the result of writing it."""
+    return is_view(node) or is_in_place(node)
+
+
 def is_fresh(node: fx.Node) -> bool:
     """Whether the node's output is memory of its own: an op result that aliases none of the op's inputs."""
     if node.op != "call_function" or is_view(node):
@@ -71,12 +84,12 @@ def is_fresh(node: fx.Node) -> bool:
 
 
 def aliases(base: fx.Node) -> list[fx.Node]:
-    """base and every node that views it, through any chain of views."""
+    """base and every node whose output is its memory, through any chain of views and in-place writes."""
     found, frontier = [base], [base]
     while frontier:
         node = frontier.pop()
         for user in node.users:
-            if is_view(user) and user.args[0] is node and user not in found:
+            if is_alias(user) and user.args[0] is node and user not in found:
                 found.append(user)
                 frontier.append(user)
     return found
@@ -92,12 +105,12 @@ def can_write_in_place(addmm: fx.Node, order: dict[fx.Node, int]) -> bool:
     if x_val.shape != out_val.shape or x_val.dtype != out_val.dtype or not x_val.is_contiguous():
         return False
     base = x
-    while is_view(base):
+    while is_alias(base):
         base = base.args[0]
     if not is_fresh(base):
         return False
-    group = aliases(base)
-    readers = [user for node in group for user in node.users if user not in group and user is not addmm]
+    # Views only alias; every other user of the memory reads it (an in-place write reads what it adds into).
+    readers = [user for node in aliases(base) for user in node.users if user is not addmm and not is_view(user)]
     return all(order[reader] < order[addmm] for reader in readers)
 
 

@@ -9,6 +9,7 @@ from graphspec.kernels import attention, block_attention, rms_norm, rotary_kv_wr
 from graphspec.kernels import rotary_kv_attention as kernel
 from torch.library import opcheck
 
+from graphspec import ops
 from tests.kernels.helpers import (
     DEVICE,
     TOLERANCE,
@@ -177,6 +178,56 @@ def test_qk_norm_needs_both_weights() -> None:
         kernel.rotary_kv_attention(*inputs, cache, 0, slot_ids, start_pos, 0.125, q_weight, None)
 
 
+def row_scaled(inputs, hidden: int, dtype: torch.dtype, seed: int):
+    """(the source rows src [B, T, hidden] of a folded input norm, inputs with q, k and v scaled by its row scale
+    through graphspec::row_scale's reference on their projection: what the fused launch must compute from src)."""
+    q, k, v, cos, sin = inputs
+    batch, t = q.shape[0], q.shape[2]
+    src = (torch.randn(batch, t, hidden, generator=generator(seed)) * 2).to(DEVICE, dtype)
+    scaled = tuple(
+        ops.row_scale_reference(x.transpose(1, 2).reshape(batch, t, -1), src, 1e-5).view(x.transpose(1, 2).shape)
+        for x in (q, k, v)
+    )  # row_scale is elementwise per row: the projection's parts scale alone alike
+    return src, (*(x.transpose(1, 2) for x in scaled), cos, sin)
+
+
+@pytest.mark.parametrize(("dtype", "t", "qk_norm"), [(torch.float32, 3, False), (torch.bfloat16, 5, False),
+                                                     (torch.bfloat16, 1, True), (torch.float32, 4, True)])  # fmt: skip
+def test_row_scale_equals_the_scaled_projection_then_fused_launch(dtype: torch.dtype, t: int, qk_norm: bool) -> None:
+    """A folded input norm's row scale (row_src): the same as scaling q, k and v first (graphspec::row_scale's
+    reference), with Qwen3's per-head norms after it when given; to the row sums' fp32 rounding (the kernel sums
+    the source rows in its own order: in 16 bits the roundings absorb it)."""
+    inputs, cache, slot_ids, start_pos = make_case(3, 8, 2, t, 48, 64, dtype, seed=15 + t)
+    src, scaled = row_scaled(inputs, 96, dtype, seed=t)
+    norms = (*norm_weights(64, dtype, seed=t), 1e-6) if qk_norm else (None, None, 1e-6)
+    expected_cache = cache.clone()
+    expected = kernel.rotary_kv_attention(*scaled, expected_cache, 1, slot_ids, start_pos, 0.1, *norms)
+    out = kernel.rotary_kv_attention(*inputs, cache, 1, slot_ids, start_pos, 0.1, *norms, True, src, 1e-5)
+    if dtype == torch.float32:
+        torch.testing.assert_close(cache, expected_cache, rtol=1e-5, atol=1e-6)
+    else:
+        assert_rounding_equal(cache, expected_cache)
+    assert rel_error(out, expected) < TOLERANCE[dtype]
+
+
+def test_row_scale_matches_reference() -> None:
+    inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 5, 40, 64, torch.bfloat16, seed=16)
+    src, _ = row_scaled(inputs, 128, torch.bfloat16, seed=16)
+    expected_cache = cache.clone()
+    args = (1, slot_ids, start_pos, 0.125, None, None, 1e-6, True, src, 1e-5)
+    expected = kernel.rotary_kv_attention_reference(*inputs, expected_cache, *args)
+    out = kernel.rotary_kv_attention(*inputs, cache, *args)
+    assert_rounding_equal(cache, expected_cache)
+    assert rel_error(out, expected) < TOLERANCE[torch.bfloat16]
+
+
+def test_row_scale_refuses_rows_of_another_shape() -> None:
+    inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 3, 32, 64, torch.float32, seed=17)
+    src, _ = row_scaled(inputs, 96, torch.float32, seed=17)
+    with pytest.raises(ValueError, match="row_scale needs"):
+        kernel.rotary_kv_attention(*inputs, cache, 0, slot_ids, start_pos, 0.125, None, None, 1e-6, True, src[:, :2])
+
+
 def test_mismatched_kv_raises() -> None:
     inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 3, 32, 64, torch.float32, seed=10)
     q, k, v, cos, sin = inputs
@@ -191,8 +242,11 @@ def test_rotary_kv_attention_triton_opcheck() -> None:
     inputs, cache, slot_ids, start_pos = make_case(2, 4, 2, 3, 32, 64, torch.bfloat16, seed=11)
     config = tuple(kernel.CONFIGS["default"].values())
     for causal in (True, False):
-        args = (*inputs, cache, 1, slot_ids, start_pos, 0.125, None, None, 1e-6, causal, *config)
+        args = (*inputs, cache, 1, slot_ids, start_pos, 0.125, None, None, 1e-6, causal, None, 0.0, *config)
         opcheck(torch.ops.graphspec.rotary_kv_attention_triton, args)
+    src, _ = row_scaled(inputs, 96, torch.bfloat16, seed=11)
+    args = (*inputs, cache, 1, slot_ids, start_pos, 0.125, None, None, 1e-6, True, src, 1e-5, *config)
+    opcheck(torch.ops.graphspec.rotary_kv_attention_triton, args)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -213,7 +267,7 @@ def test_fused_launch_replays_in_cuda_graph_gpu() -> None:
     inputs, cache, slot_ids, start_pos = make_case(2, 32, 8, 5, 2048, 128, torch.bfloat16, seed=1)
     config = tuple(kernel.CONFIGS[90].values())
     op = torch.ops.graphspec.rotary_kv_attention_triton
-    config = (None, None, 1e-6, True, *config)  # no q/k norms, causal, then CONFIG_FIELDS
+    config = (None, None, 1e-6, True, None, 0.0, *config)  # no q/k norms, causal, no row scale, then CONFIG_FIELDS
     op(*inputs, cache.clone(), 1, slot_ids, start_pos, 0.088, *config)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     captured_cache = cache.clone()
@@ -249,6 +303,26 @@ def test_qk_norm_real_shapes_gpu(q_heads: int, batch: int, t: int, causal: bool)
     expected = unfused(normed, expected_cache, 1, slot_ids, start_pos, 0.088, config, causal)
     out = kernel.rotary_kv_attention(
         *inputs, cache, 1, slot_ids, start_pos, 0.088, q_weight, k_weight, 1e-6, causal, **config
+    )
+    assert_rounding_equal(cache, expected_cache)
+    assert rel_error(out, expected) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("q_heads", "hidden", "batch", "t"), [(32, 4096, 1, 1), (32, 4096, 1, 5), (32, 4096, 16, 5),
+                                                               (32, 2048, 1, 1)])  # fmt: skip
+def test_row_scale_real_shapes_gpu(q_heads: int, hidden: int, batch: int, t: int) -> None:
+    """A folded input norm at the benchmark pair's shapes (8B: hidden 4096, D 128; 1B: 2048, D 64): decode, a
+    verify of 5 at B = 1 and 16; against the scaled projection then the fused launch, to the row sums' rounding."""
+    head_dim = 128 if hidden == 4096 else 64
+    inputs, cache, slot_ids, start_pos = make_case(batch, q_heads, 8, t, 1024, head_dim, torch.bfloat16, seed=t)
+    start_pos[-1] = 511
+    src, scaled = row_scaled(inputs, hidden, torch.bfloat16, seed=batch)
+    config = dict(kernel.CONFIGS[90])
+    expected_cache = cache.clone()
+    expected = kernel.rotary_kv_attention(*scaled, expected_cache, 1, slot_ids, start_pos, 0.088, **config)
+    out = kernel.rotary_kv_attention(
+        *inputs, cache, 1, slot_ids, start_pos, 0.088, None, None, 1e-6, True, src, 1e-5, **config
     )
     assert_rounding_equal(cache, expected_cache)
     assert rel_error(out, expected) < TOLERANCE[torch.bfloat16]

@@ -196,6 +196,23 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
             gate_up, x = torch.randn(2, 2 * 14336, dtype=torch.bfloat16), torch.randn(2, 4096, dtype=torch.bfloat16)
             scaled_silu_mul.scaled_silu_mul(gate_up, x, 1e-5, **config)
         lowered.add("scaled_silu_mul")
+        # A folded input norm's row scale in the step's attention (fuse_row_scale), bf16, 8B heads and hidden size,
+        # a decode and a verify of 5 (one source row per program, and several).
+        from graphspec.kernels import rotary_kv_attention
+
+        for t in (1, 5):
+            qkv = torch.randn(1, t, 6 * 128, dtype=torch.bfloat16)
+            q, k, v = (part.view(1, t, -1, 128).transpose(1, 2) for part in qkv.split([512, 128, 128], dim=-1))
+            cos, sin, src = (
+                torch.randn(1, t, 128),
+                torch.randn(1, t, 128),
+                torch.randn(1, t, 4096, dtype=torch.bfloat16),
+            )
+            cache = torch.zeros(1, 2, 2, 1, 64, 128, dtype=torch.bfloat16)
+            rotary_kv_attention.rotary_kv_attention(
+                q, k, v, cos, sin, cache, 0, torch.tensor([1]), torch.tensor([20]), 128**-0.5, None, None, 1e-6, True,
+                src, 1e-5, **rotary_kv_attention.CONFIGS[90],
+            )  # fmt: skip
         # A reduced vocabulary's greedy draft (argmax looking its pick up in the ids), and rope tables with a scale.
         from graphspec.kernels import argmax, rope_tables
 

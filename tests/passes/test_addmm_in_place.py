@@ -111,6 +111,29 @@ def test_a_late_reader_through_an_item_of_a_split_keeps_the_copy() -> None:
     torch.testing.assert_close(result.gm(*inputs())[1], expected[1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("second_input_read_later", [False, True], ids=["dies", "read later"])
+def test_an_addmm_into_an_earlier_in_place_result_writes_the_same_memory(second_input_read_later: bool) -> None:
+    """The down projection adds into what the o projection wrote in place: that result is the residual's memory,
+    so the second addmm writes it in place too, unless that memory is read after it (through any alias)."""
+    gm = residual_graph()
+    graph = gm.graph
+    first_out = next(n for n in graph.nodes if n.target is VIEW and n.args[0].target is ADDMM)
+    a, wt = (next(n for n in graph.nodes if n.name == name) for name in ("a", "wt"))
+    output = graph.find_nodes(op="output")[0]
+    with graph.inserting_before(output):
+        flat = graph.call_function(VIEW, (first_out, [6, 8]))
+        second = graph.call_function(ADDMM, (flat, a, wt))
+        out = graph.call_function(VIEW, (second, [2, 3, 8]))
+    output.args = ((out, first_out) if second_input_read_later else (out,),)
+    gm.recompile()
+    FakeTensorProp(gm).propagate(*inputs())
+    expected = gm(*inputs())
+    result = addmm_in_place.run(gm, CTX)
+    assert targets(result.gm) == ([ADDMM_, ADDMM] if second_input_read_later else [ADDMM_, ADDMM_])
+    for got, want in zip(result.gm(*inputs()), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_nothing_to_do_without_addmm() -> None:
     graph = fx.Graph()
     x = graph.placeholder("x")
@@ -121,10 +144,11 @@ def test_nothing_to_do_without_addmm() -> None:
 
 @pytest.mark.parametrize("mode", ["greedy", "sample"])
 def test_the_folded_step_writes_its_residuals_in_place_and_matches_eager(folded_step_case: StepCase, mode: str):
-    """Every o projection's residual add of the folded target (2 layers) and draft (2 layers x K = 2 forwards)
-    is written in place; the step's outputs are the traced program's exactly (fp32 no-change check)."""
+    """Every residual add of the folded target (2 layers: two o projections, the first layer's down projection)
+    and draft (the same, K = 2 forwards) is written in place; the step's outputs are the traced program's exactly
+    (fp32 no-change check)."""
     gm = folded_step_case.through(mode, addmm_in_place.NAME)
-    assert targets(gm).count(ADDMM_) == 2 + 2 * 2 and ADDMM not in targets(gm)
+    assert targets(gm).count(ADDMM_) == 3 + 3 * 2 and ADDMM not in targets(gm)
     folded_step_case.assert_matches_eager(gm, mode)
 
 
