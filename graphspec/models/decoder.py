@@ -23,11 +23,15 @@ from graphspec.models.spec import ModelSpec
 # row scale in the SwiGLU) in programs of up to this many rows (batch x tokens): there one launch fewer per layer
 # won on an H200 (decode and verify, 1-80 rows, 2026-11-29). A prefill chunk's thousands of rows ran slower folded
 # (cuBLAS's beta = 1 GEMM, the row-scale re-reads: docs/BENCHMARKS.md), so larger programs keep the norm kernel,
-# with the folded layers' norm weight as ones. A folded input norm takes its folded form (the down projection
-# added into the residual, the row scale on q/k/v: graphspec::row_scale, which the fuse_row_scale pass moves into
-# the step's attention kernel) in such programs that compute no last position: prefill programs' attention
-# (graphspec::prefill_attention) has no row scale to take, so they keep the norm.
+# with the folded layers' norm weight as ones.
 FOLDED_MAX_ROWS = 80
+# A folded input norm takes its folded form (the down projection added into the residual, the row scale on q/k/v:
+# graphspec::row_scale, which the fuse_row_scale pass moves into the step's attention kernel, where every program
+# reads its row's T source rows again) in such programs of one token per row that compute no last position: decode
+# and draft forwards. On an H200 (2026-11-29) that won 1.3-1.9% on a decode, while a 5-token verify at B = 1 lost
+# 0.4% (each program reading 5 rows of 4096); prefill programs' attention (graphspec::prefill_attention) takes no
+# row scale. Other programs keep the norm kernel (weight: ones).
+FOLDED_INPUT_MAX_TOKENS = 1
 
 
 class RMSNorm(nn.Module):
@@ -252,7 +256,8 @@ class DecoderLM(nn.Module):
         residual = self.model.embed_tokens(tokens)  # [B, T, hidden]
         layers = self.model.layers
         few_rows = tokens.numel() <= FOLDED_MAX_ROWS
-        fold_input = few_rows and last_index is None  # where folded input norms take their folded form
+        # Where folded input norms take their folded form (FOLDED_INPUT_MAX_TOKENS).
+        fold_input = few_rows and last_index is None and tokens.shape[1] <= FOLDED_INPUT_MAX_TOKENS
         if fold_input and layers[0].self_attn.folded_norm_eps is not None:
             hidden = residual  # the first layer's q/k/v scale their own rows
         else:

@@ -12,6 +12,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from graphspec import ops
 from graphspec.config import PassContext
+from graphspec.op_nodes import positional_args
 from graphspec.passes import fuse_row_scale
 from tests import graphs
 from tests.step_case import StepCase
@@ -96,11 +97,11 @@ def test_nothing_to_do_without_a_row_scale() -> None:
 
 @pytest.mark.parametrize("mode", ["greedy", "sample"])
 def test_the_folded_step_s_row_scales_all_move_into_its_attention(folded_step_case: StepCase, mode: str) -> None:
-    """Every layer's input norm of the folded target (2 layers) and draft (2 layers x K = 2 forwards; Qwen3's
-    per-head norms folded into the same op before) rides in its attention; outputs are the traced program's
-    exactly (fp32 no-change check)."""
+    """The input norms of the folded draft's one-token forward (2 layers; Qwen3's per-head norms folded into the
+    same op before) ride in its attention; the target's verify and the draft's 2-token forward keep their norms
+    (decoder.FOLDED_INPUT_MAX_TOKENS). Outputs are the traced program's exactly (fp32 no-change check)."""
     gm = folded_step_case.through(mode, fuse_row_scale.NAME)
     assert not gm.graph.find_nodes(op="call_function", target=ROW_SCALE)
     attentions = gm.graph.find_nodes(op="call_function", target=graphs.ROTARY_KV_ATTENTION)
-    assert len(attentions) == 2 + 2 * 2 and all(node.args[14] is not None for node in attentions)
+    assert len(attentions) == 2 + 2 * 2 and sum(positional_args(node)[14] is not None for node in attentions) == 2
     folded_step_case.assert_matches_eager(gm, mode)
