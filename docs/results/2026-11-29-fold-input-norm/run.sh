@@ -1,9 +1,10 @@
 #!/bin/bash
 # The input norm folded into q/k/v (fuse_row_scale, rotary_kv_attention's row scale) on the H200, one device call:
-#   PART=bench: bench_drafters three times in one call: the code with both norms
-#               folded ("both"), with input_fold.diff reversed (the post-attention norm alone folded, as at 3fde9a9:
-#               "post"), and unfolded ("off"); ORDER (default "post both off"). K = 4, 512 of 1024 keys, B = 1 and 16,
-#               the draft-model step and EAGLE-3 with a 16k map.
+#   PART=bench: bench_drafters in one call: the code with both norms folded ("both"), with input_fold.diff
+#               reversed (the post-attention norm alone folded, as at 3fde9a9: "post"), and unfolded ("off"); ORDER
+#               (default "post both off"). K = 4, 512 of 1024 keys, B = 1 and 16, the draft-model step and EAGLE-3
+#               with a 16k map. KERNEL_TESTS=1 first runs the rotary_kv_attention GPU tests (the row scale's too).
+#               first/: the first call, at f3919d2 (the input norm folded at every token count of <= 80 rows).
 #   PART=tests: the GPU tests the fold touches (kernels, captured end-to-end steps, which fold on CUDA by default).
 #   OUT=... PART=bench|tests COMMIT=$(git rev-parse --short HEAD) bash docs/results/2026-11-29-fold-input-norm/run.sh
 set -u
@@ -17,6 +18,11 @@ if [ "$PART" = tests ]; then
     tests/e2e/test_dflash.py tests/runtime/test_graphs.py tests/test_artifact.py 2>&1 | tail -15 > "$OUT/pytest_gpu.log"
   cat "$OUT/pytest_gpu.log"
   exit 0
+fi
+if [ "${KERNEL_TESTS:-0}" = 1 ]; then
+  timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_rotary_kv_attention.py 2>&1 \
+    | tail -4 > "$OUT/pytest_kernels.log"
+  cat "$OUT/pytest_kernels.log"
 fi
 args="--drafters draft_model,eagle3 --token-map-sizes 16384 --batch-sizes 1,16"
 for version in ${ORDER:-post both off}; do
