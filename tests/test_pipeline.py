@@ -19,6 +19,7 @@ def test_pipeline_order_is_the_documented_one():
         "fuse_rotary_kv",
         "fuse_kv_attention",
         "fuse_qk_norm",
+        "fuse_row_scale",
         "lower_kernels",
         "fuse_pointwise",
         "split_attention",

@@ -34,25 +34,33 @@ def norm_weights(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return (1 + 0.1 * torch.randn(64, generator=g)).to(dtype), (1 + 0.1 * torch.randn(64, generator=g)).to(dtype)
 
 
-CASES = [  # dtype, GQA group, T, Qwen3's per-head norms
-    (torch.float32, 2, 5, False),
-    (torch.float32, 1, 1, False),
-    (torch.bfloat16, 4, 3, False),
-    (torch.float32, 2, 3, True),
+CASES = [  # dtype, GQA group, T, Qwen3's per-head norms, a folded input norm's source rows
+    (torch.float32, 2, 5, False, False),
+    (torch.float32, 1, 1, False, False),
+    (torch.bfloat16, 4, 3, False, False),
+    (torch.float32, 2, 3, True, False),
+    (torch.float32, 2, 1, False, True),
+    (torch.bfloat16, 2, 4, True, True),
 ]
 
 
-@pytest.mark.parametrize(("dtype", "group", "t", "qk_norm"), CASES)
-def test_rotary_kv_attention_cpu_matches_reference(dtype: torch.dtype, group: int, t: int, qk_norm: bool) -> None:
+@pytest.mark.parametrize(("dtype", "group", "t", "qk_norm", "row_scale"), CASES)
+def test_rotary_kv_attention_cpu_matches_reference(
+    dtype: torch.dtype, group: int, t: int, qk_norm: bool, row_scale: bool
+) -> None:
     inputs, cache, slot_ids, start_pos = make_case(3, 2 * group, 2, t, 40, dtype, seed=group + t)
     norms = norm_weights(dtype) if qk_norm else (None, None)
+    src = (torch.randn(3, t, 48, generator=generator(t)) * 2).to(dtype) if row_scale else None
+    rows = (1e-6, True, src, 1e-5)  # norm_eps, causal, row_src, row_eps
     expected_cache = cache.clone()
-    expected = kernel.rotary_kv_attention_reference(*inputs, expected_cache, 1, slot_ids, start_pos, 0.125, *norms)
+    expected = kernel.rotary_kv_attention_reference(
+        *inputs, expected_cache, 1, slot_ids, start_pos, 0.125, *norms, *rows
+    )
     exact = kernel.rotary_kv_attention_reference(
         *(x.float() for x in inputs), cache.float(), 1, slot_ids, start_pos, 0.125,
-        *(None if w is None else w.float() for w in norms),
+        *(None if w is None else w.float() for w in norms), 1e-6, True, None if src is None else src.float(), 1e-5,
     )  # fmt: skip
-    out = kernel.rotary_kv_attention_cpu(*inputs, cache, 1, slot_ids, start_pos, 0.125, *norms)
+    out = kernel.rotary_kv_attention_cpu(*inputs, cache, 1, slot_ids, start_pos, 0.125, *norms, *rows)
     assert torch.equal(bits(cache), bits(expected_cache))  # the same values written, nothing else
     assert out.shape == expected.shape and out.dtype == dtype and out.is_contiguous()
     assert rel_error(out, exact) < TOLERANCE[dtype], rel_error(out, exact)
