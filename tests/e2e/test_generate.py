@@ -11,6 +11,7 @@ import graphspec
 from graphspec import ops
 from graphspec.counters import COUNTERS
 from graphspec.errors import InputError
+from graphspec.op_nodes import positional_args
 from graphspec.reference import reference_generate
 from tests.e2e.conftest import MAX_SEQ
 from tests.e2e.seeded_sampling import assert_seeded_sampling_repeats_and_top_k_1_is_greedy
@@ -63,14 +64,18 @@ def test_greedy_is_lossless_against_transformers(runtime_for, hf_greedy, pair, k
 
 @pytest.mark.parametrize(("pair", "k"), [("unrelated", 4), ("self", 3), ("qwen2", 7)])
 def test_folded_norms_are_lossless_against_transformers(runtime_for, hf_greedy, pair, k):
-    """Target and draft with their post-attention norms folded into gate/up (models/fold_norms.py): the step's
-    residual adds are addmms written in place and its SwiGLUs scaled_silu_mul; greedy output is transformers'
-    token for token, and a draft equal to the target still accepts every draft."""
+    """Target and draft with their norms folded into the projections (models/fold_norms.py): the step's residual
+    adds are addmms written in place, its SwiGLUs scaled_silu_mul, and the draft's one-token forwards scale q/k/v
+    in their attention (fuse_row_scale; not Qwen2's, whose q/k/v have biases); greedy output is transformers' token
+    for token, and a draft equal to the target still accepts every draft."""
     runtime = runtime_for(pair, k, fold_norms=True)
     step = runtime.compiled.graphs[("greedy", 4)]
     targets = {node.target for node in step.graph.nodes if node.op == "call_function"}
     assert {torch.ops.aten.addmm_.default, ops.OPS["scaled_silu_mul"]} <= targets
-    assert ops.OPS["silu_mul"] not in targets
+    assert ops.OPS["silu_mul"] not in targets and ops.OPS["row_scale"] not in targets
+    attentions = step.graph.find_nodes(op="call_function", target=ops.OPS["rotary_kv_attention"])
+    row_scaled = [node for node in attentions if positional_args(node)[14] is not None]
+    assert bool(row_scaled) == (pair != "qwen2")
     runtime.stats = type(runtime.stats)(runtime.k)
     batch = prompts(seed=k + 20)
     results = runtime.generate(batch, max_new_tokens=24, stop_token_ids=[])
