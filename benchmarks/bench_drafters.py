@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fold-norms",
         choices=sorted(FOLD_NORMS),
         default="auto",
-        help="fold the post-attention norms into gate/up (compile's fold_norms; auto: on CUDA) (A/B runs)",
+        help="fold the norms into the projections they feed (compile's fold_norms; auto: on CUDA) (A/B runs)",
     )
     args = parser.parse_args(argv)
     unknown_passes = sorted(set(args.skip_passes) - set(pipeline.PASS_NAMES))

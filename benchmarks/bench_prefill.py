@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fold-norms",
         choices=sorted(FOLD_NORMS),
         default="auto",
-        help="fold the post-attention norms into gate/up (compile's fold_norms; auto: on CUDA) (A/B runs)",
+        help="fold the norms into the projections they feed (compile's fold_norms; auto: on CUDA) (A/B runs)",
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)

@@ -292,8 +292,8 @@ def build_parser() -> Parser:
         "--fold-norms",
         choices=tuple(FOLD_NORMS),
         default="auto",
-        help="fold each layer's post-attention norm into its gate/up projection (one launch fewer per layer); "
-        "auto: on CUDA under default numerics",
+        help="fold each layer's norm weights into the projections they feed (up to two launches fewer per "
+        "layer); auto: on CUDA under default numerics",
     )
     compile_parser.add_argument(
         "--modes",

@@ -85,8 +85,9 @@ def compile(
     max_seq_len None: the models' max_position_embeddings capped by a memory budget (graphspec/context.py).
     k_by_bucket: drafts per step of chosen buckets, below k (e.g. {64: 1} or [(64, 1)]: fewer drafts where a
     large batch makes the verify compute-bound); the other buckets draft k.
-    fold_norms: fold each decoder layer's post-attention norm into its gate/up projection where the models allow
-    (models/fold_norms.py; None: config.default_fold_norms, on CUDA under default numerics).
+    fold_norms: fold each decoder layer's norm weights into the projections they feed (post-attention into gate/up,
+    input into q/k/v) where the models allow (models/fold_norms.py; None: config.default_fold_norms, on CUDA under
+    default numerics).
     numerics "invariant": row-invariant kernels in the steps and prefill programs (greedy only;
     lowering/registry.py), so a draft equal to the target accepts every draft and speculation changes no
     token of the target's own output."""

@@ -20,7 +20,7 @@ FOLD_NORMS = {"auto": None, "on": True, "off": False}  # `--fold-norms` -> compi
 
 
 def default_fold_norms(device: str, numerics: str) -> bool:
-    """compile's fold_norms=None: fold on CUDA under default numerics, where it saves a launch per layer (on the
+    """compile's fold_norms=None: fold on CUDA under default numerics, where it saves launches per layer (on the
     CPU there are no launches to save, and the CPU's packed-weight matmuls take plain projections)."""
     return device.startswith("cuda") and numerics == "default"
 
@@ -47,8 +47,9 @@ class SpecConfig:
     # (vLLM's disable_by_batch_size, TensorRT-LLM's draft_len_schedule). Other buckets draft k. Stored as
     # sorted (bucket, K) pairs; k stays the largest K, which the drafter's states are laid out for.
     k_by_bucket: tuple[tuple[int, int], ...] = ()
-    # Fold each decoder layer's post-attention norm weight into its gate/up projection, where a model allows
-    # (models/fold_norms.py): one launch fewer per layer. The loader folds the weights, so an artifact records it.
+    # Fold each decoder layer's norm weights into the projections they feed, where a model allows
+    # (models/fold_norms.py): up to two launches fewer per layer. The loader folds the weights, so an artifact
+    # records it.
     fold_norms: bool = False
 
     def __post_init__(self) -> None:
