@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import logging
 import os
 import re
 import sys
@@ -29,6 +30,8 @@ from graphspec.models.fold_norms import fold_norms as fold_norms_into_projection
 from graphspec.models.fold_norms import fold_refusal
 from graphspec.models.hybrid import HybridLM
 from graphspec.models.spec import FAMILIES, ModelSpec, rope_frequencies, text_config
+
+log = logging.getLogger("graphspec")
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -620,7 +623,8 @@ def load_model(
 ) -> LoadedModel:
     """Load and validate a checkpoint directory. Raises CheckpointError naming what is wrong. MTP
     tensors stored beside the model (see is_mtp_tensor) are left for the MTP drafter. fold_norms: fold the
-    layers' post-attention norms into their gate/up projections where the model allows (models/fold_norms.py)."""
+    layers' norm weights into the projections they feed where the model allows (models/fold_norms.py; where it
+    does not, the model loads as stored and the log says why)."""
     path = Path(path)
     torch_dtype = parse_dtype(dtype)
     config = load_config(path)
@@ -645,8 +649,12 @@ def load_model(
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = model.inv_freq.to(device)
     model.eval().requires_grad_(False)
-    if fold_norms and fold_refusal(model) is None:
-        fold_norms_into_projections(model)
+    if fold_norms:
+        reason = fold_refusal(model)
+        if reason is None:
+            fold_norms_into_projections(model)
+        else:
+            log.info("fold_norms: %s keeps its norms: %s", path, reason)
     return LoadedModel(model, config, load_tokenizer(path), path, files)
 
 

@@ -4,6 +4,8 @@ lossless: tests/e2e/test_generate.py.)"""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -68,10 +70,12 @@ def test_biased_q_k_v_keep_their_input_norm(checkpoint_factory) -> None:
         ("qwen3", {"attention_bias": True}, "o projection has a bias"),
     ],
 )
-def test_biased_models_are_refused_and_load_unfolded(checkpoint_factory, family, overrides, reason) -> None:
+def test_biased_models_are_refused_and_load_unfolded(checkpoint_factory, caplog, family, overrides, reason) -> None:
     directory = checkpoint_factory(family, seed=2, **overrides)
-    model = load_model(directory, fold_norms=True).model  # where the model does not allow it, load does not fold
+    with caplog.at_level(logging.INFO, logger="graphspec"):
+        model = load_model(directory, fold_norms=True).model  # where the model does not allow it, load does not fold
     assert reason in fold_refusal(model)
+    assert any("keeps its norms" in record.message and reason in record.message for record in caplog.records)
     assert all(layer.mlp.folded_norm_eps is None for layer in model.model.layers)
     with pytest.raises(ValueError, match=reason):
         fold_norms(model)
