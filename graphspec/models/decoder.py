@@ -258,7 +258,7 @@ class DecoderLM(nn.Module):
         few_rows = tokens.numel() <= FOLDED_MAX_ROWS
         # Where folded input norms take their folded form (FOLDED_INPUT_MAX_TOKENS).
         fold_input = few_rows and last_index is None and tokens.shape[1] <= FOLDED_INPUT_MAX_TOKENS
-        if fold_input and layers[0].self_attn.folded_norm_eps is not None:
+        if self.input_scale_eps(layers[0], fold_input) is not None:
             hidden = residual  # the first layer's q/k/v scale their own rows
         else:
             hidden = ops.rms_norm(residual, *self.input_norm(layers[0]))
@@ -267,8 +267,7 @@ class DecoderLM(nn.Module):
             if index in layer_inputs:  # the residual stream entering layer `index` (transformers' hidden_states[index])
                 captured[f"layer_in:{index}"] = residual
             attend_last = last_index if index == len(layers) - 1 else None
-            # hidden is the residual itself where this layer's input norm is folded and takes its folded form.
-            input_eps = layer.self_attn.folded_norm_eps if fold_input else None
+            input_eps = self.input_scale_eps(layer, fold_input)  # not None: hidden is the residual itself
             norm_weight, norm_eps = self.post_attention_norm(layer)
             if layer.mlp.folded_norm_eps is None or not few_rows:
                 attn_out, cache, *attn_last = layer.self_attn(
@@ -291,13 +290,18 @@ class DecoderLM(nn.Module):
             if attn_last:
                 last_hidden = ops.add_rms_norm(layer.mlp(last, scale_eps), last_residual, *self.final_norm())[0][:, 0]
             following = layers[index + 1] if index + 1 < len(layers) else None
-            if following is not None and fold_input and following.self_attn.folded_norm_eps is not None:
+            if following is not None and self.input_scale_eps(following, fold_input) is not None:
                 hidden = residual = layer.mlp(hidden, scale_eps, residual)  # the down projection adds into it
             else:  # the next layer's input norm (or the final norm) fuses with this layer's residual add
                 weight, eps = self.input_norm(following) if following is not None else self.final_norm()
                 hidden, residual = ops.add_rms_norm(layer.mlp(hidden, scale_eps), residual, weight, eps)
         out = self._output(output, hidden, captured, capture)
         return (out if last_index is None else (out, last_hidden)), cache
+
+    def input_scale_eps(self, layer: nn.Module, fold_input: bool) -> float | None:
+        """The eps of `layer`'s input norm where it is folded and takes its folded form in this program (fold_input:
+        FOLDED_INPUT_MAX_TOKENS): its q/k/v then scale the residual's rows themselves; else None."""
+        return layer.self_attn.folded_norm_eps if fold_input else None
 
     def input_norm(self, layer: nn.Module) -> tuple[Tensor, float]:
         """The weight and eps of `layer`'s input norm: its own, or ones where fold_norms moved the weight into
