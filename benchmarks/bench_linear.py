@@ -2,6 +2,8 @@
 cuBLAS (and cuBLASLt) at the real projection shapes of the benchmark pairs, each captured in a CUDA graph as
 the step runs them; --sweep times other config rows, to tune kernels/mm.py CONFIGS. (It first timed a
 rows-adaptive candidate kernel, no faster than cuBLAS and never lowered: docs/BENCHMARKS.md, "Experiment 2".)
+At M = 1 it also times the GEMV that default numerics lower one-row products to (kernels/gemv.py, mm's
+"one_row" row for this SM), the "GEMV us" column.
 
     python benchmarks/bench_linear.py                       # default config per M, both pairs (~1-2 min, H200)
     python benchmarks/bench_linear.py --sweep               # also a grid of kernel configs
@@ -15,7 +17,8 @@ product is printed next to cuBLAS's (a bf16 result lands near 2e-3).
 
 The step estimate at the end adds one speculation step's GEMMs (batch 1, K=4: the draft's first
 forward has 2 rows, its other K-1 forwards 1, the target's verify K+1), per projection, for each choice;
-it is a sum of isolated timings, a prediction for bench_step, not a measurement of the step.
+it is a sum of isolated timings, a prediction for bench_step, not a measurement of the step; "lowered" is
+what default numerics run (the GEMV at one row, cuBLAS elsewhere).
 """
 
 from __future__ import annotations
@@ -74,7 +77,13 @@ def timed_us(fn, copies: int) -> float:
     return common.time_fn(fn, "cuda", reps=20, warmup=2)["ms"] * 1e3 / copies
 
 
-def measure(n: int, k: int, m: int, configs: list[tuple[int, ...]], copy_gb_s: float) -> dict:
+def one_row_config(sm: int) -> tuple[int, ...]:
+    """mm's "one_row" config (the GEMV) for this SM, as a SWEEP-style tuple."""
+    key = (sm, "one_row") if (sm, "one_row") in mm_kernel.CONFIGS else ("default", "one_row")
+    return tuple(mm_kernel.CONFIGS[key].values())
+
+
+def measure(n: int, k: int, m: int, configs: list[tuple[int, ...]], copy_gb_s: float, sm: int) -> dict:
     copies = max(2, -(-ROTATE_BYTES // (n * k * 2)))
     weights = [torch.randn(n, k, dtype=DTYPE, device="cuda") for _ in range(copies)]
     x = torch.randn(m, k, dtype=DTYPE, device="cuda")
@@ -105,6 +114,9 @@ def measure(n: int, k: int, m: int, configs: list[tuple[int, ...]], copy_gb_s: f
         out = run()[0]
         us = timed_us(run, copies)
         result["triton"][str(config)] = {"us": us, "err": error(out), "finite": bool(out.isfinite().all())}
+    one_row = str(one_row_config(sm))
+    result["gemv_us"] = result["triton"][one_row]["us"] if one_row in result["triton"] else None
+    result["gemv_err"] = result["triton"][one_row]["err"] if one_row in result["triton"] else None
     best = min(result["triton"].items(), key=lambda item: item[1]["us"])
     result["best_config"], result["best_us"] = best[0], best[1]["us"]
     default = str(configs[0])
@@ -120,7 +132,7 @@ def step_estimate(rows: list[dict], target: str, draft: str, k: int = 4) -> dict
     index = {(r["model"], r["proj"], r["m"]): r for r in rows}
     calls = [(target, k + 1, 1)]
     calls += [(draft, 2, 1), (draft, 1, k - 1)]
-    totals = {"cublas": 0.0, "default": 0.0, "best": 0.0, "min(cublas,default)": 0.0}
+    totals = {"cublas": 0.0, "default": 0.0, "best": 0.0, "min(cublas,default)": 0.0, "lowered": 0.0}
     for model, m, times in calls:
         layers = common.SHAPES[model]["num_hidden_layers"]
         for proj in projections(model):
@@ -132,6 +144,7 @@ def step_estimate(rows: list[dict], target: str, draft: str, k: int = 4) -> dict
             totals["default"] += count * r["default_us"]
             totals["best"] += count * r["best_us"]
             totals["min(cublas,default)"] += count * min(r["cublas_us"], r["default_us"])
+            totals["lowered"] += count * (r["gemv_us"] if r["gemv_us"] is not None else r["cublas_us"])
     return {key: value / 1e3 for key, value in totals.items()}  # ms
 
 
@@ -161,28 +174,33 @@ def main() -> int:
                 continue
             for proj, (n, k) in projections(model).items():
                 for m in rows_m:
-                    r = measure(n, k, m, configs if m in SWEEP_ROWS else [default], copy_gb_s)
+                    chosen = configs if m in SWEEP_ROWS else [default]
+                    r = measure(n, k, m, chosen + [one_row_config(sm)] * (m == 1), copy_gb_s, sm)
                     r.update(model=model, proj=proj)
                     rows.append(r)
                     print(
                         f"{model:11s} {proj:8s} N={n:6d} K={k:5d} M={m:2d}: cublas {r['cublas_us']:7.1f} us "
                         f"({r['cublas_pct']:5.1f}%), lt {r['cublaslt_us'] or float('nan'):7.1f}, "
-                        f"ours {r['default_us']:7.1f} ({r['default_pct']:5.1f}%), best {r['best_us']:7.1f} "
+                        f"ours {r['default_us']:7.1f} ({r['default_pct']:5.1f}%), "
+                        + (f"gemv {r['gemv_us']:6.1f} (err {r['gemv_err']:.1e}), " if r["gemv_us"] else "")
+                        + f"best {r['best_us']:7.1f} "
                         f"{r['best_config']} err ours {r['triton'][str(default)]['err']:.1e} "
                         f"cublas {r['cublas_err']:.1e}",
                         flush=True,
                     )
     estimates = {pair: step_estimate(rows, *common.PAIRS[pair]) for pair in args.pairs.split(",")}
     print(
-        "\n| model | proj | N | K | M | cuBLAS us | cuBLASLt us | ours us | ours/cuBLAS | ours % copy | best config |"
+        "\n| model | proj | N | K | M | cuBLAS us | cuBLASLt us | ours us | ours/cuBLAS | ours % copy | GEMV us | "
+        "GEMV/cuBLAS | best config |"
     )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         lt = f"{r['cublaslt_us']:.1f}" if r["cublaslt_us"] else "-"
         print(
             f"| {r['model']} | {r['proj']} | {r['n']} | {r['k']} | {r['m']} | {r['cublas_us']:.1f} | {lt} | "
             f"{r['default_us']:.1f} | {r['default_us'] / r['cublas_us']:.2f} | {r['default_pct']:.1f} | "
-            f"{r['best_config']} ({r['best_us']:.1f}) |"
+            + (f"{r['gemv_us']:.1f} | {r['gemv_us'] / r['cublas_us']:.2f} | " if r["gemv_us"] else "- | - | ")
+            + f"{r['best_config']} ({r['best_us']:.1f}) |"
         )
     print("\nGEMM time of one batch-1 K=4 step, summed from the isolated timings above (ms):")
     for pair, totals in estimates.items():

@@ -2,22 +2,29 @@
 
 out = a @ b + bias, the bias added to the fp32 sum before the one rounding to a's dtype (as cuBLAS does
 for beta = 1). Same tiles, split and summation order as mm (the same kernel with HAS_BIAS), so the same
-row-invariance; lowered only under numerics="invariant", for alpha = beta = 1 and a [N] bias.
+row-invariance; lowered under numerics="invariant", for alpha = beta = 1 and a [N] bias. By default only
+its "one_row" rows are: kernels/gemv.py's GEMV for one row, whose bias may also be a [1, N] residual.
 """
 
 from __future__ import annotations
 
 import torch
+from graphspec.kernels import gemv as gemv_kernel
 from graphspec.kernels import mm as mm_kernel
 from graphspec.kernels.common import check_config_table
 from torch import Tensor
 
 from graphspec import library
 
-__all__ = ["CONFIGS", "addmm_triton"]
+__all__ = ["CONFIGS", "addmm_triton", "shape_class"]
 
 CONFIGS: dict[int | str, dict[str, int]] = {key: dict(config) for key, config in mm_kernel.CONFIGS.items()}
 CONFIG_FIELDS = check_config_table(CONFIGS)
+
+
+def shape_class(bias: Tensor, mat1: Tensor, mat2: Tensor, *_: object) -> str | None:
+    """ "one_row" for a product kernels/gemv.py takes with this bias, else None."""
+    return "one_row" if gemv_kernel.fits(mat1, mat2, bias) else None
 
 
 # aten.addmm's own arguments (self + mat1 @ mat2, scaled by beta and alpha), then the config.

@@ -2,10 +2,14 @@
 
 out [M, N] = a [M, K] @ b [K, N] in a's dtype (b is usually a weight's transposed view, strides (1, K)),
 as aten.mm computes it; graphspec::addmm_triton (kernels/addmm.py) adds a bias [N] before the rounding.
-It is lowered only under numerics="invariant" (lowering/registry.py): cuBLAS is as fast or faster at the
-step's shapes (docs/BENCHMARKS.md, bench_linear), but it picks its algorithm, tiles and split-K by M, so
-a row computed alone (a draft's one-token forward), in a batch, or as one position of a (K+1)-token
-verify block rounds differently, and a draft identical to the target is rejected.
+It is lowered under numerics="invariant" (lowering/registry.py): cuBLAS is as fast or faster at the step's
+shapes (docs/BENCHMARKS.md, bench_linear), but it picks its algorithm, tiles and split-K by M, so a row
+computed alone (a draft's one-token forward), in a batch, or as one position of a (K+1)-token verify
+block rounds differently, and a draft identical to the target is rejected.
+
+By default mm and addmm are lowered only where the product has one row (shape class "one_row"): those
+config rows, block_m = 1, run kernels/gemv.py's dot-free GEMV, faster than cuBLAS there. That kernel is not
+this one and is never used under numerics="invariant" (which takes the SM's row at every M).
 
 Why a row's result cannot depend on M here: the tile (BLOCK_M, BLOCK_N, BLOCK_K), the split of K and the
 order the partial sums are added in come from the config and (N, K) only. Each program accumulates its
@@ -20,12 +24,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from graphspec.kernels import gemv as gemv_kernel
 from graphspec.kernels.common import cdiv, check_config_table, check_device, interpreting, round_to
 from torch import Tensor
 
 from graphspec import library
 
-__all__ = ["CONFIGS", "mm", "mm_triton", "splits_for"]
+__all__ = ["CONFIGS", "mm", "mm_triton", "shape_class", "splits_for"]
 
 # block_m/block_n/block_k: the output tile and the K step; split_programs: split K until the (N tiles x
 # splits) grid reaches about this many programs (0 = never split), a count fixed per row, not by the
@@ -34,11 +39,12 @@ __all__ = ["CONFIGS", "mm", "mm_triton", "splits_for"]
 # weight byte once. 90: the best single row of `benchmarks/bench_linear.py --pairs llama --sweep` on an H200
 # (2026-11-25, 12 rows at M = 1, 5, 40): summed over a batch-1 K=4 step's matmuls 8.00 ms against cuBLAS's
 # 7.46 (the first guess, block_k 128 / 4 stages: 8.93; block_m 16 is 7.86 but 1.5x slower at M = 40).
-# 80 and default are untuned.
-CONFIGS: dict[int | str, dict[str, int]] = {
+# 80 and default are untuned. (sm, "one_row"): kernels/gemv.py's rows (block_m 1), for one-row products.
+CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     80: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 4},
     90: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 6},
     "default": {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 2},
+    **{(key, "one_row"): dict(config) for key, config in gemv_kernel.CONFIGS.items()},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 MIN_BLOCKS_PER_SPLIT = 4  # K blocks each split streams at least (shorter ones cost more in partials)
@@ -116,6 +122,11 @@ def mm_reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, splits, HAS_BIAS: tl.con
     tl.store(out_ptr + offsets, round_to(total, dtype).to(dtype), mask=ok)
 
 
+def shape_class(a: Tensor, b: Tensor, *_: object) -> str | None:
+    """ "one_row" for a product kernels/gemv.py takes (one row times a transposed weight), else None."""
+    return "one_row" if gemv_kernel.fits(a, b) else None
+
+
 def splits_for(n: int, k: int, block_n: int, block_k: int, split_programs: int) -> int:
     """How many K ranges the product is cut into: doubled while the grid of N tiles x splits stays within
     split_programs and every split keeps MIN_BLOCKS_PER_SPLIT K blocks. A function of N and K only."""
@@ -136,7 +147,10 @@ def mm(
     num_warps: int = CONFIGS["default"]["num_warps"],
     num_stages: int = CONFIGS["default"]["num_stages"],
 ) -> Tensor:
-    """a [M, K] @ b [K, N] (+ bias [N]) as a new contiguous [M, N] of a's dtype (any strides of a and b)."""
+    """a [M, K] @ b [K, N] (+ bias [N]) as a new contiguous [M, N] of a's dtype (any strides of a and b).
+    block_m 1 (the "one_row" rows) runs kernels/gemv.py instead, for operands gemv.fits (a bias may be [1, N])."""
+    if block_m == 1:
+        return gemv_kernel.gemv(a, b, bias, None, block_n, block_k, num_warps, num_stages)
     check_device(a, b, *(() if bias is None else (bias,)))
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
         raise ValueError(f"mm kernel: a {tuple(a.shape)} {a.dtype} @ b {tuple(b.shape)} {b.dtype} does not match")

@@ -14,17 +14,20 @@ BATCH, K, SLOTS, MAX_SEQ = 3, 2, 4, 48
 
 
 class StepCase:
-    def __init__(self, target_dir, draft_dir, fold_norms: bool = False) -> None:
+    def __init__(self, target_dir, draft_dir, fold_norms: bool = False, batch: int = BATCH) -> None:
+        """batch <= BATCH rows: the first `batch` of the three rows below (batch 1: one valid row, whose
+        draft forwards and, folded, whose products have one row)."""
         self.target = load_model(target_dir, fold_norms=fold_norms).model
         self.drafter = DraftModel(load_model(draft_dir, fold_norms=fold_norms))
         self.draft = self.drafter.model
+        self.batch = batch
         generator = torch.Generator().manual_seed(0)
-        inputs = trace.example_step_inputs(self.target, self.drafter, K, BATCH, SLOTS, MAX_SEQ, torch.float32, "cpu")
-        inputs["last_tokens"] = torch.randint(0, 128, (BATCH, 2), generator=generator)
-        inputs["committed_len"] = torch.tensor([5, 17, 9])
-        inputs["row_valid"] = torch.tensor([True, True, False])
-        inputs["temperature"] = torch.tensor([0.0, 0.9, 1.3])
-        inputs["seed"] = torch.tensor([11, 12, 13])
+        inputs = trace.example_step_inputs(self.target, self.drafter, K, batch, SLOTS, MAX_SEQ, torch.float32, "cpu")
+        inputs["last_tokens"] = torch.randint(0, 128, (BATCH, 2), generator=generator)[:batch]
+        inputs["committed_len"] = torch.tensor([5, 17, 9])[:batch]
+        inputs["row_valid"] = torch.tensor([True, True, False])[:batch]
+        inputs["temperature"] = torch.tensor([0.0, 0.9, 1.3])[:batch]
+        inputs["seed"] = torch.tensor([11, 12, 13])[:batch]
         inputs["target_cache"] = torch.randn(inputs["target_cache"].shape, generator=generator)
         inputs["draft_cache"] = torch.randn(inputs["draft_cache"].shape, generator=generator)
         self.inputs = inputs
@@ -36,7 +39,7 @@ class StepCase:
         return gm
 
     def context(self, mode: str, **overrides) -> PassContext:
-        return PassContext(k=K, batch=BATCH, mode=mode, sm=None, scratch_slot=SLOTS - 1, **overrides)
+        return PassContext(k=K, batch=self.batch, mode=mode, sm=None, scratch_slot=SLOTS - 1, **overrides)
 
     def run_graph(self, gm) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         state = {name: value.clone() for name, value in self.inputs.items()}

@@ -47,7 +47,7 @@ _REDUCING = (
     "rms_norm", "add_rms_norm", "offset_rms_norm", "add_offset_rms_norm", "gated_rms_norm", "attention",
     "block_attention",
     "rotary_kv_attention", "prefill_attention", "sample", "verify_rejection", "causal_conv1d",
-    "causal_conv1d_snapshots", "gated_delta_rule", "gated_delta_rule_snapshots", "mm", "addmm",
+    "causal_conv1d_snapshots", "gated_delta_rule", "gated_delta_rule_snapshots", "mm", "addmm", "addmm_in_place",
 )  # fmt: skip
 _ATEN_REDUCING = (
     _aten.bmm.default, _aten.baddbmm.default, _aten._softmax.default, _aten._log_softmax.default,

@@ -21,8 +21,12 @@ prefill chunk's thousands of rows where the SM's row was tuned at a decode step'
 numerics="invariant" (resolve's argument) asks for kernels whose result for one row (a token, a query)
 does not depend on what else shares the launch: a row computed alone, in a batch, or as one position
 of a verify block gives the same bits. Kernels in ROW_INVARIANT are so with every config row; attention
-has a CONFIGS["invariant"] row for it; aten.mm/addmm get kernels/mm.py's matmul (INVARIANT_ONLY: by
-default cuBLAS keeps them). An op with neither keeps its reference, which lower_kernels then refuses.
+has a CONFIGS["invariant"] row for it; aten.mm/addmm get kernels/mm.py's matmul. An op with neither keeps
+its reference, which lower_kernels then refuses.
+
+By default cuBLAS keeps aten.mm/addmm (CUBLAS_BY_DEFAULT) except at the shape classes their CONFIGS name:
+"one_row", a product of one row and a transposed weight, which kernels/gemv.py reads faster than cuBLAS.
+aten.addmm_ (the folded norms' in-place residual adds) has only that kernel: it fits one-row products.
 """
 
 from __future__ import annotations
@@ -363,7 +367,18 @@ def fits_addmm(node: fx.Node) -> bool:
     if values is None or any(node.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")) or len(node.args) > 3:
         return False  # scaled forms (never traced from nn.Linear) keep cuBLAS
     bias, a, b = values
-    return _mm_fits(a, b) and bias.dim() == 1 and bias.shape[0] == b.shape[1] and bias.dtype == a.dtype
+    n = b.shape[1]
+    one_row_bias = a.shape[0] == 1 and tuple(bias.shape) == (1, n)  # the kernels read a [1, N] bias as [N]
+    return _mm_fits(a, b) and (tuple(bias.shape) == (n,) or one_row_bias) and bias.dtype == a.dtype
+
+
+def fits_addmm_in_place(node: fx.Node) -> bool:
+    # addmm_(x, a, b) with beta = alpha = 1 and one row: kernels/gemv.py writes the product into x.
+    values = _vals(node, 3)
+    if values is None or any(node.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")) or len(node.args) > 3:
+        return False
+    x, a, b = values
+    return tuple(x.shape) == (1, b.shape[-1]) and _module("gemv").fits(a, b, x)
 
 
 def fits_verify_greedy(node: fx.Node) -> bool:
@@ -554,6 +569,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "causal_conv1d_snapshots": fits_causal_conv1d_snapshots,
     "mm": fits_mm,
     "addmm": fits_addmm,
+    "addmm_in_place": fits_addmm_in_place,
     "embedding": fits_embedding,
     "index_select": fits_index_select,
 }
@@ -562,6 +578,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
 ATEN_OPS: dict[str, torch._ops.OpOverload] = {
     "mm": torch.ops.aten.mm.default,
     "addmm": torch.ops.aten.addmm.default,
+    "addmm_in_place": torch.ops.aten.addmm_.default,
     "embedding": torch.ops.aten.embedding.default,  # torch's small-index gather is slow at <= 16 rows
     "index_select": torch.ops.aten.index_select.default,
 }
@@ -569,8 +586,9 @@ ATEN_OPS: dict[str, torch._ops.OpOverload] = {
 REFERENCE_OPS: dict[str, torch._ops.OpOverload] = {**ops.OPS, **ATEN_OPS}
 
 INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's row-invariant config
-# Lowered under numerics="invariant" only: cuBLAS is as fast or faster at the step's shapes (bench_linear).
-INVARIANT_ONLY = frozenset({"mm", "addmm"})
+# By default lowered only at the shape classes their CONFIGS name (the "one_row" GEMV): elsewhere cuBLAS is as
+# fast or faster at the step's shapes (bench_linear). Under numerics="invariant" they take the SM's row at every M.
+CUBLAS_BY_DEFAULT = frozenset({"mm", "addmm"})
 # Row-invariant with every config row: the norms (the hybrids' too, and embed_norm_concat's) tile whole rows, sized
 # by the last dim only; rotary, rope_tables, silu_mul, gdn_gates and the KV writes are elementwise (scaled_silu_mul
 # sums its row scale in an order fixed by the hidden size), embedding and index_select copies; argmax and
@@ -592,7 +610,7 @@ ROW_INVARIANT = frozenset(
         "scaled_silu_mul",
     }
     | {"gdn_gates", "kv_write", "rotary_kv_write", "argmax", "verify_greedy", "embedding", "index_select"}
-    | INVARIANT_ONLY
+    | CUBLAS_BY_DEFAULT
 )
 
 
@@ -731,7 +749,8 @@ def resolve(
     else the "default" config; None (keep the reference) when the op has no kernel, there is no GPU
     (sm None), the SM is older than MIN_SM, or `node` is given and its shapes/dtypes do not fit the
     kernel. sm "cpu" looks in the CPU table. numerics="invariant": the op's "invariant" config row, else
-    its SM's row if ROW_INVARIANT, else None; by default INVARIANT_ONLY ops keep their reference."""
+    its SM's row if ROW_INVARIANT, else None; by default CUBLAS_BY_DEFAULT ops are lowered only where the
+    node's shape class has a row of its own."""
     if sm == CPU:
         entry = _cpu_entry(op) if op in CPU_KERNELS else None
         return None if entry is None or (node is not None and not entry.fits(node)) else entry
@@ -744,10 +763,12 @@ def resolve(
             key = INVARIANT
         elif op not in ROW_INVARIANT:
             return None
-    elif op in INVARIANT_ONLY:
-        return None
     elif node is not None:
         key = _shape_key(op, key, node)
+        if op in CUBLAS_BY_DEFAULT and not isinstance(key, tuple):
+            return None
+    elif op in CUBLAS_BY_DEFAULT:
+        return None
     entry = _entry(op, key)
     if node is not None and not entry.fits(node):
         return None

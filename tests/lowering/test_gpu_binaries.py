@@ -225,6 +225,17 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
             x, weight, bias = torch.randn(5, 2048), torch.randn(64, 2048), torch.randn(64)
             addmm.addmm_triton(*(t.to(torch.bfloat16) for t in (bias, x, weight.t())), 1, 1, *config.values())
         lowered.add("addmm")
+        # The one-row GEMV (no test step folds at batch 1): unmasked at an 8B q/k/v projection's K, in place into a
+        # residual as the folded norms' o and down projections run it, and with masked tails of N and K.
+        from graphspec.kernels import addmm_in_place, gemv
+
+        for config in (addmm_in_place.CONFIGS[90], addmm_in_place.CONFIGS[80]):
+            shapes = ((1, 4096), (64, 4096), (1, 64))
+            x, weight, residual = (torch.randn(*shape, dtype=torch.bfloat16) for shape in shapes)
+            addmm_in_place.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *config.values())
+            knobs = {name: config[name] for name in ("block_n", "block_k", "num_warps", "num_stages")}
+            gemv.gemv(x[:, :1000], weight[:60, :1000].contiguous().t(), **knobs)
+        lowered.add("addmm_in_place")
         lowered |= run_hybrid_step(make_hybrid_checkpoint(tmp_path_factory.mktemp("hybrid_binaries"), seed=0))
     finally:
         InterpretedFunction.run = original

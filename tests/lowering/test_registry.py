@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
@@ -38,7 +39,7 @@ def test_entry_resolves_to_its_kernel_op(entry: registry.KernelEntry) -> None:
     assert returns == [str(r.type) for r in reference.returns]
     assert entry.kernel._schema.is_mutable == reference.is_mutable
     assert str(entry.kernel) == f"graphspec.{entry.op}_triton.default"
-    invariant = entry.sm == registry.INVARIANT or entry.op in registry.INVARIANT_ONLY
+    invariant = entry.sm == registry.INVARIANT or entry.op in registry.CUBLAS_BY_DEFAULT
     numerics = registry.INVARIANT if invariant else "default"
     if isinstance(entry.sm, tuple):  # a shape-class row: nodes of that class resolve to it (tests below)
         assert entry.sm[0] in registry._module(entry.op).CONFIGS
@@ -69,6 +70,42 @@ def test_invariant_numerics_picks_invariant_rows_and_matmuls() -> None:
         assert registry.resolve("mm", sm) is None and registry.resolve("addmm", sm) is None
         assert registry.resolve("verify_rejection", sm, numerics="invariant") is None
         assert registry.resolve("attention", sm).sm != registry.INVARIANT
+
+
+def matmul_node(op: str, rows: int, weight: torch.Tensor | None = None, addend_rows: int | None = None) -> fx.Node:
+    """An aten.mm / addmm / addmm_ node of x [rows, 32] @ weight.t() (weight [24, 32] by default), the addend
+    [24] (addend_rows None) or [addend_rows, 24]."""
+    weight = torch.randn(24, 32) if weight is None else weight
+    addend = torch.randn(24) if addend_rows is None else torch.randn(addend_rows, 24)
+    product = {
+        "mm": lambda x, w, a: torch.mm(x, w.t()),
+        "addmm": lambda x, w, a: torch.addmm(a, x, w.t()),
+        "addmm_in_place": lambda x, w, a: a.addmm_(x, w.t()),
+    }[op]
+    gm = make_fx(product, tracing_mode="fake")(torch.randn(rows, 32), weight, addend)
+    return next(n for n in gm.graph.nodes if n.target is registry.ATEN_OPS[op])
+
+
+def test_one_row_products_take_the_gemv_by_default() -> None:
+    """By default a one-row product against a transposed weight takes the "one_row" row (the GEMV, block_m 1)
+    on every SM and the in-place addmm its GEMV row; more rows, or a weight the GEMV cannot read, keep cuBLAS.
+    Under invariant numerics the matmuls take the SM's row (kernels/mm.py) at one row too, and the in-place
+    addmm, which has no invariant kernel, keeps its reference."""
+    for sm in (80, 90, 120):
+        key = sm if sm in (80, 90) else "default"
+        for op in ("mm", "addmm"):
+            one = registry.resolve(op, sm, matmul_node(op, 1))
+            assert one.sm == (key, "one_row") and one.config["block_m"] == 1
+            assert registry.resolve(op, sm, matmul_node(op, 2)) is None
+            assert registry.resolve(op, sm, matmul_node(op, 1, torch.randn(32, 24).t())) is None
+            assert registry.resolve(op, sm, matmul_node(op, 1), numerics=registry.INVARIANT).config["block_m"] == 64
+        assert registry.resolve("addmm", sm, matmul_node("addmm", 1, addend_rows=1)).sm == (key, "one_row")
+        in_place = registry.resolve("addmm_in_place", sm, matmul_node("addmm_in_place", 1, addend_rows=1))
+        assert in_place.sm == key and in_place.config["block_m"] == 1
+        assert in_place.kernel is torch.ops.graphspec.addmm_in_place_triton.default
+        assert registry.resolve("addmm_in_place", sm, matmul_node("addmm_in_place", 2, addend_rows=2)) is None
+        node = matmul_node("addmm_in_place", 1, addend_rows=1)
+        assert registry.resolve("addmm_in_place", sm, node, numerics=registry.INVARIANT) is None
 
 
 def test_op_without_kernel_keeps_reference() -> None:

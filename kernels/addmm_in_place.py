@@ -1,0 +1,53 @@
+"""graphspec::addmm_in_place_triton: aten.addmm_(x, a, b) for one row, kernels/gemv.py writing into x.
+
+The folded norms' residual adds (models/decoder.add_linear, made in place by passes/addmm_in_place.py) are
+addmm_(residual, a, W.t()): at batch 1 the o and down projections of every decode layer. The kernel adds
+the product to x's fp32 value before the one rounding, as cuBLAS does with beta = 1, and writes x; like
+aten.addmm_ it returns x. Lowered by default where the product has one row (the registry's fits); every
+config row is a GEMV row (block_m 1). Not row-invariant: under numerics="invariant" (which refuses folded
+norms) it keeps the reference.
+"""
+
+from __future__ import annotations
+
+from graphspec.kernels import gemv as gemv_kernel
+from graphspec.kernels.common import check_config_table
+from torch import Tensor
+
+from graphspec import library
+
+__all__ = ["CONFIGS", "addmm_in_place_triton"]
+
+CONFIGS: dict[int | str, dict[str, int]] = {key: dict(config) for key, config in gemv_kernel.CONFIGS.items()}
+CONFIG_FIELDS = check_config_table(CONFIGS)
+
+
+def _addmm_in_place(
+    self: Tensor,
+    mat1: Tensor,
+    mat2: Tensor,
+    beta: float,
+    alpha: float,
+    block_m: int,
+    block_n: int,
+    block_k: int,
+    split_programs: int,
+    num_warps: int,
+    num_stages: int,
+) -> Tensor:
+    if beta != 1 or alpha != 1:
+        raise ValueError(f"addmm_in_place kernel: beta and alpha must be 1, got {beta} and {alpha}")
+    if block_m != 1:
+        raise ValueError(f"addmm_in_place kernel: only the one-row GEMV (block_m 1) writes in place, got {block_m}")
+    return gemv_kernel.gemv(mat1, mat2, self, self, block_n, block_k, num_warps, num_stages)
+
+
+# aten.addmm_'s own arguments (beta and alpha positional, as addmm_triton takes them), then the config; like
+# aten.addmm_ it writes self and returns it (an alias, which the library's inferred schemas cannot express).
+addmm_in_place_triton = library.define_schema(
+    "addmm_in_place_triton(Tensor(a!) self, Tensor mat1, Tensor mat2, float beta, float alpha, "
+    + ", ".join(f"int {name}" for name in CONFIG_FIELDS)
+    + ") -> Tensor(a!)",
+    _addmm_in_place,
+    fake=lambda self, *args: self,
+)

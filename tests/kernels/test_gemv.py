@@ -1,0 +1,136 @@
+"""kernels/gemv.py (the one-row GEMV) against the fp64 product, and the three kernel ops that run it for one
+row (mm_triton, addmm_triton and addmm_in_place_triton with their one-row config rows) against aten's ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from graphspec.kernels import addmm, addmm_in_place, gemv, mm
+from torch.library import opcheck
+
+from tests.kernels.helpers import DEVICE, TOLERANCE, generator, poison_allocator, rel_error
+
+ONE_ROW = tuple(mm.CONFIGS[(90, "one_row")].values())
+
+
+def operands(n: int, k: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [1, K], an nn.Linear weight [N, K] and a residual [1, N] on DEVICE."""
+    g = generator(seed)
+    x, weight, residual = (torch.randn(*shape, generator=g).to(DEVICE, dtype) for shape in ((1, k), (n, k), (1, n)))
+    return x, weight, residual
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("n", "k", "block_k"),
+    [(64, 512, 128), (40, 300, 128), (37, 256, 64), (8, 1024, 512)],
+    ids=["even", "k-tail", "n-tail", "one-program"],
+)
+@pytest.mark.parametrize("addend", [None, "bias", "residual"])
+def test_gemv_matches_fp64_product(dtype: torch.dtype, n: int, k: int, block_k: int, addend: str | None) -> None:
+    """Unmasked (N and K multiples of the tile) and masked tails of K and of N, with no addend, an [N] bias
+    and a [1, N] residual."""
+    poison_allocator()
+    x, weight, residual = operands(n, k, dtype, seed=n * k)
+    add = {None: None, "bias": residual[0], "residual": residual}[addend]
+    out = gemv.gemv(x, weight.t(), add, block_n=8, block_k=block_k)
+    exact = x.double() @ weight.double().T + (0 if add is None else residual.double())
+    assert out.shape == (1, n) and out.dtype == dtype and out.is_contiguous()
+    assert rel_error(out, exact) < TOLERANCE[dtype]
+
+
+def test_gemv_sums_in_fp32_and_rounds_once() -> None:
+    """bf16 products 1 and 2^-9 sum to 1 + 2^-9, which bf16 cannot hold (it rounds to 1). Summed in fp32 with
+    a -1 product, or with a residual -1 added before the one rounding, the result is 2^-9 exactly; a kernel
+    that rounded the sum to bf16 before the residual (or summed in bf16) would give 0."""
+    k = 1024
+    x = torch.zeros(1, k, device=DEVICE, dtype=torch.bfloat16)
+    x[0, :3] = torch.tensor([1.0, 2.0**-9, -1.0])
+    weight = torch.zeros(8, k, device=DEVICE, dtype=torch.bfloat16)
+    weight[:, :3] = 1.0
+    assert (gemv.gemv(x, weight.t()).float() == 2.0**-9).all()
+    weight[:, 2] = 0.0  # the product sum is now 1 + 2^-9
+    assert (gemv.gemv(x, weight.t()).float() == 1.0).all()  # rounded once, at the end
+    residual = torch.full((1, 8), -1.0, device=DEVICE, dtype=torch.bfloat16)
+    assert (gemv.gemv(x, weight.t(), residual).float() == 2.0**-9).all()
+
+
+def test_gemv_writes_into_its_addend() -> None:
+    x, weight, residual = operands(48, 256, torch.bfloat16, seed=3)
+    expected = gemv.gemv(x, weight.t(), residual)
+    out = gemv.gemv(x, weight.t(), residual, residual)
+    assert out is residual
+    torch.testing.assert_close(residual, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["two rows", "weight not transposed", "dtypes differ", "addend too short", "addend strided", "addend 2 rows"],
+)
+def test_gemv_refuses_what_it_does_not_take(case: str) -> None:
+    x, weight, residual = operands(16, 64, torch.float32, seed=4)
+    args = {
+        "two rows": (torch.cat([x, x]), weight.t(), None),
+        "weight not transposed": (x, weight.t().contiguous(), None),
+        "dtypes differ": (x.to(torch.bfloat16), weight.t(), None),
+        "addend too short": (x, weight.t(), residual[:, :8]),
+        "addend strided": (x, weight.t(), torch.randn(16, 2, device=DEVICE)[:, 0]),
+        "addend 2 rows": (x, weight[:, :8].t(), residual.view(2, 8)),
+    }[case]
+    assert not gemv.fits(*args)
+    with pytest.raises(ValueError, match="gemv kernel"):
+        gemv.gemv(*args)
+
+
+def test_one_row_config_rows_run_the_gemv_through_the_kernel_ops() -> None:
+    """mm_triton and addmm_triton with their "one_row" rows (block_m 1) compute aten.mm / aten.addmm's result
+    for one row (an [N] bias and a [1, N] residual); addmm_in_place_triton writes aten.addmm_'s into its input
+    and returns it."""
+    x, weight, residual = operands(24, 200, torch.float32, seed=5)
+    close = {"rtol": 1e-5, "atol": 1e-5}
+    assert mm.shape_class(x, weight.t()) == "one_row" and mm.shape_class(torch.cat([x, x]), weight.t()) is None
+    torch.testing.assert_close(torch.ops.graphspec.mm_triton(x, weight.t(), *ONE_ROW), x @ weight.T, **close)
+    for bias in (residual[0], residual):
+        assert addmm.shape_class(bias, x, weight.t()) == "one_row"
+        out = torch.ops.graphspec.addmm_triton(bias, x, weight.t(), 1, 1, *ONE_ROW)
+        torch.testing.assert_close(out, torch.addmm(bias, x, weight.t()), **close)
+    expected = torch.addmm(residual, x, weight.t())
+    config = tuple(addmm_in_place.CONFIGS[90].values())
+    out = torch.ops.graphspec.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *config)
+    assert out.data_ptr() == residual.data_ptr()
+    torch.testing.assert_close(residual, expected, **close)
+    with pytest.raises(ValueError, match="beta and alpha must be 1"):
+        torch.ops.graphspec.addmm_in_place_triton(residual, x, weight.t(), 0.5, 1, *config)
+    with pytest.raises(ValueError, match="only the one-row GEMV"):
+        torch.ops.graphspec.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *mm.CONFIGS[90].values())
+
+
+def test_addmm_in_place_triton_opcheck() -> None:
+    """The op's schema says it writes `self` (and returns it), and its fake matches."""
+    x, weight, residual = operands(16, 128, torch.bfloat16, seed=6)
+    opcheck(
+        torch.ops.graphspec.addmm_in_place_triton,
+        (residual, x, weight.t(), 1.0, 1.0, *addmm_in_place.CONFIGS[90].values()),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU: the benchmark pairs' projections (8B, 1B) at one row, against cuBLAS's error.
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("n", "k"), [(6144, 4096), (4096, 14336), (28672, 4096), (3072, 2048), (2048, 8192), (16384, 2048), (128256, 2048)]
+)
+def test_gemv_real_shapes_gpu(n: int, k: int) -> None:
+    """bf16 at the real projections with the sm_90 row, in place into a residual: as close to the fp64 product
+    as cuBLAS's addmm (within 1.5x its error)."""
+    poison_allocator()
+    x, weight, residual = operands(n, k, torch.bfloat16, seed=7)
+    exact = x.double() @ weight.double().T + residual.double()
+    cublas = torch.addmm(residual, x, weight.t())
+    config = gemv.CONFIGS[90]
+    out = gemv.gemv(x, weight.t(), residual, residual, config["block_n"], config["block_k"], 4, 3)
+    assert rel_error(out, exact) <= 1.5 * max(rel_error(cublas, exact), 1e-3)
