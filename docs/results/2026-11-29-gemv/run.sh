@@ -2,8 +2,9 @@
 # The one-row GEMV (kernels/gemv.py) on the H200, one device call each:
 #   PART=bench: bench_linear at M = 1 and 5 (the llama pair's projections, lm_head too: cuBLAS vs the GEMV), then
 #               bench_drafters at B = 1 (decode, verify, draft-model and EAGLE-3 16k steps) with the GEMV ("on") and
-#               with gemv_registry.diff reversed ("off": the registry before the GEMV, cuBLAS at one row), in ORDER
-#               (default "off on off on").
+#               with gemv_registry.diff reversed ("off": the registry and lower_kernels before the GEMV, cuBLAS at
+#               one row), in ORDER (default "off on off on"); LINEAR=0 skips bench_linear. first/: the first call (at
+#               0793f9b; its "off" runs failed: the diff then lacked lower_kernels.py).
 #   PART=tests: the GPU tests the GEMV touches (kernels, captured end-to-end steps at batch 1, artifacts).
 #   OUT=... PART=bench|tests COMMIT=$(git rev-parse --short HEAD) bash docs/results/2026-11-29-gemv/run.sh
 set -u
@@ -19,9 +20,11 @@ if [ "$PART" = tests ]; then
   cat "$OUT/pytest_gpu.log"
   exit 0
 fi
-timeout 150 python benchmarks/bench_linear.py --pairs llama --rows 1,5 --json "$OUT/linear.json" 2>&1 \
-  | tail -24 > "$OUT/linear.log"
-cat "$OUT/linear.log"
+if [ "${LINEAR:-1}" = 1 ]; then
+  timeout 150 python benchmarks/bench_linear.py --pairs llama --rows 1,5 --json "$OUT/linear.json" 2>&1 \
+    | tail -24 > "$OUT/linear.log"
+  cat "$OUT/linear.log"
+fi
 args="--drafters draft_model,eagle3 --token-map-sizes 16384 --batch-sizes 1"
 n=0
 for version in ${ORDER:-off on off on}; do
