@@ -121,6 +121,7 @@ FORMAT = "graphspec-artifact"
 FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 INVARIANT_MATMUL = "graphspec::mm_triton.default"  # what a numerics="invariant" step calls for its matmuls
+CUBLAS_MATMUL = "aten::mm.default"  # what a default step calls for products of more than one row (its verify's)
 KERNELS = "kernels.json"
 ROLES = ("target", "draft")  # checkpoints an artifact can hold; "draft" only for drafters with weights
 # Files of a checkpoint directory that loading reads besides the safetensors shards. Other weight
@@ -1228,9 +1229,15 @@ def compiled_for(doc: dict[str, Any], where: str) -> dict[str, Any]:
         "slots": cache["shape"][2],
         "max_seq_len": cache["shape"][4],
         "split": any(node["op"] == "call_module" for node in nodes),  # split_attention's pieces
-        # lower_kernels lowers matmuls to graphspec's own kernel under numerics="invariant" only
-        "numerics": "invariant" if INVARIANT_MATMUL in _called_ops(doc) else "default",
+        # lower_kernels lowers every matmul to graphspec's kernel under numerics="invariant"; by default one-row
+        # products only (the GEMV), so a default step's verify (K + 1 rows a row) still calls cuBLAS
+        "numerics": "invariant" if invariant_matmuls(_called_ops(doc)) else "default",
     }
+
+
+def invariant_matmuls(called: set[str]) -> bool:
+    """Whether a step calling these ops was lowered under numerics="invariant": graphspec's matmul, no cuBLAS mm."""
+    return INVARIANT_MATMUL in called and CUBLAS_MATMUL not in called
 
 
 def _called_ops(doc: dict[str, Any]) -> set[str]:
@@ -1289,7 +1296,9 @@ def _check_against_graphs(
         "config.numerics": (
             config.get("numerics", "default"),
             first["numerics"],
-            f"{where} {'calls' if first['numerics'] == 'invariant' else 'does not call'} {INVARIANT_MATMUL}",
+            f"{where} calls {INVARIANT_MATMUL} and no {CUBLAS_MATMUL}"
+            if first["numerics"] == "invariant"
+            else f"{where} calls {CUBLAS_MATMUL}",
         ),
         "device.device": (
             torch.device(manifest["device"]["device"]).type,

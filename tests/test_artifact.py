@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 
 import graphspec
+from graphspec import artifact
 from graphspec.artifact import ArtifactMismatchWarning, LazyGraphModule, load_artifact, resolve_op, save_artifact
 from graphspec.counters import COUNTERS
 from graphspec.errors import ArtifactError
@@ -586,6 +587,16 @@ REFUSED_EDITS = {
     "graph_file": ("graphs.0.graph", "graphs/step_b2_greedy.json", r"graphs\[0\] says .* holds graph 'step_b2"),
     "signature": ("signature.draft_params", [], r"signature is \["),
 }
+
+
+def test_numerics_are_read_from_the_matmuls_the_graphs_call() -> None:
+    """Default numerics on a GPU lower one-row products to graphspec's GEMV (mm_triton) and leave the verify's
+    to cuBLAS (aten.mm); invariant numerics lower every matmul to mm_triton."""
+    gemv_and_cublas = {artifact.INVARIANT_MATMUL, artifact.CUBLAS_MATMUL, "graphspec::addmm_in_place_triton.default"}
+    assert not artifact.invariant_matmuls(gemv_and_cublas)
+    assert not artifact.invariant_matmuls({artifact.CUBLAS_MATMUL})  # a CPU graph, or a GPU one at batch > 1
+    assert artifact.invariant_matmuls({artifact.INVARIANT_MATMUL, "graphspec::addmm_triton.default"})
+    assert artifact.CUBLAS_MATMUL == artifact._op_name(torch.ops.aten.mm.default)  # as graphs record it
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED_EDITS))
