@@ -5,8 +5,9 @@ Why not cuBLAS: at M = 1 every projection streams its weight once, so the produc
 can be read. cuBLAS (no workspace, graphspec's setting) tiles N by 64 and reads q/k/v [6144 x 4096] at 75%
 of the H200's copy rate, a 1B draft's o projection at 33%. This kernel gives each program BLOCK_N weight
 rows (8: 768 programs for q/k/v on 132 SMs) across all of K, BLOCK_K columns a step, fp32 products
-accumulated elementwise in a [BLOCK_N, BLOCK_K] tile and summed once at the end: 8-17% faster than cuBLAS
-at every 8B and 1B projection (docs/results/2026-11-29-gemv-probe, docs/BENCHMARKS.md). It is mm's,
+accumulated elementwise in a [BLOCK_N, BLOCK_K] tile and summed once at the end: on an H200 11-13% faster
+than cuBLAS at the 8B's q/k/v and o, 6% at down, 0-3% at gate/up and lm_head, 17-25% at the 1B's q/k/v, o and
+down (docs/BENCHMARKS.md, 2026-11-29; a batch-1 8B decode 4% faster). It is mm's,
 addmm's and addmm_in_place's kernel for one-row products by default (their (sm, "one_row") config rows,
 block_m = 1); under numerics="invariant" mm and addmm keep kernels/mm.py's tiles at every M instead.
 
@@ -85,11 +86,11 @@ def fits(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> bool:
         return False
     if w_t.shape[0] > 1 and w_t.stride(0) != 1:
         return False
-    if addend is not None and (addend.numel() != n or addend.shape[-1] != n or (n > 1 and addend.stride(-1) != 1)):
+    if addend is not None and (addend.dim() not in (1, 2) or addend.numel() != n or addend.shape[-1] != n):
+        return False  # a scalar or a [M, 1] addend would broadcast: not N elements in a row
+    if addend is not None and ((n > 1 and addend.stride(-1) != 1) or addend.dtype != x.dtype):
         return False
-    if addend is not None and (addend.dim() > 2 or addend.dtype != x.dtype):
-        return False
-    return n * max(1, w_t.stride(1)) < 2**31 and x.shape[1] * max(1, abs(x.stride(1))) < 2**31
+    return x.shape[1] * max(1, abs(x.stride(1))) < 2**31  # x's offsets are int32 (the weight's rows are int64)
 
 
 def gemv(

@@ -368,7 +368,8 @@ def fits_addmm(node: fx.Node) -> bool:
         return False  # scaled forms (never traced from nn.Linear) keep cuBLAS
     bias, a, b = values
     n = b.shape[1]
-    one_row_bias = a.shape[0] == 1 and tuple(bias.shape) == (1, n)  # the kernels read a [1, N] bias as [N]
+    # the kernels read a [1, N] bias (the folded norms' residual at one row) as [N]
+    one_row_bias = a.shape[0] == 1 and tuple(bias.shape) == (1, n) and (n == 1 or bias.stride(1) == 1)
     return _mm_fits(a, b) and (tuple(bias.shape) == (n,) or one_row_bias) and bias.dtype == a.dtype
 
 

@@ -65,7 +65,15 @@ def test_gemv_writes_into_its_addend() -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["two rows", "weight not transposed", "dtypes differ", "addend too short", "addend strided", "addend 2 rows"],
+    [
+        "two rows",
+        "weight not transposed",
+        "dtypes differ",
+        "addend too short",
+        "addend strided",
+        "addend 2 rows",
+        "addend a scalar",
+    ],
 )
 def test_gemv_refuses_what_it_does_not_take(case: str) -> None:
     x, weight, residual = operands(16, 64, torch.float32, seed=4)
@@ -76,6 +84,7 @@ def test_gemv_refuses_what_it_does_not_take(case: str) -> None:
         "addend too short": (x, weight.t(), residual[:, :8]),
         "addend strided": (x, weight.t(), torch.randn(16, 2, device=DEVICE)[:, 0]),
         "addend 2 rows": (x, weight[:, :8].t(), residual.view(2, 8)),
+        "addend a scalar": (x, weight[:1].t(), residual[0, 0]),
     }[case]
     assert not gemv.fits(*args)
     with pytest.raises(ValueError, match="gemv kernel"):

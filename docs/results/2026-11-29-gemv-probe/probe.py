@@ -1,6 +1,7 @@
 # ruff: noqa  (a probe, kept with its results)
-"""Probe (issue 16; written 2026-11-29 after the decode profile, not yet run on a GPU): can a Triton kernel beat
-cuBLAS at the decode's M = 1 (and a verify's 5) on the projections that stream below the copy rate?
+"""Probe (issue 16; written 2026-11-29 after the decode profile, run on an H200 at 2811146: run/probe.log): can a
+Triton kernel beat cuBLAS at the decode's M = 1 (and a verify's 5) on the projections that stream below the copy
+rate? Yes at M = 1, the dot-free GEMV (gemv8x512s3w4 became kernels/gemv.py); no at M = 5.
 
 The B = 1 decode's profile (docs/results/2026-11-29-fold-input-norm/profile/) has cuBLAS's GEMMs alone at 1.087x
 issue 16's floor: q/k/v [6144 x 4096] at 3.0 TB/s (16.6 us), the o and down projections (N = 4096) averaging
