@@ -13,7 +13,7 @@ python -m pip install --no-deps --no-build-isolation -q -e . > /dev/null 2>&1
 echo "${COMMIT:-unknown}" > "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
 if [ "$PART" = tests ]; then
-  timeout 540 python -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_mm.py \
+  timeout 420 python -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_mm.py \
     tests/e2e/test_eagle3.py tests/e2e/test_mtp.py tests/e2e/test_k_by_bucket.py tests/e2e/test_dflash.py \
     tests/runtime/test_graphs.py tests/test_artifact.py tests/e2e/test_generate.py tests/e2e/test_invariant.py -m gpu 2>&1 | tail -15 > "$OUT/pytest_gpu.log"
   timeout 120 python -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py 2>&1 | tail -4 >> "$OUT/pytest_gpu.log"
