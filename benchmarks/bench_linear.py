@@ -204,7 +204,8 @@ def main() -> int:
         )
     print("\nGEMM time of one batch-1 K=4 step, summed from the isolated timings above (ms):")
     for pair, totals in estimates.items():
-        print(f"  {pair}: " + ", ".join(f"{key} {value:.2f}" for key, value in totals.items()))
+        summed = ", ".join(f"{key} {value:.2f}" for key, value in totals.items())
+        print(f"  {pair}: " + (summed or "needs --rows with 1, 2 and 5 (the draft's forwards and the verify)"))
     if args.json:
         Path(args.json).write_text(json.dumps({"sm": sm, "copy_gb_s": copy_gb_s, "rows": rows, "step": estimates}))
     return 0
