@@ -121,7 +121,9 @@ FORMAT = "graphspec-artifact"
 FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 INVARIANT_MATMUL = "graphspec::mm_triton.default"  # what a numerics="invariant" step calls for its matmuls
-CUBLAS_MATMUL = "aten::mm.default"  # what a default step calls for products of more than one row (its verify's)
+# mm_triton's block_m argument: the invariant rows tile M for tensor cores (64); the default numerics' GEMV rows
+# (products of 1 to kernels/gemv.py's MAX_ROWS rows) take at most this many rows.
+MM_BLOCK_M, GEMV_MAX_ROWS = 2, 8
 KERNELS = "kernels.json"
 ROLES = ("target", "draft")  # checkpoints an artifact can hold; "draft" only for drafters with weights
 # Files of a checkpoint directory that loading reads besides the safetensors shards. Other weight
@@ -1229,15 +1231,23 @@ def compiled_for(doc: dict[str, Any], where: str) -> dict[str, Any]:
         "slots": cache["shape"][2],
         "max_seq_len": cache["shape"][4],
         "split": any(node["op"] == "call_module" for node in nodes),  # split_attention's pieces
-        # lower_kernels lowers every matmul to graphspec's kernel under numerics="invariant"; by default one-row
-        # products only (the GEMV), so a default step's verify (K + 1 rows a row) still calls cuBLAS
-        "numerics": "invariant" if invariant_matmuls(_called_ops(doc)) else "default",
+        # lower_kernels lowers every matmul to graphspec's tensor-core kernel under numerics="invariant"; by default
+        # products of a few rows only, to its GEMV rows
+        "numerics": "invariant" if invariant_matmuls(doc) else "default",
     }
 
 
-def invariant_matmuls(called: set[str]) -> bool:
-    """Whether a step calling these ops was lowered under numerics="invariant": graphspec's matmul, no cuBLAS mm."""
-    return INVARIANT_MATMUL in called and CUBLAS_MATMUL not in called
+def invariant_matmuls(doc: dict[str, Any]) -> bool:
+    """Whether a stored graph was lowered under numerics="invariant": it calls graphspec's matmul with a tensor-core
+    tile (the GEMV rows default numerics lower a few rows' products to take at most GEMV_MAX_ROWS)."""
+    return any(
+        node["op"] == "call_function"
+        and isinstance(node.get("target"), dict)
+        and node["target"].get("op") == INVARIANT_MATMUL
+        and node["args"][MM_BLOCK_M] > GEMV_MAX_ROWS
+        for module in doc["modules"].values()
+        for node in module["nodes"]
+    )
 
 
 def _called_ops(doc: dict[str, Any]) -> set[str]:
@@ -1296,9 +1306,8 @@ def _check_against_graphs(
         "config.numerics": (
             config.get("numerics", "default"),
             first["numerics"],
-            f"{where} calls {INVARIANT_MATMUL} and no {CUBLAS_MATMUL}"
-            if first["numerics"] == "invariant"
-            else f"{where} calls {CUBLAS_MATMUL}",
+            f"{where} {'calls' if first['numerics'] == 'invariant' else 'does not call'} {INVARIANT_MATMUL} with "
+            f"block_m > {GEMV_MAX_ROWS}",
         ),
         "device.device": (
             torch.device(manifest["device"]["device"]).type,

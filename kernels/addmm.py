@@ -9,7 +9,6 @@ its "one_row" rows are: kernels/gemv.py's GEMV for one row, whose bias may also 
 from __future__ import annotations
 
 import torch
-from graphspec.kernels import gemv as gemv_kernel
 from graphspec.kernels import mm as mm_kernel
 from graphspec.kernels.common import check_config_table
 from torch import Tensor
@@ -23,8 +22,8 @@ CONFIG_FIELDS = check_config_table(CONFIGS)
 
 
 def shape_class(bias: Tensor, mat1: Tensor, mat2: Tensor, *_: object) -> str | None:
-    """ "one_row" for a product kernels/gemv.py takes with this bias, else None."""
-    return "one_row" if gemv_kernel.fits(mat1, mat2, bias) else None
+    """ "one_row" / "few_rows" for a product kernels/gemv.py takes with this bias, else None."""
+    return mm_kernel.gemv_class(mat1, mat2, bias)
 
 
 # aten.addmm's own arguments (self + mat1 @ mat2, scaled by beta and alpha), then the config.

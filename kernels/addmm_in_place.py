@@ -1,11 +1,11 @@
-"""graphspec::addmm_in_place_triton: aten.addmm_(x, a, b) for one row, kernels/gemv.py writing into x.
+"""graphspec::addmm_in_place_triton: aten.addmm_(x, a, b) for 1 to gemv.MAX_ROWS rows, kernels/gemv.py writing x.
 
 The folded norms' residual adds (models/decoder.add_linear, made in place by passes/addmm_in_place.py) are
 addmm_(residual, a, W.t()): at batch 1 the o and down projections of every decode layer. The kernel adds
 the product to x's fp32 value before the one rounding, as cuBLAS does with beta = 1, and writes x; like
-aten.addmm_ it returns x. Lowered by default where the product has one row (the registry's fits); every
-config row is a GEMV row (block_m 1). Not row-invariant: under numerics="invariant" (which refuses folded
-norms) it keeps the reference.
+aten.addmm_ it returns x. Lowered by default where the product has 1 to gemv.MAX_ROWS rows (the registry's
+fits); every config row is a GEMV row (block_m <= MAX_ROWS). Not row-invariant: under numerics="invariant"
+(which refuses folded norms) it keeps the reference.
 """
 
 from __future__ import annotations
@@ -16,10 +16,19 @@ from torch import Tensor
 
 from graphspec import library
 
-__all__ = ["CONFIGS", "addmm_in_place_triton"]
+__all__ = ["CONFIGS", "addmm_in_place_triton", "shape_class"]
 
-CONFIGS: dict[int | str, dict[str, int]] = {key: dict(config) for key, config in gemv_kernel.CONFIGS.items()}
+# The one-row GEMV's rows, and (sm, "few_rows") rows for 2 to gemv.MAX_ROWS rows.
+CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
+    **{key: dict(config) for key, config in gemv_kernel.CONFIGS.items()},
+    **{(key, "few_rows"): dict(config) for key, config in gemv_kernel.FEW_ROWS_CONFIGS.items()},
+}
 CONFIG_FIELDS = check_config_table(CONFIGS)
+
+
+def shape_class(self: Tensor, mat1: Tensor, mat2: Tensor, *_: object) -> str | None:
+    """ "few_rows" for 2 to gemv.MAX_ROWS rows (their own config rows), else None (one row: the SM's row)."""
+    return "few_rows" if gemv_kernel.fits(mat1, mat2, self) and mat1.shape[0] > 1 else None
 
 
 def _addmm_in_place(
@@ -37,8 +46,8 @@ def _addmm_in_place(
 ) -> Tensor:
     if beta != 1 or alpha != 1:
         raise ValueError(f"addmm_in_place kernel: beta and alpha must be 1, got {beta} and {alpha}")
-    if block_m != 1:
-        raise ValueError(f"addmm_in_place kernel: only the one-row GEMV (block_m 1) writes in place, got {block_m}")
+    if block_m > gemv_kernel.MAX_ROWS:
+        raise ValueError(f"addmm_in_place kernel: only the GEMVs (block_m <= {gemv_kernel.MAX_ROWS}) write in place")
     return gemv_kernel.gemv(mat1, mat2, self, self, block_n, block_k, num_warps, num_stages)
 
 

@@ -11,9 +11,14 @@ down (docs/BENCHMARKS.md, 2026-11-29; a batch-1 8B decode 4% faster). It is mm's
 addmm's and addmm_in_place's kernel for one-row products by default (their (sm, "one_row") config rows,
 block_m = 1); under numerics="invariant" mm and addmm keep kernels/mm.py's tiles at every M instead.
 
-An addend [N] (a bias, or a [1, N] residual: the folded norm's residual add) is added to the fp32 sum
+few_rows_kernel does the same for 2 to MAX_ROWS rows (a batch-1 verify's K + 1, a draft's catch-up forward):
+each weight tile is loaded once and multiplied into every row's accumulator, so the weight streams once
+whatever the rows. NOT YET MEASURED on a GPU (branch few-row-gemv): its config rows are the probe's guess
+(docs/results/2026-11-29-few-row-gemv-probe).
+
+An addend [N] (a bias) or [M, N] (a residual: the folded norm's residual add) is added to the fp32 sum
 before the one rounding, as cuBLAS does with beta = 1; the output may be the addend itself (each program
-reads its rows of the addend before it writes them).
+reads its tile of the addend before it writes it).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import triton.language as tl
 from graphspec.kernels.common import cdiv, check_device, round_to
 from torch import Tensor
 
-__all__ = ["CONFIGS", "fits", "gemv"]
+__all__ = ["CONFIGS", "FEW_ROWS_CONFIGS", "MAX_ROWS", "fits", "gemv"]
+
+MAX_ROWS = 8  # the most rows of x the few-row kernel takes (a K = 4 verify at batch 1 has 5)
 
 # mm's CONFIG_FIELDS: block_m 1 marks this kernel; block_n weight rows per program; block_k columns a step;
 # split_programs unused (0: K is never split); num_warps; num_stages of the K loop. 90: the best row of
@@ -35,6 +42,13 @@ CONFIGS: dict[int | str, dict[str, int]] = {
     80: {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
     90: {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
     "default": {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
+}
+# 2 to MAX_ROWS rows (few_rows_kernel): block_m MAX_ROWS (the rows it takes; each launch pads them to a power of two).
+# UNTUNED: docs/results/2026-11-29-few-row-gemv-probe's "acc3" candidate with 8 x 128 tiles (92 registers at 8 rows
+# for sm_90, no spills), to be replaced by what that probe measures.
+FEW_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
+    key: {"block_m": MAX_ROWS, "block_n": 8, "block_k": 128, "split_programs": 0, "num_warps": 4, "num_stages": 3}
+    for key in (80, 90, "default")
 }
 
 
@@ -75,22 +89,69 @@ def gemv_kernel(
     tl.store(out_ptr + rows, round_to(total, dtype).to(dtype), mask=row_ok)
 
 
+@triton.jit
+def few_rows_kernel(
+    x_ptr,
+    w_ptr,
+    addend_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_am,  # the addend's row stride: 0 for an [N] bias
+    HAS_ADDEND: tl.constexpr,
+    EVEN: tl.constexpr,  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks on the weight
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    # gemv_kernel with a row axis: each weight tile is loaded once and multiplied into every row's accumulator.
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    ms = tl.arange(0, BLOCK_M)
+    m_ok = ms < M
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + ms[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        if EVEN:
+            w = tl.load(w_rows + cols[None, :])
+            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None], other=0.0)
+        else:
+            col_ok = cols < K
+            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None] & col_ok[None, :], other=0.0)
+        acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+    total = tl.sum(acc, 2)
+    mask = m_ok[:, None] & row_ok[None, :]
+    if HAS_ADDEND:
+        total += tl.load(addend_ptr + ms[:, None] * stride_am + rows[None, :], mask=mask, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    tl.store(out_ptr + ms[:, None] * N + rows[None, :], round_to(total, dtype).to(dtype), mask=mask)
+
+
 def fits(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> bool:
-    """Whether gemv takes these operands: one row x [1, K] and a weight's transposed view w_t [K, N] whose
-    columns are contiguous (strides (1, K'), as nn.Linear's weight.t()), one float dtype, and an addend of N
-    contiguous elements ([N] or [1, N]). Fake tensors do: the registry asks this of a node's values."""
-    if x.dim() != 2 or w_t.dim() != 2 or x.shape[0] != 1 or x.shape[1] != w_t.shape[0]:
+    """Whether gemv takes these operands: 1 to MAX_ROWS rows x [M, K] and a weight's transposed view w_t [K, N]
+    whose columns are contiguous (strides (1, K'), as nn.Linear's weight.t()), one float dtype, and an addend of
+    [N] or [M, N] with contiguous rows. Fake tensors do: the registry asks this of a node's values."""
+    if x.dim() != 2 or w_t.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.shape[1] != w_t.shape[0]:
         return False
     n = w_t.shape[1]
     if x.dtype != w_t.dtype or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
     if w_t.shape[0] > 1 and w_t.stride(0) != 1:
         return False
-    if addend is not None and (addend.dim() not in (1, 2) or addend.numel() != n or addend.shape[-1] != n):
-        return False  # a scalar or a [M, 1] addend would broadcast: not N elements in a row
+    if addend is not None and (tuple(addend.shape) not in ((n,), (x.shape[0], n))):
+        return False  # a scalar or an [M, 1] addend would broadcast
     if addend is not None and ((n > 1 and addend.stride(-1) != 1) or addend.dtype != x.dtype):
         return False
-    return x.shape[1] * max(1, abs(x.stride(1))) < 2**31  # x's offsets are int32 (the weight's rows are int64)
+    last = (x.shape[0] - 1) * abs(x.stride(0)) + x.shape[1] * max(1, abs(x.stride(1)))
+    return last < 2**31 and x.shape[0] * n < 2**31  # x's and out's offsets are int32 (the weight's are int64)
 
 
 def gemv(
@@ -103,25 +164,35 @@ def gemv(
     num_warps: int = CONFIGS["default"]["num_warps"],
     num_stages: int = CONFIGS["default"]["num_stages"],
 ) -> Tensor:
-    """x [1, K] @ w_t [K, N] (+ addend) into `out` ([1, N] of x's dtype, may be the addend; a new tensor if
-    None), returned. ValueError where `fits` says no."""
+    """x [M, K] @ w_t [K, N] (+ addend) into `out` (a contiguous [M, N] of x's dtype, may be the addend; a new
+    tensor if None), returned: gemv_kernel for one row, few_rows_kernel for 2 to MAX_ROWS. ValueError where `fits`
+    says no."""
     check_device(x, w_t, *(() if addend is None else (addend,)))
     if not fits(x, w_t, addend):
         raise ValueError(
             f"gemv kernel: x {tuple(x.shape)} {x.dtype} @ w_t {tuple(w_t.shape)} strides {w_t.stride()} "
             f"{w_t.dtype}" + ("" if addend is None else f" + {tuple(addend.shape)} {addend.dtype}")
-            + " is not one row times a transposed weight (+ N contiguous addend elements)"
+            + f" is not 1 to {MAX_ROWS} rows times a transposed weight (+ an [N] or [M, N] addend, contiguous rows)"
         )  # fmt: skip
-    (_, k), n = x.shape, w_t.shape[1]
+    (m, k), n = x.shape, w_t.shape[1]
     if out is None:
-        out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    elif out.shape != (1, n) or out.dtype != x.dtype or (n > 1 and out.stride(-1) != 1):
-        raise ValueError(f"gemv kernel: out {tuple(out.shape)} {out.dtype} is not a contiguous [1, {n}] {x.dtype}")
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"gemv kernel: out {tuple(out.shape)} {out.dtype} is not a contiguous [{m}, {n}] {x.dtype}")
     if n == 0:
         return out
-    gemv_kernel[(cdiv(n, block_n),)](
-        x, w_t, out if addend is None else addend, out, n, k, x.stride(1), w_t.stride(1),
-        HAS_ADDEND=addend is not None, EVEN=n % block_n == 0 and k % block_k == 0,
-        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=num_stages, num_warps=num_warps,
+    even = n % block_n == 0 and k % block_k == 0
+    if m == 1:
+        gemv_kernel[(cdiv(n, block_n),)](
+            x, w_t, out if addend is None else addend, out, n, k, x.stride(1), w_t.stride(1),
+            HAS_ADDEND=addend is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=num_stages,
+            num_warps=num_warps,
+        )  # fmt: skip
+        return out
+    addend_row = 0 if addend is None or addend.dim() == 1 else addend.stride(0)
+    few_rows_kernel[(cdiv(n, block_n),)](
+        x, w_t, out if addend is None else addend, out, m, n, k, x.stride(0), x.stride(1), w_t.stride(1), addend_row,
+        HAS_ADDEND=addend is not None, EVEN=even, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n,
+        BLOCK_K=block_k, STAGES=num_stages, num_warps=num_warps,
     )  # fmt: skip
     return out

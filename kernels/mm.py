@@ -7,8 +7,8 @@ shapes (docs/BENCHMARKS.md, bench_linear), but it picks its algorithm, tiles and
 computed alone (a draft's one-token forward), in a batch, or as one position of a (K+1)-token verify
 block rounds differently, and a draft identical to the target is rejected.
 
-By default mm and addmm are lowered only where the product has one row (shape class "one_row"): those
-config rows, block_m = 1, run kernels/gemv.py's dot-free GEMV, faster than cuBLAS there. That kernel is not
+By default mm and addmm are lowered only where the product has 1 to gemv.MAX_ROWS rows (shape classes "one_row"
+and "few_rows"): those config rows, block_m <= MAX_ROWS, run kernels/gemv.py's dot-free GEMVs. That kernel is not
 this one and is never used under numerics="invariant" (which takes the SM's row at every M).
 
 Why a row's result cannot depend on M here: the tile (BLOCK_M, BLOCK_N, BLOCK_K), the split of K and the
@@ -45,6 +45,7 @@ CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     90: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 6},
     "default": {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 2},
     **{(key, "one_row"): dict(config) for key, config in gemv_kernel.CONFIGS.items()},
+    **{(key, "few_rows"): dict(config) for key, config in gemv_kernel.FEW_ROWS_CONFIGS.items()},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 MIN_BLOCKS_PER_SPLIT = 4  # K blocks each split streams at least (shorter ones cost more in partials)
@@ -123,8 +124,16 @@ def mm_reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, splits, HAS_BIAS: tl.con
 
 
 def shape_class(a: Tensor, b: Tensor, *_: object) -> str | None:
-    """ "one_row" for a product kernels/gemv.py takes (one row times a transposed weight), else None."""
-    return "one_row" if gemv_kernel.fits(a, b) else None
+    """ "one_row" / "few_rows" for a product kernels/gemv.py takes (1 / 2 to MAX_ROWS rows times a transposed
+    weight), else None."""
+    return gemv_class(a, b)
+
+
+def gemv_class(a: Tensor, b: Tensor, addend: Tensor | None = None) -> str | None:
+    """The GEMV shape class of x [M, K] @ w_t (+ addend): "one_row", "few_rows", or None where gemv does not fit."""
+    if not gemv_kernel.fits(a, b, addend):
+        return None
+    return "one_row" if a.shape[0] == 1 else "few_rows"
 
 
 def splits_for(n: int, k: int, block_n: int, block_k: int, split_programs: int) -> int:
@@ -148,8 +157,9 @@ def mm(
     num_stages: int = CONFIGS["default"]["num_stages"],
 ) -> Tensor:
     """a [M, K] @ b [K, N] (+ bias [N]) as a new contiguous [M, N] of a's dtype (any strides of a and b).
-    block_m 1 (the "one_row" rows) runs kernels/gemv.py instead, for operands gemv.fits (a bias may be [1, N])."""
-    if block_m == 1:
+    block_m <= gemv.MAX_ROWS (the "one_row" and "few_rows" rows) runs kernels/gemv.py instead, for operands
+    gemv.fits (a bias may be [M, N])."""
+    if block_m <= gemv_kernel.MAX_ROWS:
         return gemv_kernel.gemv(a, b, bias, None, block_n, block_k, num_warps, num_stages)
     check_device(a, b, *(() if bias is None else (bias,)))
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:

@@ -590,13 +590,28 @@ REFUSED_EDITS = {
 
 
 def test_numerics_are_read_from_the_matmuls_the_graphs_call() -> None:
-    """Default numerics on a GPU lower one-row products to graphspec's GEMV (mm_triton) and leave the verify's
-    to cuBLAS (aten.mm); invariant numerics lower every matmul to mm_triton."""
-    gemv_and_cublas = {artifact.INVARIANT_MATMUL, artifact.CUBLAS_MATMUL, "graphspec::addmm_in_place_triton.default"}
-    assert not artifact.invariant_matmuls(gemv_and_cublas)
-    assert not artifact.invariant_matmuls({artifact.CUBLAS_MATMUL})  # a CPU graph, or a GPU one at batch > 1
-    assert artifact.invariant_matmuls({artifact.INVARIANT_MATMUL, "graphspec::addmm_triton.default"})
-    assert artifact.CUBLAS_MATMUL == artifact._op_name(torch.ops.aten.mm.default)  # as graphs record it
+    """Default numerics on a GPU lower a few rows' products to graphspec's GEMV rows of mm_triton (block_m <= 8),
+    invariant numerics every matmul to its tensor-core rows; the rule reads block_m where graphs record it."""
+    from graphspec.kernels import gemv, mm
+
+    assert artifact.GEMV_MAX_ROWS == gemv.MAX_ROWS
+    assert mm.mm_triton._schema.arguments[artifact.MM_BLOCK_M].name == "block_m"
+
+    def doc(*block_ms: int) -> dict:
+        nodes = [
+            {
+                "op": "call_function",
+                "target": {"op": artifact.INVARIANT_MATMUL},
+                "args": [{"node": "x"}, {"node": "w"}, m],
+            }
+            for m in block_ms
+        ]
+        return {"modules": {"": {"nodes": [{"op": "placeholder", "target": "x"}, *nodes]}}}
+
+    assert not artifact.invariant_matmuls(doc())  # a CPU graph: cuBLAS
+    assert not artifact.invariant_matmuls(doc(1, 8))  # the GEMVs at batch 1
+    assert artifact.invariant_matmuls(doc(mm.CONFIGS[90]["block_m"]))
+    assert artifact.invariant_matmuls(doc(8, 64))
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED_EDITS))

@@ -379,7 +379,7 @@ def fits_addmm_in_place(node: fx.Node) -> bool:
     if values is None or any(node.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")) or len(node.args) > 3:
         return False
     x, a, b = values
-    return tuple(x.shape) == (1, b.shape[-1]) and _module("gemv").fits(a, b, x)
+    return tuple(x.shape) == (a.shape[0], b.shape[-1]) and _module("gemv").fits(a, b, x)
 
 
 def fits_verify_greedy(node: fx.Node) -> bool:

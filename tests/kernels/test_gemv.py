@@ -39,6 +39,25 @@ def test_gemv_matches_fp64_product(dtype: torch.dtype, n: int, k: int, block_k: 
     assert rel_error(out, exact) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [2, 3, 5, 8])
+@pytest.mark.parametrize(("n", "k", "block_k"), [(64, 512, 128), (37, 300, 64)], ids=["even", "tails"])
+@pytest.mark.parametrize("addend", [None, "bias", "residual", "in place"])
+def test_few_rows_match_fp64_product(dtype: torch.dtype, rows: int, n: int, k: int, block_k: int, addend) -> None:
+    """2 to MAX_ROWS rows (padded to a power of two inside the kernel), unmasked and with tails of N and K, with no
+    addend, an [N] bias, an [M, N] residual, and written into that residual."""
+    poison_allocator()
+    g = generator(rows * n + k)
+    x = torch.randn(rows, k, generator=g).to(DEVICE, dtype)
+    weight = torch.randn(n, k, generator=g).to(DEVICE, dtype)
+    residual = torch.randn(rows, n, generator=g).to(DEVICE, dtype)
+    add = {None: None, "bias": residual[0], "residual": residual, "in place": residual}[addend]
+    exact = x.double() @ weight.double().T + (0 if add is None else add.double())
+    out = gemv.gemv(x, weight.t(), add, residual if addend == "in place" else None, block_n=8, block_k=block_k)
+    assert out.shape == (rows, n) and (out is residual) == (addend == "in place")
+    assert rel_error(out, exact) < TOLERANCE[dtype]
+
+
 def test_gemv_sums_in_fp32_and_rounds_once() -> None:
     """bf16 products 1 and 2^-9 sum to 1 + 2^-9, which bf16 cannot hold (it rounds to 1). Summed in fp32 with
     a -1 product, or with a residual -1 added before the one rounding, the result is 2^-9 exactly; a kernel
@@ -66,7 +85,7 @@ def test_gemv_writes_into_its_addend() -> None:
 @pytest.mark.parametrize(
     "case",
     [
-        "two rows",
+        "nine rows",
         "weight not transposed",
         "dtypes differ",
         "addend too short",
@@ -78,7 +97,7 @@ def test_gemv_writes_into_its_addend() -> None:
 def test_gemv_refuses_what_it_does_not_take(case: str) -> None:
     x, weight, residual = operands(16, 64, torch.float32, seed=4)
     args = {
-        "two rows": (torch.cat([x, x]), weight.t(), None),
+        "nine rows": (x.expand(9, -1).contiguous(), weight.t(), None),
         "weight not transposed": (x, weight.t().contiguous(), None),
         "dtypes differ": (x.to(torch.bfloat16), weight.t(), None),
         "addend too short": (x, weight.t(), residual[:, :8]),
@@ -97,7 +116,8 @@ def test_one_row_config_rows_run_the_gemv_through_the_kernel_ops() -> None:
     and returns it."""
     x, weight, residual = operands(24, 200, torch.float32, seed=5)
     close = {"rtol": 1e-5, "atol": 1e-5}
-    assert mm.shape_class(x, weight.t()) == "one_row" and mm.shape_class(torch.cat([x, x]), weight.t()) is None
+    assert mm.shape_class(x, weight.t()) == "one_row" and mm.shape_class(torch.cat([x, x]), weight.t()) == "few_rows"
+    assert mm.shape_class(x.expand(9, -1), weight.t()) is None
     torch.testing.assert_close(torch.ops.graphspec.mm_triton(x, weight.t(), *ONE_ROW), x @ weight.T, **close)
     for bias in (residual[0], residual):
         assert addmm.shape_class(bias, x, weight.t()) == "one_row"
@@ -110,7 +130,7 @@ def test_one_row_config_rows_run_the_gemv_through_the_kernel_ops() -> None:
     torch.testing.assert_close(residual, expected, **close)
     with pytest.raises(ValueError, match="beta and alpha must be 1"):
         torch.ops.graphspec.addmm_in_place_triton(residual, x, weight.t(), 0.5, 1, *config)
-    with pytest.raises(ValueError, match="only the one-row GEMV"):
+    with pytest.raises(ValueError, match="only the GEMVs"):
         torch.ops.graphspec.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *mm.CONFIGS[90].values())
 
 
@@ -130,16 +150,21 @@ def test_addmm_in_place_triton_opcheck() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 2, 5])
 @pytest.mark.parametrize(
     ("n", "k"), [(6144, 4096), (4096, 14336), (28672, 4096), (3072, 2048), (2048, 8192), (16384, 2048), (128256, 2048)]
 )
-def test_gemv_real_shapes_gpu(n: int, k: int) -> None:
-    """bf16 at the real projections with the sm_90 row, in place into a residual: as close to the fp64 product
-    as cuBLAS's addmm (within 1.5x its error)."""
+def test_gemv_real_shapes_gpu(rows: int, n: int, k: int) -> None:
+    """bf16 at the real projections with the sm_90 rows (one_row, few_rows), in place into a residual: as close to
+    the fp64 product as cuBLAS's addmm (within 1.5x its error)."""
     poison_allocator()
-    x, weight, residual = operands(n, k, torch.bfloat16, seed=7)
+    g = generator(7)
+    x, weight, residual = (
+        torch.randn(*shape, generator=g).to(DEVICE, torch.bfloat16) for shape in ((rows, k), (n, k), (rows, n))
+    )
     exact = x.double() @ weight.double().T + residual.double()
     cublas = torch.addmm(residual, x, weight.t())
-    config = gemv.CONFIGS[90]
-    out = gemv.gemv(x, weight.t(), residual, residual, config["block_n"], config["block_k"], 4, 3)
+    config = mm.CONFIGS[(90, "one_row" if rows == 1 else "few_rows")]
+    knobs = {name: config[name] for name in ("block_n", "block_k", "num_warps", "num_stages")}
+    out = gemv.gemv(x, weight.t(), residual, residual, **knobs)
     assert rel_error(out, exact) <= 1.5 * max(rel_error(cublas, exact), 1e-3)

@@ -235,6 +235,10 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
             addmm_in_place.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *config.values())
             knobs = {name: config[name] for name in ("block_n", "block_k", "num_warps", "num_stages")}
             gemv.gemv(x[:, :1000], weight[:60, :1000].contiguous().t(), **knobs)
+            # A K = 4 verify's 5 rows at batch 1 (few_rows_kernel), in place into its residual.
+            rows5, residual5 = torch.randn(5, 4096, dtype=torch.bfloat16), torch.randn(5, 64, dtype=torch.bfloat16)
+            few = addmm_in_place.CONFIGS[(90, "few_rows")].values()
+            addmm_in_place.addmm_in_place_triton(residual5, rows5, weight.t(), 1, 1, *few)
         lowered.add("addmm_in_place")
         lowered |= run_hybrid_step(make_hybrid_checkpoint(tmp_path_factory.mktemp("hybrid_binaries"), seed=0))
     finally:
