@@ -231,6 +231,11 @@ def fits_scaled_silu_mul(node: fx.Node) -> bool:
     )
 
 
+def fits_scaled_silu_mul_linear(node: fx.Node) -> bool:
+    values = _vals(node, 2)
+    return values is not None and _module("scaled_silu_mul_linear").fits(*values)
+
+
 def fits_kv_write(node: fx.Node) -> bool:
     # kv_write(cache, layer, slot_ids, start_pos, k, v): layer is a plain int, not a node.
     values = _vals_at(node, (0, 2, 3, 4, 5))
@@ -553,6 +558,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "rope_tables": fits_rope_tables,
     "silu_mul": fits_silu_mul,
     "scaled_silu_mul": fits_scaled_silu_mul,
+    "scaled_silu_mul_linear": fits_scaled_silu_mul_linear,
     "kv_write": fits_kv_write,
     "rotary_kv_write": fits_rotary_kv_write,
     "rotary_kv_attention": fits_rotary_kv_attention,

@@ -236,6 +236,16 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
             knobs = {name: config[name] for name in ("block_n", "block_k", "num_warps", "num_stages")}
             gemv.gemv(x[:, :1000], weight[:60, :1000].contiguous().t(), **knobs)
         lowered.add("addmm_in_place")
+        # The one-row MLP's fused gate/up GEMV and scaled SwiGLU: unmasked at the 8B's hidden size, masked tails.
+        from graphspec.kernels import scaled_silu_mul_linear
+
+        for config in (scaled_silu_mul_linear.CONFIGS[90], scaled_silu_mul_linear.CONFIGS[80]):
+            x, weight = torch.randn(1, 4096, dtype=torch.bfloat16), torch.randn(64, 4096, dtype=torch.bfloat16)
+            scaled_silu_mul_linear.scaled_silu_mul_linear(x, weight.t(), 1e-5, **config)
+            scaled_silu_mul_linear.scaled_silu_mul_linear(
+                x[:, :1000], weight[:42, :1000].contiguous().t(), 1e-5, **config
+            )
+        lowered.add("scaled_silu_mul_linear")
         lowered |= run_hybrid_step(make_hybrid_checkpoint(tmp_path_factory.mktemp("hybrid_binaries"), seed=0))
     finally:
         InterpretedFunction.run = original

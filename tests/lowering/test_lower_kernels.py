@@ -274,8 +274,9 @@ def test_lowered_real_step_matches_unlowered(real_step: StepCase) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU step case: its kernels run under the interpreter")
 def test_one_row_products_of_a_folded_batch_1_step_run_the_gemv(checkpoint_factory) -> None:
-    """Batch 1 with folded norms: the draft's one-token forward projects one row, so its q/k/v, gate/up and
-    lm_head mm take the GEMV ("one_row" rows) and its in-place residual adds (o and down) addmm_in_place;
+    """Batch 1 with folded norms: the draft's one-token forward projects one row, so its q/k/v and lm_head mm take
+    the GEMV ("one_row" rows), its in-place residual adds (o and down) addmm_in_place and its gate/up with the
+    scaled SwiGLU (one op there) the fused kernel;
     products of more rows (the catch-up forward's 2, the verify's K + 1) keep cuBLAS. Tokens and counts equal
     the unlowered step's."""
     target = checkpoint_factory("llama", seed=0, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
@@ -294,6 +295,8 @@ def test_one_row_products_of_a_folded_batch_1_step_run_the_gemv(checkpoint_facto
     layers = step.draft.spec.num_layers
     # o and down of each layer, but the last layer's down, whose add joins the final norm (add_rms_norm)
     assert sum("addmm_in_place" in str(n.target) for n in gemv) == (2 * layers - 1) * (K - 1)
+    swiglu = torch.ops.graphspec.scaled_silu_mul_linear_triton.default
+    assert sum(n.target is swiglu for n in calls) == layers * (K - 1)
     assert_same_tokens(step, lowered, reference)
 
 
