@@ -366,11 +366,19 @@ def _mm_fits(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+def _unscaled_addmm_values(node: fx.Node) -> list[Any] | None:
+    """Fake values of an aten.addmm / addmm_ node's (input, a, b) when beta = alpha = 1, the only form the kernels
+    take; None for scaled forms (never traced from nn.Linear: they keep cuBLAS) or missing values."""
+    if any(node.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")) or len(node.args) > 3:
+        return None
+    return _vals(node, 3)
+
+
 def fits_addmm(node: fx.Node) -> bool:
-    # addmm(bias, a, b, beta=1, alpha=1): the kernel adds a [N] bias with beta = alpha = 1 only.
-    values = _vals(node, 3)
-    if values is None or any(node.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")) or len(node.args) > 3:
-        return False  # scaled forms (never traced from nn.Linear) keep cuBLAS
+    # addmm(bias, a, b): the kernel adds a [N] bias.
+    values = _unscaled_addmm_values(node)
+    if values is None:
+        return False
     bias, a, b = values
     n = b.shape[1]
     # the kernels read a [1, N] bias (the folded norms' residual at one row) as [N]
@@ -379,9 +387,9 @@ def fits_addmm(node: fx.Node) -> bool:
 
 
 def fits_addmm_in_place(node: fx.Node) -> bool:
-    # addmm_(x, a, b) with beta = alpha = 1 and one row: kernels/gemv.py writes the product into x.
-    values = _vals(node, 3)
-    if values is None or any(node.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")) or len(node.args) > 3:
+    # addmm_(x, a, b) with one row: kernels/gemv.py writes the product into x.
+    values = _unscaled_addmm_values(node)
+    if values is None:
         return False
     x, a, b = values
     return tuple(x.shape) == (1, b.shape[-1]) and _module("gemv").fits(a, b, x)
