@@ -24,13 +24,13 @@ from graphspec import library
 __all__ = ["CONFIGS", "fits", "scaled_silu_mul_linear", "scaled_silu_mul_linear_triton"]
 
 # block_n output columns (gate rows, and as many up rows) per program; block_k columns of x a step; num_warps;
-# num_stages of the K loop. Untuned: the one-row GEMV's row (gemv.CONFIGS), whose 16 weight rows a program at
-# gate/up were within 0.7 us of its best (docs/results/2026-11-29-gemv-probe). To be measured:
-# docs/results/2026-11-29-gemv-swiglu-probe.
+# num_stages of the K loop. sm_90 from docs/results/2026-11-29-gemv-swiglu-probe (H200, 2026-11-29): 4 x 512 was
+# within 0.4 us of the best of seven configs at both the 8B (56.6 us; best 56.2) and the 1B (18.4; best 18.3)
+# gate/up, against 59.2 and 19.9 us for the GEMV + scaled_silu_mul. sm_80 and "default": the same row, untuned.
 CONFIGS: dict[int | str, dict[str, int]] = {
-    80: {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 3},
-    90: {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 3},
-    "default": {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 3},
+    80: {"block_n": 4, "block_k": 512, "num_warps": 4, "num_stages": 3},
+    90: {"block_n": 4, "block_k": 512, "num_warps": 4, "num_stages": 3},
+    "default": {"block_n": 4, "block_k": 512, "num_warps": 4, "num_stages": 3},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
