@@ -183,6 +183,26 @@ def _(gate_up: Tensor, x: Tensor, eps: float) -> Tensor:
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
 
 
+def scaled_silu_mul_linear_reference(x: Tensor, weight_t: Tensor, eps: float) -> Tensor:
+    # scaled_silu_mul of x's own gate/up projection: the product rounded to x's dtype (as the matmul writes it),
+    # then scaled by x's RMSNorm row scale, the SwiGLU in fp32 and one rounding.
+    return scaled_silu_mul_reference(torch.mm(x, weight_t), x, eps)
+
+
+@library.op("graphspec::scaled_silu_mul_linear", mutates_args=())
+def scaled_silu_mul_linear(x: Tensor, weight_t: Tensor, eps: float) -> Tensor:
+    """graphspec::scaled_silu_mul(x @ weight_t, x, eps) as one op, for x [M, H] and a gate/up weight's transposed
+    view weight_t [H, 2I]: [M, I]. The decoder emits it for one-row MLPs with a folded norm (models/decoder.py),
+    where one kernel streams the weight and takes the row scale from the x it reads anyway
+    (kernels/scaled_silu_mul_linear.py)."""
+    return scaled_silu_mul_linear_reference(x, weight_t, eps).contiguous()
+
+
+@torch.library.register_fake("graphspec::scaled_silu_mul_linear")
+def _(x: Tensor, weight_t: Tensor, eps: float) -> Tensor:
+    return x.new_empty((x.shape[0], weight_t.shape[1] // 2))
+
+
 def inverse_rms_reference(x: Tensor, eps: float) -> Tensor:
     """An RMSNorm's row scale rsqrt(mean(x^2) + eps) of x [..., H] in fp32, [..., 1]."""
     return torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + eps)
@@ -1082,6 +1102,7 @@ OPS = {
     "rope_tables": torch.ops.graphspec.rope_tables.default,
     "silu_mul": torch.ops.graphspec.silu_mul.default,
     "scaled_silu_mul": torch.ops.graphspec.scaled_silu_mul.default,
+    "scaled_silu_mul_linear": torch.ops.graphspec.scaled_silu_mul_linear.default,
     "row_scale": torch.ops.graphspec.row_scale.default,
     "kv_update": torch.ops.graphspec.kv_update.default,
     "kv_write": torch.ops.graphspec.kv_write.default,

@@ -3,12 +3,14 @@
 out = a @ b + bias, the bias added to the fp32 sum before the one rounding to a's dtype (as cuBLAS does
 for beta = 1). Same tiles, split and summation order as mm (the same kernel with HAS_BIAS), so the same
 row-invariance; lowered under numerics="invariant", for alpha = beta = 1 and a [N] bias. By default only
-its "one_row" rows are: kernels/gemv.py's GEMV for one row, whose bias may also be a [1, N] residual.
+its "one_row" and "two_rows" rows are: kernels/gemv.py's GEMVs, where they beat cuBLAS (a one-row bias may also be
+a [1, N] residual).
 """
 
 from __future__ import annotations
 
 import torch
+from graphspec.kernels import gemv as gemv_kernel
 from graphspec.kernels import mm as mm_kernel
 from graphspec.kernels.common import check_config_table
 from torch import Tensor
@@ -22,8 +24,8 @@ CONFIG_FIELDS = check_config_table(CONFIGS)
 
 
 def shape_class(bias: Tensor, mat1: Tensor, mat2: Tensor, *_: object) -> str | None:
-    """ "one_row" / "few_rows" for a product kernels/gemv.py takes with this bias, else None."""
-    return mm_kernel.gemv_class(mat1, mat2, bias)
+    """kernels/gemv.py's class of the product with this bias ("one_row", "two_rows"), else None."""
+    return gemv_kernel.shape_class(mat1, mat2, bias)
 
 
 # aten.addmm's own arguments (self + mat1 @ mat2, scaled by beta and alpha), then the config.

@@ -1,11 +1,11 @@
-"""graphspec::addmm_in_place_triton: aten.addmm_(x, a, b) for 1 to gemv.MAX_ROWS rows, kernels/gemv.py writing x.
+"""graphspec::addmm_in_place_triton: aten.addmm_(x, a, b) of one or two rows, kernels/gemv.py writing x.
 
 The folded norms' residual adds (models/decoder.add_linear, made in place by passes/addmm_in_place.py) are
 addmm_(residual, a, W.t()): at batch 1 the o and down projections of every decode layer. The kernel adds
 the product to x's fp32 value before the one rounding, as cuBLAS does with beta = 1, and writes x; like
-aten.addmm_ it returns x. Lowered by default where the product has 1 to gemv.MAX_ROWS rows (the registry's
-fits); every config row is a GEMV row (block_m <= MAX_ROWS). Not row-invariant: under numerics="invariant"
-(which refuses folded norms) it keeps the reference.
+aten.addmm_ it returns x. Lowered by default where gemv.shape_class names the product (one row; two rows of a
+narrow weight: the registry's fits); every config row is a GEMV row (block_m <= gemv.MAX_ROWS). Not
+row-invariant: under numerics="invariant" (which refuses folded norms) it keeps the reference.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from graphspec import library
 
 __all__ = ["CONFIGS", "addmm_in_place_triton", "shape_class"]
 
-# The one-row GEMV's rows, and (sm, "few_rows") rows for 2 to gemv.MAX_ROWS rows.
+# The one-row GEMV's rows, and (sm, "two_rows") rows for two.
 CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     **{key: dict(config) for key, config in gemv_kernel.CONFIGS.items()},
-    **{(key, "few_rows"): dict(config) for key, config in gemv_kernel.FEW_ROWS_CONFIGS.items()},
+    **{(key, "two_rows"): dict(config) for key, config in gemv_kernel.TWO_ROWS_CONFIGS.items()},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
 
 def shape_class(self: Tensor, mat1: Tensor, mat2: Tensor, *_: object) -> str | None:
-    """ "few_rows" for 2 to gemv.MAX_ROWS rows (their own config rows), else None (one row: the SM's row)."""
-    return "few_rows" if gemv_kernel.fits(mat1, mat2, self) and mat1.shape[0] > 1 else None
+    """ "two_rows" where kernels/gemv.py's class is (its own config rows), else None (one row: the SM's row)."""
+    return "two_rows" if gemv_kernel.shape_class(mat1, mat2, self) == "two_rows" else None
 
 
 def _addmm_in_place(

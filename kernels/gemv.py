@@ -11,10 +11,12 @@ down (docs/BENCHMARKS.md, 2026-11-29; a batch-1 8B decode 4% faster). It is mm's
 addmm's and addmm_in_place's kernel for one-row products by default (their (sm, "one_row") config rows,
 block_m = 1); under numerics="invariant" mm and addmm keep kernels/mm.py's tiles at every M instead.
 
-few_rows_kernel does the same for 2 to MAX_ROWS rows (a batch-1 verify's K + 1, a draft's catch-up forward):
-each weight tile is loaded once and multiplied into every row's accumulator, so the weight streams once
-whatever the rows. NOT YET MEASURED on a GPU (branch few-row-gemv): its config rows are the probe's guess
-(docs/results/2026-11-29-few-row-gemv-probe).
+few_rows_kernel does the same for 2 to MAX_ROWS rows: each weight tile is loaded once and multiplied into
+every row's accumulator, so the weight streams once whatever the rows. It beats cuBLAS only at two rows and
+narrow weights (docs/results/2026-11-29-few-row-gemv-probe, H200: 1B q/k/v 6.4 -> 6.0 us, o 6.0 -> 4.9, down
+14.2 -> 11.6; at 5 or 8 rows each weight element feeds that many fp32 FMAs and it lost everywhere, at gate/up
+and the 1B lm_head already at two), so shape_class names that case ("two_rows") and the config rows lower only
+it: a draft model's catch-up forward at batch 1, a batch-2 decode's q/k/v, o and down.
 
 An addend [N] (a bias) or [M, N] (a residual: the folded norm's residual add) is added to the fp32 sum
 before the one rounding, as cuBLAS does with beta = 1; the output may be the addend itself (each program
@@ -29,9 +31,12 @@ import triton.language as tl
 from graphspec.kernels.common import cdiv, check_device, round_to
 from torch import Tensor
 
-__all__ = ["CONFIGS", "FEW_ROWS_CONFIGS", "MAX_ROWS", "fits", "gemv"]
+__all__ = ["CONFIGS", "MAX_ROWS", "TWO_ROWS_CONFIGS", "fits", "gemv", "shape_class"]
 
-MAX_ROWS = 8  # the most rows of x the few-row kernel takes (a K = 4 verify at batch 1 has 5)
+MAX_ROWS = 8  # the most rows of x the few-row kernel takes
+# Two-row products are lowered where N <= TWO_ROWS_MAX_WIDTH x K (q/k/v, o, down): at the wide ones (gate/up's
+# N = 7-8 K, lm_head) cuBLAS reads the weight at 88-102% of the copy rate with two rows and the GEMV did not win.
+TWO_ROWS_MAX_WIDTH = 2
 
 # mm's CONFIG_FIELDS: block_m 1 marks this kernel; block_n weight rows per program; block_k columns a step;
 # split_programs unused (0: K is never split); num_warps; num_stages of the K loop. 90: the best row of
@@ -43,11 +48,11 @@ CONFIGS: dict[int | str, dict[str, int]] = {
     90: {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
     "default": {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
 }
-# 2 to MAX_ROWS rows (few_rows_kernel): block_m MAX_ROWS (the rows it takes; each launch pads them to a power of two).
-# UNTUNED: docs/results/2026-11-29-few-row-gemv-probe's "acc3" candidate with 8 x 128 tiles (92 registers at 8 rows
-# for sm_90, no spills), to be replaced by what that probe measures.
-FEW_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
-    key: {"block_m": MAX_ROWS, "block_n": 8, "block_k": 128, "split_programs": 0, "num_warps": 4, "num_stages": 3}
+# Two rows (few_rows_kernel; block_m 2, the rows the class takes). 90: the probe's best tile over the 8B and 1B
+# narrow projections at two rows, the one-row GEMV's 8 x 512 (within 0.4 us of each one's best). 80 and "default":
+# the same, untuned.
+TWO_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
+    key: {"block_m": 2, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3}
     for key in (80, 90, "default")
 }
 
@@ -152,6 +157,17 @@ def fits(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> bool:
         return False
     last = (x.shape[0] - 1) * abs(x.stride(0)) + x.shape[1] * max(1, abs(x.stride(1)))
     return last < 2**31 and x.shape[0] * n < 2**31  # x's and out's offsets are int32 (the weight's are int64)
+
+
+def shape_class(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> str | None:
+    """Where these kernels beat cuBLAS (the probes, H200): "one_row" for every product gemv takes with one row,
+    "two_rows" for two rows and N <= TWO_ROWS_MAX_WIDTH x K; None otherwise (cuBLAS keeps it)."""
+    if not fits(x, w_t, addend):
+        return None
+    if x.shape[0] == 1:
+        return "one_row"
+    narrow = w_t.shape[1] <= TWO_ROWS_MAX_WIDTH * w_t.shape[0]
+    return "two_rows" if x.shape[0] == 2 and narrow else None
 
 
 def gemv(

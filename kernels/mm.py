@@ -7,9 +7,9 @@ shapes (docs/BENCHMARKS.md, bench_linear), but it picks its algorithm, tiles and
 computed alone (a draft's one-token forward), in a batch, or as one position of a (K+1)-token verify
 block rounds differently, and a draft identical to the target is rejected.
 
-By default mm and addmm are lowered only where the product has 1 to gemv.MAX_ROWS rows (shape classes "one_row"
-and "few_rows"): those config rows, block_m <= MAX_ROWS, run kernels/gemv.py's dot-free GEMVs. That kernel is not
-this one and is never used under numerics="invariant" (which takes the SM's row at every M).
+By default mm and addmm are lowered only where kernels/gemv.py's dot-free GEMVs beat cuBLAS (its shape classes
+"one_row" and "two_rows"): those config rows, block_m <= gemv.MAX_ROWS, run the GEMVs. They are not this kernel
+and never used under numerics="invariant" (which takes the SM's row at every M).
 
 Why a row's result cannot depend on M here: the tile (BLOCK_M, BLOCK_N, BLOCK_K), the split of K and the
 order the partial sums are added in come from the config and (N, K) only. Each program accumulates its
@@ -45,7 +45,7 @@ CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     90: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 6},
     "default": {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 2},
     **{(key, "one_row"): dict(config) for key, config in gemv_kernel.CONFIGS.items()},
-    **{(key, "few_rows"): dict(config) for key, config in gemv_kernel.FEW_ROWS_CONFIGS.items()},
+    **{(key, "two_rows"): dict(config) for key, config in gemv_kernel.TWO_ROWS_CONFIGS.items()},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 MIN_BLOCKS_PER_SPLIT = 4  # K blocks each split streams at least (shorter ones cost more in partials)
@@ -124,16 +124,8 @@ def mm_reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, splits, HAS_BIAS: tl.con
 
 
 def shape_class(a: Tensor, b: Tensor, *_: object) -> str | None:
-    """ "one_row" / "few_rows" for a product kernels/gemv.py takes (1 / 2 to MAX_ROWS rows times a transposed
-    weight), else None."""
-    return gemv_class(a, b)
-
-
-def gemv_class(a: Tensor, b: Tensor, addend: Tensor | None = None) -> str | None:
-    """The GEMV shape class of x [M, K] @ w_t (+ addend): "one_row", "few_rows", or None where gemv does not fit."""
-    if not gemv_kernel.fits(a, b, addend):
-        return None
-    return "one_row" if a.shape[0] == 1 else "few_rows"
+    """kernels/gemv.py's class of the product ("one_row", "two_rows": its config rows), else None."""
+    return gemv_kernel.shape_class(a, b)
 
 
 def splits_for(n: int, k: int, block_n: int, block_k: int, split_programs: int) -> int:
@@ -157,7 +149,7 @@ def mm(
     num_stages: int = CONFIGS["default"]["num_stages"],
 ) -> Tensor:
     """a [M, K] @ b [K, N] (+ bias [N]) as a new contiguous [M, N] of a's dtype (any strides of a and b).
-    block_m <= gemv.MAX_ROWS (the "one_row" and "few_rows" rows) runs kernels/gemv.py instead, for operands
+    block_m <= gemv.MAX_ROWS (the "one_row" and "two_rows" rows) runs kernels/gemv.py instead, for operands
     gemv.fits (a bias may be [M, N])."""
     if block_m <= gemv_kernel.MAX_ROWS:
         return gemv_kernel.gemv(a, b, bias, None, block_n, block_k, num_warps, num_stages)

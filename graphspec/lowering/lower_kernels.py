@@ -49,6 +49,7 @@ _REDUCING = (
     "block_attention",
     "rotary_kv_attention", "prefill_attention", "sample", "verify_rejection", "causal_conv1d",
     "causal_conv1d_snapshots", "gated_delta_rule", "gated_delta_rule_snapshots", "mm", "addmm", "addmm_in_place",
+    "scaled_silu_mul_linear",
 )  # fmt: skip
 _ATEN_REDUCING = (
     _aten.bmm.default, _aten.baddbmm.default, _aten._softmax.default, _aten._log_softmax.default,

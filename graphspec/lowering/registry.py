@@ -24,9 +24,10 @@ of a verify block gives the same bits. Kernels in ROW_INVARIANT are so with ever
 has a CONFIGS["invariant"] row for it; aten.mm/addmm get kernels/mm.py's matmul. An op with neither keeps
 its reference, which lower_kernels then refuses.
 
-By default cuBLAS keeps aten.mm/addmm (CUBLAS_BY_DEFAULT) except at the shape classes their CONFIGS name:
-"one_row", a product of one row and a transposed weight, which kernels/gemv.py reads faster than cuBLAS.
-aten.addmm_ (the folded norms' in-place residual adds) has only that kernel: it fits one-row products.
+By default cuBLAS keeps aten.mm/addmm (CUBLAS_BY_DEFAULT) except at the shape classes their CONFIGS name,
+kernels/gemv.py's: "one_row" (a product of one row and a transposed weight) and "two_rows" (two rows, a narrow
+weight), which its dot-free GEMVs read faster than cuBLAS. aten.addmm_ (the folded norms' in-place residual adds)
+has only those kernels: it fits those classes.
 """
 
 from __future__ import annotations
@@ -231,6 +232,11 @@ def fits_scaled_silu_mul(node: fx.Node) -> bool:
     )
 
 
+def fits_scaled_silu_mul_linear(node: fx.Node) -> bool:
+    values = _vals(node, 2)
+    return values is not None and _module("scaled_silu_mul_linear").fits(*values)
+
+
 def fits_kv_write(node: fx.Node) -> bool:
     # kv_write(cache, layer, slot_ids, start_pos, k, v): layer is a plain int, not a node.
     values = _vals_at(node, (0, 2, 3, 4, 5))
@@ -361,11 +367,19 @@ def _mm_fits(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+def _unscaled_addmm_values(node: fx.Node) -> list[Any] | None:
+    """Fake values of an aten.addmm / addmm_ node's (input, a, b) when beta = alpha = 1, the only form the kernels
+    take; None for scaled forms (never traced from nn.Linear: they keep cuBLAS) or missing values."""
+    if any(node.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")) or len(node.args) > 3:
+        return None
+    return _vals(node, 3)
+
+
 def fits_addmm(node: fx.Node) -> bool:
-    # addmm(bias, a, b, beta=1, alpha=1): the kernel adds a [N] bias with beta = alpha = 1 only.
-    values = _vals(node, 3)
-    if values is None or any(node.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")) or len(node.args) > 3:
-        return False  # scaled forms (never traced from nn.Linear) keep cuBLAS
+    # addmm(bias, a, b): the kernel adds a [N] bias.
+    values = _unscaled_addmm_values(node)
+    if values is None:
+        return False
     bias, a, b = values
     n = b.shape[1]
     # the kernels read a [1, N] bias (the folded norms' residual at one row) as [N]
@@ -374,12 +388,12 @@ def fits_addmm(node: fx.Node) -> bool:
 
 
 def fits_addmm_in_place(node: fx.Node) -> bool:
-    # addmm_(x, a, b) with beta = alpha = 1 and one row: kernels/gemv.py writes the product into x.
-    values = _vals(node, 3)
-    if values is None or any(node.kwargs.get(name, 1) != 1 for name in ("beta", "alpha")) or len(node.args) > 3:
+    # addmm_(x, a, b) of a gemv shape class: kernels/gemv.py writes the product into x.
+    values = _unscaled_addmm_values(node)
+    if values is None:
         return False
     x, a, b = values
-    return tuple(x.shape) == (a.shape[0], b.shape[-1]) and _module("gemv").fits(a, b, x)
+    return tuple(x.shape) == (a.shape[0], b.shape[-1]) and _module("gemv").shape_class(a, b, x) is not None
 
 
 def fits_verify_greedy(node: fx.Node) -> bool:
@@ -553,6 +567,7 @@ KERNELS: dict[str, Callable[[fx.Node], bool]] = {
     "rope_tables": fits_rope_tables,
     "silu_mul": fits_silu_mul,
     "scaled_silu_mul": fits_scaled_silu_mul,
+    "scaled_silu_mul_linear": fits_scaled_silu_mul_linear,
     "kv_write": fits_kv_write,
     "rotary_kv_write": fits_rotary_kv_write,
     "rotary_kv_attention": fits_rotary_kv_attention,
@@ -587,8 +602,9 @@ ATEN_OPS: dict[str, torch._ops.OpOverload] = {
 REFERENCE_OPS: dict[str, torch._ops.OpOverload] = {**ops.OPS, **ATEN_OPS}
 
 INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's row-invariant config
-# By default lowered only at the shape classes their CONFIGS name (the "one_row" GEMV): elsewhere cuBLAS is as
-# fast or faster at the step's shapes (bench_linear). Under numerics="invariant" they take the SM's row at every M.
+# By default lowered only at the shape classes their CONFIGS name (the GEMVs' "one_row", "two_rows"): elsewhere
+# cuBLAS is as fast or faster at the step's shapes (bench_linear, the GEMV probes). Under numerics="invariant" they
+# take the SM's row at every M.
 CUBLAS_BY_DEFAULT = frozenset({"mm", "addmm"})
 # Row-invariant with every config row: the norms (the hybrids' too, and embed_norm_concat's) tile whole rows, sized
 # by the last dim only; rotary, rope_tables, silu_mul, gdn_gates and the KV writes are elementwise (scaled_silu_mul

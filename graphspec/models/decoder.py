@@ -175,8 +175,15 @@ class MLP(nn.Module):
         """down(silu(gate) * up) of x's projections; with scale_eps, x is un-normalized (a folded norm's input) and
         gate and up are first scaled by its rows' rsqrt(mean(x^2) + scale_eps) (graphspec::scaled_silu_mul). With
         residual, the output is residual + that (the down projection adds into it, see add_linear)."""
-        gate_up = self.gate_up_proj(x)
-        act = ops.silu_mul(gate_up) if scale_eps is None else ops.scaled_silu_mul(gate_up, x, scale_eps)
+        if scale_eps is not None and x.shape[:-1].numel() == 1 and self.gate_up_proj.bias is None:
+            # One row (a batch-1 decode or draft forward): the projection and its scaled SwiGLU as one op, one kernel
+            # that takes the row scale from the x it streams (kernels/scaled_silu_mul_linear.py).
+            width = x.shape[-1]
+            act = ops.scaled_silu_mul_linear(x.reshape(1, width), self.gate_up_proj.weight.t(), scale_eps)
+            act = act.view(*x.shape[:-1], act.shape[-1])
+        else:
+            gate_up = self.gate_up_proj(x)
+            act = ops.silu_mul(gate_up) if scale_eps is None else ops.scaled_silu_mul(gate_up, x, scale_eps)
         return self.down_proj(act) if residual is None else add_linear(residual, act, self.down_proj)
 
 

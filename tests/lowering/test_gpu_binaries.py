@@ -229,17 +229,28 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
         # residual as the folded norms' o and down projections run it, and with masked tails of N and K.
         from graphspec.kernels import addmm_in_place, gemv
 
-        for config in (addmm_in_place.CONFIGS[90], addmm_in_place.CONFIGS[80]):
+        for sm in (90, 80):
+            config = addmm_in_place.CONFIGS[sm]
             shapes = ((1, 4096), (64, 4096), (1, 64))
             x, weight, residual = (torch.randn(*shape, dtype=torch.bfloat16) for shape in shapes)
             addmm_in_place.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *config.values())
             knobs = {name: config[name] for name in ("block_n", "block_k", "num_warps", "num_stages")}
             gemv.gemv(x[:, :1000], weight[:60, :1000].contiguous().t(), **knobs)
-            # A K = 4 verify's 5 rows at batch 1 (few_rows_kernel), in place into its residual.
-            rows5, residual5 = torch.randn(5, 4096, dtype=torch.bfloat16), torch.randn(5, 64, dtype=torch.bfloat16)
-            few = addmm_in_place.CONFIGS[(90, "few_rows")].values()
-            addmm_in_place.addmm_in_place_triton(residual5, rows5, weight.t(), 1, 1, *few)
+            # Two rows (few_rows_kernel: a draft model's catch-up forward at batch 1), in place into its residual.
+            two, residual2 = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(2, 64, dtype=torch.bfloat16)
+            two_rows = addmm_in_place.CONFIGS[(sm, "two_rows")].values()
+            addmm_in_place.addmm_in_place_triton(residual2, two, weight.t(), 1, 1, *two_rows)
         lowered.add("addmm_in_place")
+        # The one-row MLP's fused gate/up GEMV and scaled SwiGLU: unmasked at the 8B's hidden size, masked tails.
+        from graphspec.kernels import scaled_silu_mul_linear
+
+        for config in (scaled_silu_mul_linear.CONFIGS[90], scaled_silu_mul_linear.CONFIGS[80]):
+            x, weight = torch.randn(1, 4096, dtype=torch.bfloat16), torch.randn(64, 4096, dtype=torch.bfloat16)
+            scaled_silu_mul_linear.scaled_silu_mul_linear(x, weight.t(), 1e-5, **config)
+            scaled_silu_mul_linear.scaled_silu_mul_linear(
+                x[:, :1000], weight[:42, :1000].contiguous().t(), 1e-5, **config
+            )
+        lowered.add("scaled_silu_mul_linear")
         lowered |= run_hybrid_step(make_hybrid_checkpoint(tmp_path_factory.mktemp("hybrid_binaries"), seed=0))
     finally:
         InterpretedFunction.run = original

@@ -7,6 +7,7 @@ import operator
 import pytest
 import torch
 import torch.fx as fx
+from graphspec.kernels import gemv
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops
@@ -273,33 +274,37 @@ def test_lowered_real_step_matches_unlowered(real_step: StepCase) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU step case: its kernels run under the interpreter")
-def test_few_row_products_of_a_folded_batch_1_step_run_the_gemvs(checkpoint_factory) -> None:
-    """Batch 1 with folded norms and K = 2: every product has at most K + 1 = 3 rows, so all of them take the GEMVs:
-    the draft's one-token forward's mm the "one_row" rows, its catch-up forward (2 rows) and the verify (3) the
-    "few_rows" rows, the in-place residual adds addmm_in_place; no cuBLAS product is left. Tokens and counts equal
-    the unlowered step's."""
+def test_one_and_two_row_products_of_a_folded_batch_1_step_run_the_gemvs(checkpoint_factory) -> None:
+    """Batch 1 with folded norms, K = 2: the draft's one-token forward projects one row, so its q/k/v and lm_head mm
+    take the GEMV ("one_row" rows), its in-place residual adds (o and down) addmm_in_place and its gate/up with the
+    scaled SwiGLU (one op there) the fused kernel; its catch-up forward's two rows take the two-row GEMV ("two_rows",
+    block_m 2) where the weight is narrow (N <= 2K) and keep cuBLAS where it is wide; the verify's K + 1 = 3 rows
+    keep cuBLAS. Tokens and counts equal the unlowered step's."""
     target = checkpoint_factory("llama", seed=0, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
     draft = checkpoint_factory("qwen3", seed=1, head_dim=64, num_attention_heads=2, num_key_value_heads=1)
     step = StepCase(target, draft, fold_norms=True, batch=1)
     reference = step.through("greedy", "defunctionalize_kv")
     lowered = step.through("greedy", "lower_kernels", options={"force_sm": 90})
     calls = [n for n in lowered.graph.nodes if n.op == "call_function"]
-    products = [n for n in calls if "mm" in str(n.target) and n.meta.get("gs_kernel")]
-    rows = {
-        n.args[0 if "mm_triton" in str(n.target) and "addmm" not in str(n.target) else 1].meta["val"].shape[0]
-        for n in products
-    }
-    assert rows == {1, 2, K + 1}, rows
-    for n in products:
-        chosen = n.meta["gs_kernel"]
-        m = n.args[0 if str(n.target) == "graphspec.mm_triton.default" else 1].meta["val"].shape[0]
-        assert chosen["config"]["block_m"] == (1 if m == 1 else 8), (n.name, chosen)
-    left = [
+    cublas = (torch.ops.aten.mm.default, torch.ops.aten.addmm_.default, torch.ops.aten.addmm.default)
+    kernels = {getattr(torch.ops.graphspec, f"{op}_triton").default for op in ("mm", "addmm", "addmm_in_place")}
+    chosen = {}  # (rows, gemv.shape_class) -> the block_m each such product took (None: cuBLAS)
+    for n in (n for n in calls if n.target in cublas or n.target in kernels):
+        first = 0 if n.target in (torch.ops.aten.mm.default, torch.ops.graphspec.mm_triton.default) else 1
+        a, b = (n.args[first + i].meta["val"] for i in (0, 1))
+        block_m = n.meta["gs_kernel"]["config"]["block_m"] if n.target in kernels else None
+        chosen.setdefault((a.shape[0], gemv.shape_class(a, b)), set()).add(block_m)
+    assert chosen == {(1, "one_row"): {1}, (2, "two_rows"): {2}, (2, None): {None}, (K + 1, None): {None}}, chosen
+    layers = step.draft.spec.num_layers
+    one_row_in_place = [
         n
         for n in calls
-        if n.target in (torch.ops.aten.mm.default, torch.ops.aten.addmm_.default, torch.ops.aten.addmm.default)
+        if n.target is torch.ops.graphspec.addmm_in_place_triton.default and n.args[1].meta["val"].shape[0] == 1
     ]
-    assert not left, [n.name for n in left]
+    # o and down of each layer, but the last layer's down, whose add joins the final norm (add_rms_norm)
+    assert len(one_row_in_place) == (2 * layers - 1) * (K - 1)
+    swiglu = torch.ops.graphspec.scaled_silu_mul_linear_triton.default
+    assert sum(n.target is swiglu for n in calls) == layers * (K - 1)
     assert_same_tokens(step, lowered, reference)
 
 

@@ -73,10 +73,11 @@ def test_invariant_numerics_picks_invariant_rows_and_matmuls() -> None:
 
 
 def matmul_node(op: str, rows: int, weight: torch.Tensor | None = None, addend_rows: int | None = None) -> fx.Node:
-    """An aten.mm / addmm / addmm_ node of x [rows, 32] @ weight.t() (weight [24, 32] by default), the addend
-    [24] (addend_rows None) or [addend_rows, 24]."""
+    """An aten.mm / addmm / addmm_ node of x [rows, 32] @ weight.t() (weight [N, 32], [24, 32] by default), the
+    addend [N] (addend_rows None) or [addend_rows, N]."""
     weight = torch.randn(24, 32) if weight is None else weight
-    addend = torch.randn(24) if addend_rows is None else torch.randn(addend_rows, 24)
+    n = weight.shape[0]
+    addend = torch.randn(n) if addend_rows is None else torch.randn(addend_rows, n)
     product = {
         "mm": lambda x, w, a: torch.mm(x, w.t()),
         "addmm": lambda x, w, a: torch.addmm(a, x, w.t()),
@@ -86,19 +87,22 @@ def matmul_node(op: str, rows: int, weight: torch.Tensor | None = None, addend_r
     return next(n for n in gm.graph.nodes if n.target is registry.ATEN_OPS[op])
 
 
-def test_few_row_products_take_the_gemv_by_default() -> None:
+def test_one_and_two_row_products_take_the_gemvs_by_default() -> None:
     """By default a one-row product against a transposed weight takes the "one_row" row (the GEMV, block_m 1)
-    on every SM, 2 to 8 rows the "few_rows" row, and the in-place addmm its GEMV rows; more rows, or a weight the
-    GEMV cannot read, keep cuBLAS. Under invariant numerics the matmuls take the SM's row (kernels/mm.py) at one
-    row too, and the in-place addmm, which has no invariant kernel, keeps its reference."""
+    on every SM, two rows of a narrow weight (N <= 2K) the "two_rows" row, and the in-place addmm its GEMV rows;
+    a wider weight at two rows, more rows, or a weight the GEMV cannot read keep cuBLAS. Under invariant numerics
+    the matmuls take the SM's row (kernels/mm.py) at one row too, and the in-place addmm, which has no invariant
+    kernel, keeps its reference."""
     for sm in (80, 90, 120):
         key = sm if sm in (80, 90) else "default"
         for op in ("mm", "addmm"):
             one = registry.resolve(op, sm, matmul_node(op, 1))
             assert one.sm == (key, "one_row") and one.config["block_m"] == 1
-            assert registry.resolve(op, sm, matmul_node(op, 2)).sm == (key, "few_rows")
-            assert registry.resolve(op, sm, matmul_node(op, 8)).config["block_m"] == 8
-            assert registry.resolve(op, sm, matmul_node(op, 9)) is None
+            two = registry.resolve(op, sm, matmul_node(op, 2))
+            assert two.sm == (key, "two_rows") and two.config["block_m"] == 2
+            assert registry.resolve(op, sm, matmul_node(op, 2, torch.randn(65, 32))) is None  # N > 2K
+            for rows in (3, 5, 8, 9):
+                assert registry.resolve(op, sm, matmul_node(op, rows)) is None
             assert registry.resolve(op, sm, matmul_node(op, 1, torch.randn(32, 24).t())) is None
             assert registry.resolve(op, sm, matmul_node(op, 1), numerics=registry.INVARIANT).config["block_m"] == 64
         assert registry.resolve("addmm", sm, matmul_node("addmm", 1, addend_rows=1)).sm == (key, "one_row")
@@ -106,8 +110,9 @@ def test_few_row_products_take_the_gemv_by_default() -> None:
         assert in_place.sm == key and in_place.config["block_m"] == 1
         assert in_place.kernel is torch.ops.graphspec.addmm_in_place_triton.default
         two = registry.resolve("addmm_in_place", sm, matmul_node("addmm_in_place", 2, addend_rows=2))
-        assert two.sm == (key, "few_rows")
-        assert registry.resolve("addmm_in_place", sm, matmul_node("addmm_in_place", 9, addend_rows=9)) is None
+        assert two.sm == (key, "two_rows")
+        for rows in (3, 9):
+            assert registry.resolve("addmm_in_place", sm, matmul_node("addmm_in_place", rows, addend_rows=rows)) is None
         node = matmul_node("addmm_in_place", 1, addend_rows=1)
         assert registry.resolve("addmm_in_place", sm, node, numerics=registry.INVARIANT) is None
 
