@@ -1244,20 +1244,10 @@ def invariant_matmuls(doc: dict[str, Any]) -> bool:
         node["op"] == "call_function"
         and isinstance(node.get("target"), dict)
         and node["target"].get("op") == INVARIANT_MATMUL
-        and node["args"][MM_BLOCK_M] > GEMV_MAX_ROWS
+        and node["args"]["tuple"][MM_BLOCK_M] > GEMV_MAX_ROWS  # fx args are a tuple: _encode_value's {"tuple": [...]}
         for module in doc["modules"].values()
         for node in module["nodes"]
     )
-
-
-def _called_ops(doc: dict[str, Any]) -> set[str]:
-    """The op names a stored graph calls, its nested pieces included."""
-    return {
-        node["target"]["op"]
-        for module in doc["modules"].values()
-        for node in module["nodes"]
-        if node["op"] == "call_function" and isinstance(node.get("target"), dict) and "op" in node["target"]
-    }
 
 
 def _check_against_graphs(

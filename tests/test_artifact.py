@@ -598,15 +598,15 @@ def test_numerics_are_read_from_the_matmuls_the_graphs_call() -> None:
     assert mm.mm_triton._schema.arguments[artifact.MM_BLOCK_M].name == "block_m"
 
     def doc(*block_ms: int) -> dict:
-        nodes = [
-            {
-                "op": "call_function",
-                "target": {"op": artifact.INVARIANT_MATMUL},
-                "args": [{"node": "x"}, {"node": "w"}, m],
-            }
-            for m in block_ms
-        ]
-        return {"modules": {"": {"nodes": [{"op": "placeholder", "target": "x"}, *nodes]}}}
+        """A graph calling mm_triton with these block_m, stored as save_artifact stores graphs."""
+        graph = fx.Graph()
+        x, w = graph.placeholder("x"), graph.placeholder("w")
+        config = {**mm.CONFIGS[90]}
+        for block_m in block_ms:
+            config["block_m"] = block_m
+            graph.call_function(torch.ops.graphspec.mm_triton.default, (x, w, *config.values()))
+        graph.output(None)
+        return {"modules": artifact.encode_graph_module(fx.GraphModule({}, graph), "step")[0]}
 
     assert not artifact.invariant_matmuls(doc())  # a CPU graph: cuBLAS
     assert not artifact.invariant_matmuls(doc(1, 8))  # the GEMVs at batch 1
