@@ -1,0 +1,395 @@
+# ruff: noqa  (a probe, kept with its results)
+"""Probe (issue 16; written 2026-11-29 after the step's profile at ce9d936, not yet run on a GPU): would one
+persistent kernel for a one-row forward's layers (grid barriers between its phases instead of kernel boundaries)
+beat the launches it replaces?
+
+Where the B = 1 draft-model step stands (docs/BENCHMARKS.md, 2026-11-29 15:45 entry): 7.88 ms = 1.29x its floor;
+the draft's four 1B forwards take 3.82 ms against 4 x 0.58 ms of weight reads. Their GEMVs are each near the
+copy rate where the weight is large (gate/up + SwiGLU 18.4 us, 86%) and far from it where it is small (q/k/v 5.3 us,
+56%; o 4.5 us, 44%; down 10.9 us, 72%): about 2-3 us a launch that streams nothing (grid ramp-up, the tail wave,
+the gap between graph nodes), 10.5 us a 1B layer, 0.67 ms a step. Programmatic dependent launch was tried twice
+and bought nothing (docs/BENCHMARKS.md, 2026-11-24 and 2026-11-28). A persistent kernel keeps every program
+resident across phases: a phase's tail overlaps the next phase's first loads on other SMs, and a grid barrier
+(an atomic counter) replaces the launch boundary. What it costs is the barrier itself.
+
+The chain timed, per layer, as a folded one-row forward runs it without its attention (q/k/v's first H values
+stand in for the attention output, so every phase reads what the previous one wrote):
+    qkv = x @ Wqkv.T;  x += qkv[:H] @ Wo.T;  act = scaled_silu_mul(x @ Wgu.T, x);  x += act @ Wd.T
+- "launches": graphspec's kernels (kernels/gemv.py, kernels/scaled_silu_mul_linear.py with their sm_90 rows), four
+  launches a layer, captured in one CUDA graph (as a step replays them);
+- "persistent": one kernel, P programs (a multiple of the SM count, all resident: checked from the compiled
+  kernel's registers before launching, since a barrier with a program not yet resident would never open), each
+  phase's weight tiles dealt round-robin, a grid barrier after each phase; tiles and summation order as the
+  launches' (outputs compared);
+- "barriers": the persistent kernel's barriers alone (4 a layer, no work): their cost;
+- the floor: the chain's weight bytes / the copy rate measured in the same run.
+
+    python docs/results/2026-11-29-persistent-layers-probe/probe.py [--models llama-1b,llama-8b]
+    TRITON_INTERPRET=1 python docs/results/2026-11-29-persistent-layers-probe/probe.py --check-cpu   # one program
+    python docs/results/2026-11-29-persistent-layers-probe/probe.py --build 90     # every config for sm_90, offline
+
+What would count: if "persistent" is well below "launches" for the 1B (the 10.5 us a layer above), a persistent
+draft forward (attention as a phase too) is worth building; if the barriers cost about what the launch boundaries
+do, it is not.
+"""
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from graphspec.kernels.common import round_to
+
+DTYPE = torch.bfloat16
+EPS = 1e-5
+# (programs per SM, block_n of the plain GEMV phases, block_n of the gate/up phase (gate rows; as many up rows),
+# block_k, num_warps)
+CONFIGS = [(1, 8, 4, 512, 4), (2, 8, 4, 512, 4), (4, 8, 4, 512, 4), (1, 16, 8, 512, 8), (2, 16, 8, 512, 8)]
+
+
+@triton.jit
+def grid_barrier(counter_ptr, target):
+    """Wait until `target` arrivals: every program adds one (release: its phase's stores before it), then spins
+    with acquiring reads (the other programs' stores visible after)."""
+    tl.debug_barrier()  # every thread of this program has stored its part of the phase
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+    arrived = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while arrived < target:
+        arrived = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def gemv_phase(
+    x_ptr, w_ptr, addend_ptr, out_ptr, N, K, pid, P, HAS_ADDEND: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+):
+    """out[n] = sum_k x[k] W[n, k] (+ addend[n]) for this program's tiles of BN rows (tile t for t = pid mod P);
+    kernels/gemv.py's arithmetic (fp32 products accumulated in [BN, BK], summed once, one rounding). N % BN == 0,
+    K % BK == 0. x is read past L1 (.cg): other programs wrote it in the previous phase."""
+    for tile in range(pid, N // BN, P):
+        rows = tile * BN + tl.arange(0, BN)
+        w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
+        acc = tl.zeros((BN, BK), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            cols = k0 + tl.arange(0, BK)
+            x = tl.load(x_ptr + cols, cache_modifier=".cg").to(tl.float32)
+            acc += tl.load(w_rows + cols[None, :]).to(tl.float32) * x[None, :]
+        total = tl.sum(acc, 1)
+        if HAS_ADDEND:
+            total += tl.load(addend_ptr + rows, cache_modifier=".cg").to(tl.float32)
+        dtype = out_ptr.dtype.element_ty
+        tl.store(out_ptr + rows, round_to(total, dtype).to(dtype))
+
+
+@triton.jit
+def swiglu_phase(x_ptr, w_ptr, out_ptr, I, K, eps, pid, P, BN: tl.constexpr, BK: tl.constexpr):
+    """out[n] = silu(r g[n]) (r u[n]) for g, u = x @ W[:I].T, x @ W[I:].T rounded to the dtype, r = rsqrt(mean(x^2)
+    + eps): kernels/scaled_silu_mul_linear.py's arithmetic, for this program's tiles of BN gate rows."""
+    for tile in range(pid, I // BN, P):
+        rows = tile * BN + tl.arange(0, BN)
+        gate_rows = w_ptr + rows.to(tl.int64)[:, None] * K
+        up_rows = gate_rows + I * K  # < 2**31 at the 8B's 14336 x 4096
+        acc_gate = tl.zeros((BN, BK), dtype=tl.float32)
+        acc_up = tl.zeros((BN, BK), dtype=tl.float32)
+        squares = tl.zeros((BK,), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            cols = k0 + tl.arange(0, BK)
+            x = tl.load(x_ptr + cols, cache_modifier=".cg").to(tl.float32)
+            acc_gate += tl.load(gate_rows + cols[None, :]).to(tl.float32) * x[None, :]
+            acc_up += tl.load(up_rows + cols[None, :]).to(tl.float32) * x[None, :]
+            squares += x * x
+        dtype = out_ptr.dtype.element_ty
+        scale = tl.rsqrt(tl.sum(squares, 0) / K + eps)
+        gate = round_to(tl.sum(acc_gate, 1), dtype) * scale  # the GEMV's rounded output, as the fused kernel
+        up = round_to(tl.sum(acc_up, 1), dtype) * scale
+        out = tl.div_rn(gate, 1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + rows, round_to(out, dtype).to(dtype))
+
+
+@triton.jit
+def persistent_chain_kernel(
+    x_ptr,
+    qkv_ptr,
+    act_ptr,
+    wqkv_ptr,
+    wo_ptr,
+    wgu_ptr,
+    wd_ptr,
+    counter_ptr,
+    LAYERS,
+    H,
+    QKV,
+    I,
+    eps,
+    WORK: tl.constexpr,
+    BN: tl.constexpr,
+    BN_GU: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """LAYERS x (qkv, o + residual, gate/up + SwiGLU, down + residual), a grid barrier after each phase; WORK
+    False: the barriers alone. The counter starts at 0 and only grows (phase j waits for j x P arrivals)."""
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    phase = 0
+    wqkv, wo, wgu, wd = wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr  # this layer's weights: moved on by one layer's size each
+    for _ in range(LAYERS):
+        if WORK:
+            gemv_phase(x_ptr, wqkv, x_ptr, qkv_ptr, QKV, H, pid, P, False, BN, BK)
+        phase += 1
+        grid_barrier(counter_ptr, phase * P)
+        if WORK:  # x += attention stand-in (qkv[:H]) @ Wo.T, in place: each program reads and writes its own rows
+            gemv_phase(qkv_ptr, wo, x_ptr, x_ptr, H, H, pid, P, True, BN, BK)
+        phase += 1
+        grid_barrier(counter_ptr, phase * P)
+        if WORK:
+            swiglu_phase(x_ptr, wgu, act_ptr, I, H, eps, pid, P, BN_GU, BK)
+        phase += 1
+        grid_barrier(counter_ptr, phase * P)
+        if WORK:
+            gemv_phase(act_ptr, wd, x_ptr, x_ptr, H, I, pid, P, True, BN, BK)
+        phase += 1
+        grid_barrier(counter_ptr, phase * P)
+        wqkv += QKV * H
+        wo += H * H
+        wgu += 2 * I * H
+        wd += H * I
+
+
+class Chain:
+    """One model's stacked layer weights (bf16, scaled so activations stay O(1)) and its activations."""
+
+    def __init__(self, layers: int, h: int, qkv: int, inter: int, device: str, seed: int = 0) -> None:
+        g = torch.Generator(device=device).manual_seed(seed)  # drawn where they live: the 8B's are 14 GB
+        make = lambda *shape: (torch.randn(*shape, generator=g, device=device) / shape[-1] ** 0.5).to(DTYPE)
+        self.layers, self.h, self.qkv, self.inter = layers, h, qkv, inter
+        self.wqkv, self.wo = make(layers, qkv, h), make(layers, h, h)
+        self.wgu, self.wd = make(layers, 2 * inter, h), make(layers, h, inter)
+        self.x0 = (torch.randn(1, h, generator=g, device=device) * 2).to(DTYPE)
+        self.weight_bytes = sum(w.numel() * w.element_size() for w in (self.wqkv, self.wo, self.wgu, self.wd))
+
+    def reference(self) -> torch.Tensor:
+        """The chain in fp32 with the kernels' roundings (each phase's output rounded to bf16)."""
+        x = self.x0.float()
+        r = lambda t: t.to(DTYPE).float()
+        for layer in range(self.layers):
+            qkv = r(x @ self.wqkv[layer].float().T)
+            x = r(x + qkv[:, : self.h] @ self.wo[layer].float().T)
+            gate_up = r(x @ self.wgu[layer].float().T)
+            scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+            gate, up = gate_up[:, : self.inter] * scale, gate_up[:, self.inter :] * scale
+            act = r(torch.nn.functional.silu(gate) * up)
+            x = r(x + act @ self.wd[layer].float().T)
+        return x
+
+
+class Persistent:
+    def __init__(
+        self, chain: Chain, programs: int, bn: int, bn_gu: int, bk: int, warps: int, work: bool = True
+    ) -> None:
+        self.chain, self.programs, self.work = chain, programs, work
+        self.meta = dict(WORK=work, BN=bn, BN_GU=bn_gu, BK=bk, num_warps=warps)
+        device = chain.x0.device
+        self.x = chain.x0.clone()
+        self.qkv = torch.empty(1, chain.qkv, dtype=DTYPE, device=device)
+        self.act = torch.empty(1, chain.inter, dtype=DTYPE, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int32, device=device)
+
+    def __call__(self) -> torch.Tensor:
+        c = self.chain
+        self.counter.zero_()
+        self.x.copy_(c.x0)
+        persistent_chain_kernel[(self.programs,)](
+            self.x,
+            self.qkv,
+            self.act,
+            c.wqkv,
+            c.wo,
+            c.wgu,
+            c.wd,
+            self.counter,
+            c.layers,
+            c.h,
+            c.qkv,
+            c.inter,
+            EPS,
+            **self.meta,
+        )
+        return self.x
+
+    def compiled(self):
+        c = self.chain
+        return persistent_chain_kernel.warmup(
+            self.x,
+            self.qkv,
+            self.act,
+            c.wqkv,
+            c.wo,
+            c.wgu,
+            c.wd,
+            self.counter,
+            c.layers,
+            c.h,
+            c.qkv,
+            c.inter,
+            EPS,
+            grid=(self.programs,),
+            **self.meta,
+        )
+
+
+def resident_programs_per_sm(kernel, warps: int) -> int:
+    """How many programs of this compiled kernel an sm_90 SM holds at once (registers, warps, shared memory); 1
+    where the registers are not known (one program a SM is resident whenever the kernel launches at all)."""
+    getattr(kernel, "_init_handles", lambda: None)()  # registers are read when the binary is loaded
+    regs = getattr(kernel, "n_regs", None)
+    if not regs or regs < 0:
+        return 1
+    per_warp = -(-regs * 32 // 256) * 256  # allocated in units of 256 registers a warp
+    shared = kernel.metadata.shared
+    return min(65536 // (per_warp * warps), 64 // warps, 227 * 1024 // shared if shared else 32, 32)
+
+
+def check_cpu() -> None:
+    """One program (the interpreter runs programs one after another: a barrier over several would never open)."""
+    for layers, h, qkv, inter, (bn, bn_gu, bk) in [(2, 64, 96, 128, (8, 4, 32)), (3, 128, 192, 256, (16, 8, 64))]:
+        chain = Chain(layers, h, qkv, inter, "cpu", seed=layers)
+        out = Persistent(chain, 1, bn, bn_gu, bk, 4)().float()
+        exact = chain.reference()
+        error = ((out - exact).norm() / exact.norm()).item()
+        assert error < 2e-2, error
+        barriers = Persistent(chain, 1, bn, bn_gu, bk, 4, work=False)
+        barriers()
+        assert barriers.counter.item() == 4 * layers
+        print(
+            f"persistent chain L={layers} H={h}: relative error {error:.1e} against the rounded fp32 chain; "
+            f"barriers alone: counter {barriers.counter.item()}"
+        )
+
+
+def build(sm: int) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    pointers = ("x_ptr", "qkv_ptr", "act_ptr", "wqkv_ptr", "wo_ptr", "wgu_ptr", "wd_ptr")
+    signature = {
+        **{name: "*bf16" for name in pointers},
+        "counter_ptr": "*i32",
+        "LAYERS": "i32",
+        "H": "i32",
+        "QKV": "i32",
+        "I": "i32",
+        "eps": "fp32",
+    }
+    # the JIT's specialization at the real shapes: pointers and sizes divisible by 16 (vectorized loads)
+    attrs = {
+        (index,): [["tt.divisibility", 16]] for index, name in enumerate(signature) if name not in ("LAYERS", "eps")
+    }
+    for bn, bn_gu, bk, warps in sorted({config[1:] for config in CONFIGS}):
+        for work in (True, False):
+            constexprs = {"WORK": work, "BN": bn, "BN_GU": bn_gu, "BK": bk}
+            source = ASTSource(
+                persistent_chain_kernel, {**signature, **{k: "constexpr" for k in constexprs}}, constexprs, attrs
+            )
+            compiled = triton.compile(source, target=GPUTarget("cuda", sm, 32), options={"num_warps": warps})
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+                cubin.write(compiled.asm["cubin"])
+                cubin.flush()
+                usage = subprocess.run([str(cuobjdump), "-res-usage", cubin.name], capture_output=True, text=True)
+            line = next((l.strip() for l in usage.stdout.splitlines() if "REG:" in l), usage.stdout.strip()[-200:])
+            print(f"sm_{sm} persistent bn {bn} bn_gu {bn_gu} bk {bk} warps {warps} work {work}: {line}", flush=True)
+
+
+def launches(chain: Chain):
+    """The same chain as graphspec's kernels, four launches a layer (their sm_90 config rows)."""
+    from graphspec.kernels import gemv, scaled_silu_mul_linear
+
+    one = {k: gemv.CONFIGS[90][k] for k in ("block_n", "block_k", "num_warps", "num_stages")}
+    fused = scaled_silu_mul_linear.CONFIGS[90]
+    x = chain.x0.clone()
+
+    def run() -> torch.Tensor:
+        x.copy_(chain.x0)
+        for layer in range(chain.layers):
+            qkv = gemv.gemv(x, chain.wqkv[layer].t(), None, None, **one)
+            gemv.gemv(qkv[:, : chain.h], chain.wo[layer].t(), x, x, **one)
+            act = scaled_silu_mul_linear.scaled_silu_mul_linear(x, chain.wgu[layer].t(), EPS, **fused)
+            gemv.gemv(act, chain.wd[layer].t(), x, x, **one)
+        return x
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="llama-1b,llama-8b")
+    parser.add_argument("--check-cpu", action="store_true")
+    parser.add_argument("--build", type=int, default=0, help="compile every config for this SM (no GPU) and stop")
+    args = parser.parse_args()
+    if args.check_cpu:
+        check_cpu()
+        return
+    if args.build:
+        build(args.build)
+        return
+    from benchmarks import common
+
+    copy_gb_s = common.measure_copy_bandwidth("cuda")["gb_s"]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(
+        f"{common.device_name('cuda')}, {sms} SMs, triton {triton.__version__}, torch {torch.__version__}, "
+        f"copy {copy_gb_s:.0f} GB/s",
+        flush=True,
+    )
+    time_us = lambda fn: common.time_fn(fn, "cuda", reps=20, warmup=2)["ms"] * 1e3
+    for model in args.models.split(","):
+        shape = common.SHAPES[model]
+        h, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+        head_dim = h // shape["num_attention_heads"]
+        qkv = h + 2 * shape["num_key_value_heads"] * head_dim
+        chain = Chain(layers, h, qkv, inter, "cuda")
+        exact = chain.reference()
+        error = lambda out: ((out.float() - exact).norm() / exact.norm()).item()
+        floor = chain.weight_bytes / (copy_gb_s * 1e3)
+        run = launches(chain)
+        expected = run().clone()
+        base = time_us(run)
+        print(
+            f"{model}: {layers} layers, weights {chain.weight_bytes / 1e9:.2f} GB, floor {floor:.0f} us; launches "
+            f"{base:.0f} us ({base / floor:.2f}x the floor, {(base - floor) / layers:.1f} us a layer over it, "
+            f"err {error(expected):.1e})",
+            flush=True,
+        )
+        for per_sm, bn, bn_gu, bk, warps in CONFIGS:
+            name = f"p{per_sm}xSM bn{bn}/{bn_gu} bk{bk} w{warps}"
+            try:
+                persistent = Persistent(chain, per_sm * sms, bn, bn_gu, bk, warps)
+                fits = resident_programs_per_sm(persistent.compiled(), warps)
+                if fits < per_sm:
+                    print(f"  {name}: skipped, {fits} programs a SM resident at most")
+                    continue
+                out = persistent().clone()
+                same = torch.equal(out, expected)
+                us = time_us(persistent)
+                barriers = Persistent(chain, per_sm * sms, bn, bn_gu, bk, warps, work=False)
+                barrier_us = time_us(barriers) / (4 * layers)
+                print(
+                    f"  {name}: {us:.0f} us ({us / floor:.2f}x the floor, {(base - us) / layers:+.1f} us a layer "
+                    f"against launches), err {error(out):.1e}, {'bitwise equal to' if same else 'differs from'} the "
+                    f"launches; barrier alone {barrier_us:.2f} us",
+                    flush=True,
+                )
+            except Exception as failure:
+                print(f"  {name}: {type(failure).__name__}: {str(failure)[:200]}", flush=True)
+        del chain
+
+
+if __name__ == "__main__":
+    main()
