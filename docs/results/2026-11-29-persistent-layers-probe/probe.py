@@ -201,47 +201,18 @@ class Persistent:
         self.act = torch.empty(1, chain.inter, dtype=DTYPE, device=device)
         self.counter = torch.zeros(1, dtype=torch.int32, device=device)
 
-    def __call__(self) -> torch.Tensor:
+    def args(self) -> tuple:
         c = self.chain
+        return (self.x, self.qkv, self.act, c.wqkv, c.wo, c.wgu, c.wd, self.counter, c.layers, c.h, c.qkv, c.inter, EPS)
+
+    def __call__(self) -> torch.Tensor:
         self.counter.zero_()
-        self.x.copy_(c.x0)
-        persistent_chain_kernel[(self.programs,)](
-            self.x,
-            self.qkv,
-            self.act,
-            c.wqkv,
-            c.wo,
-            c.wgu,
-            c.wd,
-            self.counter,
-            c.layers,
-            c.h,
-            c.qkv,
-            c.inter,
-            EPS,
-            **self.meta,
-        )
+        self.x.copy_(self.chain.x0)
+        persistent_chain_kernel[(self.programs,)](*self.args(), **self.meta)
         return self.x
 
     def compiled(self):
-        c = self.chain
-        return persistent_chain_kernel.warmup(
-            self.x,
-            self.qkv,
-            self.act,
-            c.wqkv,
-            c.wo,
-            c.wgu,
-            c.wd,
-            self.counter,
-            c.layers,
-            c.h,
-            c.qkv,
-            c.inter,
-            EPS,
-            grid=(self.programs,),
-            **self.meta,
-        )
+        return persistent_chain_kernel.warmup(*self.args(), grid=(self.programs,), **self.meta)
 
 
 def resident_programs_per_sm(kernel, warps: int) -> int:
