@@ -20,7 +20,9 @@ stand in for the attention output, so every phase reads what the previous one wr
 - "persistent": one kernel, P programs (a multiple of the SM count, all resident: checked from the compiled
   kernel's registers before launching, since a barrier with a program not yet resident would never open), each
   phase's weight tiles dealt round-robin, a grid barrier after each phase; tiles and summation order as the
-  launches' (outputs compared);
+  launches' (outputs compared); with "prefetch", each program asks L2 for the start of its next phase's first
+  weight tile before it waits (the weights do not depend on what it waits for), so the phase after a barrier
+  does not start cold;
 - "barriers": the persistent kernel's barriers alone (4 a layer, no work): their cost;
 - the floor: the chain's weight bytes / the copy rate measured in the same run.
 
@@ -50,8 +52,19 @@ from graphspec.kernels.common import round_to
 DTYPE = torch.bfloat16
 EPS = 1e-5
 # (programs per SM, block_n of the plain GEMV phases, block_n of the gate/up phase (gate rows; as many up rows),
-# block_k, num_warps)
-CONFIGS = [(1, 8, 4, 512, 4), (2, 8, 4, 512, 4), (4, 8, 4, 512, 4), (1, 16, 8, 512, 8), (2, 16, 8, 512, 8)]
+# block_k, num_warps, prefetch lines: 128-byte lines of each weight row of its next phase's first tile a program asks
+# L2 for before it waits at a barrier (weights do not depend on the phase being waited for); 0: none)
+CONFIGS = [
+    (1, 8, 4, 512, 4, 0),
+    (2, 8, 4, 512, 4, 0),
+    (4, 8, 4, 512, 4, 0),
+    (1, 16, 8, 512, 8, 0),
+    (2, 16, 8, 512, 8, 0),
+    (2, 8, 4, 512, 4, 16),
+    (4, 8, 4, 512, 4, 16),
+    (4, 8, 4, 512, 4, 32),
+    (2, 16, 8, 512, 8, 16),
+]
 
 
 @triton.jit
@@ -64,6 +77,18 @@ def grid_barrier(counter_ptr, target):
     while arrived < target:
         arrived = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
+
+
+@triton.jit
+def prefetch_rows(w_ptr, first_row, N, K, ROWS: tl.constexpr, LINES: tl.constexpr):
+    """Ask L2 for the first LINES x 128 bytes of weight rows first_row .. first_row + ROWS - 1 (rows past N and
+    columns past K clamped to the last ones: a prefetch of memory the weight does not hold is not wanted)."""
+    rows = tl.minimum(first_row + tl.arange(0, ROWS), N - 1)
+    cols = tl.minimum(tl.arange(0, LINES) * 64, K - 64)  # 64 bf16 a line
+    lines = w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :]
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [lines], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -132,6 +157,7 @@ def persistent_chain_kernel(
     BN: tl.constexpr,
     BN_GU: tl.constexpr,
     BK: tl.constexpr,
+    PREFETCH: tl.constexpr,  # lines a weight row (prefetch_rows) of the next phase's first tile; 0: none
 ):
     """LAYERS x (qkv, o + residual, gate/up + SwiGLU, down + residual), a grid barrier after each phase; WORK
     False: the barriers alone. The counter starts at 0 and only grows (phase j waits for j x P arrivals)."""
@@ -139,21 +165,31 @@ def persistent_chain_kernel(
     P = tl.num_programs(0)
     phase = 0
     wqkv, wo, wgu, wd = wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr  # this layer's weights: moved on by one layer's size each
-    for _ in range(LAYERS):
+    for layer in range(LAYERS):
         if WORK:
             gemv_phase(x_ptr, wqkv, x_ptr, qkv_ptr, QKV, H, pid, P, False, BN, BK)
+            if PREFETCH:
+                prefetch_rows(wo, pid * BN, H, H, BN, PREFETCH)
         phase += 1
         grid_barrier(counter_ptr, phase * P)
         if WORK:  # x += attention stand-in (qkv[:H]) @ Wo.T, in place: each program reads and writes its own rows
             gemv_phase(qkv_ptr, wo, x_ptr, x_ptr, H, H, pid, P, True, BN, BK)
+            if PREFETCH:
+                prefetch_rows(wgu, pid * BN_GU, 2 * I, H, BN_GU, PREFETCH)
+                prefetch_rows(wgu, I + pid * BN_GU, 2 * I, H, BN_GU, PREFETCH)
         phase += 1
         grid_barrier(counter_ptr, phase * P)
         if WORK:
             swiglu_phase(x_ptr, wgu, act_ptr, I, H, eps, pid, P, BN_GU, BK)
+            if PREFETCH:
+                prefetch_rows(wd, pid * BN, H, I, BN, PREFETCH)
         phase += 1
         grid_barrier(counter_ptr, phase * P)
         if WORK:
             gemv_phase(act_ptr, wd, x_ptr, x_ptr, H, I, pid, P, True, BN, BK)
+            if PREFETCH:
+                if layer + 1 < LAYERS:  # the next layer's q/k/v
+                    prefetch_rows(wqkv + QKV * H, pid * BN, QKV, H, BN, PREFETCH)
         phase += 1
         grid_barrier(counter_ptr, phase * P)
         wqkv += QKV * H
@@ -191,10 +227,10 @@ class Chain:
 
 class Persistent:
     def __init__(
-        self, chain: Chain, programs: int, bn: int, bn_gu: int, bk: int, warps: int, work: bool = True
+        self, chain: Chain, programs: int, bn: int, bn_gu: int, bk: int, warps: int, prefetch: int, work: bool = True
     ) -> None:
         self.chain, self.programs, self.work = chain, programs, work
-        self.meta = dict(WORK=work, BN=bn, BN_GU=bn_gu, BK=bk, num_warps=warps)
+        self.meta = dict(WORK=work, BN=bn, BN_GU=bn_gu, BK=bk, PREFETCH=prefetch, num_warps=warps)
         device = chain.x0.device
         self.x = chain.x0.clone()
         self.qkv = torch.empty(1, chain.qkv, dtype=DTYPE, device=device)
@@ -231,11 +267,11 @@ def check_cpu() -> None:
     """One program (the interpreter runs programs one after another: a barrier over several would never open)."""
     for layers, h, qkv, inter, (bn, bn_gu, bk) in [(2, 64, 96, 128, (8, 4, 32)), (3, 128, 192, 256, (16, 8, 64))]:
         chain = Chain(layers, h, qkv, inter, "cpu", seed=layers)
-        out = Persistent(chain, 1, bn, bn_gu, bk, 4)().float()
+        out = Persistent(chain, 1, bn, bn_gu, bk, 4, 0)().float()  # no prefetch: inline PTX
         exact = chain.reference()
         error = ((out - exact).norm() / exact.norm()).item()
         assert error < 2e-2, error
-        barriers = Persistent(chain, 1, bn, bn_gu, bk, 4, work=False)
+        barriers = Persistent(chain, 1, bn, bn_gu, bk, 4, 0, work=False)
         barriers()
         assert barriers.counter.item() == 4 * layers
         print(
@@ -263,9 +299,9 @@ def build(sm: int) -> None:
     attrs = {
         (index,): [["tt.divisibility", 16]] for index, name in enumerate(signature) if name not in ("LAYERS", "eps")
     }
-    for bn, bn_gu, bk, warps in sorted({config[1:] for config in CONFIGS}):
+    for bn, bn_gu, bk, warps, prefetch in sorted({config[1:] for config in CONFIGS}):
         for work in (True, False):
-            constexprs = {"WORK": work, "BN": bn, "BN_GU": bn_gu, "BK": bk}
+            constexprs = {"WORK": work, "BN": bn, "BN_GU": bn_gu, "BK": bk, "PREFETCH": prefetch}
             source = ASTSource(
                 persistent_chain_kernel, {**signature, **{k: "constexpr" for k in constexprs}}, constexprs, attrs
             )
@@ -275,7 +311,10 @@ def build(sm: int) -> None:
                 cubin.flush()
                 usage = subprocess.run([str(cuobjdump), "-res-usage", cubin.name], capture_output=True, text=True)
             line = next((l.strip() for l in usage.stdout.splitlines() if "REG:" in l), usage.stdout.strip()[-200:])
-            print(f"sm_{sm} persistent bn {bn} bn_gu {bn_gu} bk {bk} warps {warps} work {work}: {line}", flush=True)
+            print(
+                f"sm_{sm} persistent bn {bn} bn_gu {bn_gu} bk {bk} warps {warps} prefetch {prefetch} work {work}: {line}",
+                flush=True,
+            )
 
 
 def launches(chain: Chain):
@@ -338,10 +377,10 @@ def main() -> None:
             f"err {error(expected):.1e})",
             flush=True,
         )
-        for per_sm, bn, bn_gu, bk, warps in CONFIGS:
-            name = f"p{per_sm}xSM bn{bn}/{bn_gu} bk{bk} w{warps}"
+        for per_sm, bn, bn_gu, bk, warps, prefetch in CONFIGS:
+            name = f"p{per_sm}xSM bn{bn}/{bn_gu} bk{bk} w{warps} prefetch{prefetch}"
             try:
-                persistent = Persistent(chain, per_sm * sms, bn, bn_gu, bk, warps)
+                persistent = Persistent(chain, per_sm * sms, bn, bn_gu, bk, warps, prefetch)
                 fits = resident_programs_per_sm(persistent.compiled(), warps)
                 if fits < per_sm:
                     print(f"  {name}: skipped, {fits} programs a SM resident at most")
@@ -349,7 +388,7 @@ def main() -> None:
                 out = persistent().clone()
                 same = torch.equal(out, expected)
                 us = time_us(persistent)
-                barriers = Persistent(chain, per_sm * sms, bn, bn_gu, bk, warps, work=False)
+                barriers = Persistent(chain, per_sm * sms, bn, bn_gu, bk, warps, prefetch, work=False)
                 barrier_us = time_us(barriers) / (4 * layers)
                 print(
                     f"  {name}: {us:.0f} us ({us / floor:.2f}x the floor, {(base - us) / layers:+.1f} us a layer "
