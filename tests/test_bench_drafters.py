@@ -30,14 +30,16 @@ def test_best_k_picks_the_most_tokens_per_ms_and_writes_the_compile_options() ->
 
 
 def test_floors_are_the_weights_read_once_a_step_over_the_copy_rate() -> None:
-    """Decode: the target's bytes; a draft model's step: those plus K x the draft's; each bucket's ratio to them."""
-    lines, record = bench_drafters.floor_lines(
-        2e12, 6 * 10**9, {"draft_model": (10**9, 4)}, {1: 3.3, 8: 4.5}, {"draft_model": {1: 6.0, 8: 7.5}}, (1, 8)
-    )
+    """Decode: the target's bytes; a draft model's step: those plus K x the draft's (and, as issue 16 counts it,
+    the target's input embedding too); each bucket's ratios to them."""
+    decode, steps = {1: 3.3, 8: 4.5}, {"draft_model": {1: 6.0, 8: 7.5}}
+    columns = {"draft_model": (10**9, 4)}  # 1 GB of draft, K = 4
+    lines, record = bench_drafters.floor_lines(2e12, 6 * 10**9, 10**9, columns, decode, steps, (1, 8))
     assert record["floors_ms"] == {"target_decode": pytest.approx(3.0), "draft_model": pytest.approx(5.0)}
-    assert "target decode 3.000 ms (6.00 GB), draft_model step 5.000 ms (+ 4 x 1.00 GB)" in lines[1]
-    assert lines[2] == "   1 over the floor: target_decode 1.10x, draft_model 1.20x"
-    assert lines[3] == "   8 over the floor: target_decode 1.50x, draft_model 1.50x"
+    assert record["floors_with_target_embedding_ms"] == {"draft_model": pytest.approx(5.5)}
+    assert "target decode 3.000 ms (6.00 GB), draft_model step 5.000 ms (+ 4 x 1.00 GB; 5.500 with" in lines[1]
+    assert lines[2] == "   1 over the floor: target_decode 1.10x, draft_model 1.20x (1.09x)"
+    assert lines[3] == "   8 over the floor: target_decode 1.50x, draft_model 1.50x (1.36x)"
 
 
 def test_several_k_and_a_bucket_with_its_own_run_on_cpu(tmp_path, capsys) -> None:
