@@ -13,6 +13,9 @@ real at committed length about --context. Next to them, per bucket:
   kernels, captured (benchmarks/target_only.py);
 - the target's verify forward alone: the same over K+1 tokens per row (for DFlash, its block size),
   greedy picks included; "/verify" is a drafter's step over that (issue 17 asks <= 1.2 for DFlash at B 1).
+Below the table, issue 16's floors from the copy rate measured in the same run (weights read once a step: the
+target without its input embedding for the decode, plus K x the draft's for a draft model's step) and each
+bucket's ratio to them.
 Random weights accept almost nothing, so step time is what this compares; tokens per step depends on
 the text (see tools/measure_acceptance.py for the demo pair's).
 --token-map-sizes N[,N...] adds, for every drafter column that takes a token map (MTP, EAGLE-3, DFlash), a
@@ -46,7 +49,14 @@ from safetensors.torch import load_file, save_file
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common, target_only
-from benchmarks.bench_step import PRESETS, time_drafter_steps, time_replays, write_checkpoint
+from benchmarks.bench_step import (
+    PRESETS,
+    copy_bandwidth,
+    time_drafter_steps,
+    time_replays,
+    weight_bytes,
+    write_checkpoint,
+)
 from graphspec import pipeline
 from graphspec.cli import bucket_ks
 from graphspec.compiled import device_sm
@@ -248,6 +258,43 @@ def best_k_lines(
     return lines
 
 
+def floor_lines(
+    bytes_per_s: float,
+    target_bytes: int,
+    embedding_bytes: int,
+    draft_columns: dict[str, tuple[int, int]],
+    decode: dict[int, float],
+    steps: dict[str, dict[int, float]],
+    buckets: tuple[int, ...],
+) -> tuple[list[str], dict[str, Any]]:
+    """Issue 16's floors from this run's copy rate: the target-only decode reads the target's weights once
+    (target_bytes, its input embedding left out: a step reads only its tokens' rows), a draft model's step those
+    and K x its draft's (draft_columns: column -> (draft bytes, K)); KV reads are not counted. Issue 16's step
+    floor ("about 6.0 ms") also counts the target's untied input embedding (embedding_bytes): a draft column's
+    ratio to that one follows in brackets. The lines print each floor and each bucket's ratios; the dict is the
+    JSON record."""
+    to_ms = lambda nbytes: nbytes / bytes_per_s * 1e3
+    floors = {"target_decode": to_ms(target_bytes)}
+    floors.update({column: to_ms(target_bytes + k * draft) for column, (draft, k) in draft_columns.items()})
+    counted = {column: floors[column] + to_ms(embedding_bytes) for column in draft_columns}
+    text = f"target decode {floors['target_decode']:.3f} ms ({target_bytes / 1e9:.2f} GB)"
+    for column, (draft, k) in draft_columns.items():
+        text += f", {column} step {floors[column]:.3f} ms (+ {k} x {draft / 1e9:.2f} GB; {counted[column]:.3f}"
+        text += " with the target's input embedding)"
+    lines = ["", f"floors (weights read once a step / this run's copy rate, {bytes_per_s / 1e12:.2f} TB/s): {text}"]
+    for b in buckets:
+        ratios = [f"target_decode {decode[b] / floors['target_decode']:.2f}x"]
+        ratios += [f"{c} {steps[c][b] / floors[c]:.2f}x ({steps[c][b] / counted[c]:.2f}x)" for c in draft_columns]
+        lines.append(f"{b:>4} over the floor: {', '.join(ratios)}")
+    record = {
+        "copy_bytes_per_s": bytes_per_s,
+        "target_bytes": target_bytes,
+        "floors_ms": floors,
+        "floors_with_target_embedding_ms": counted,
+    }
+    return lines, record
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="llama")
@@ -381,17 +428,24 @@ def main(argv: list[str] | None = None) -> int:
             add_mtp_head(target_dir, args.device, seed=3)
         steps: dict[str, dict[int, float]] = {}
         profiles: dict[str, Any] = {}
+        draft_bytes: dict[str, int] = {}
         target = None
-        for column, (_kind, draft, k) in columns.items():
+        for column, (kind, draft, k) in columns.items():
             extra = {**options, "k": k, **column_options.get(column, {})}
             if schedules[column]:
                 extra["k_by_bucket"] = schedules[column]
-            steps[column], target = time_drafter_steps(target_dir, draft, buckets, args, column, profiles, **extra)
+            sizes = draft_bytes if kind == "draft_model" else None  # the floor a draft model's step has
+            steps[column], target = time_drafter_steps(
+                target_dir, draft, buckets, args, column, profiles, sizes, **extra
+            )
         decode = {b: time_target_forward(target, b, 1, args, profiles) for b in buckets}
         k_at = {(c, b): schedules[c].get(b, k) for c, (_, _, k) in columns.items() for b in buckets}
         widths = sorted({k + 1 for k in k_at.values()})
         needed = sorted({(b, k + 1) for (_, b), k in k_at.items()})
         verify = {(b, w): time_target_forward(target, b, w, args, profiles) for b, w in needed}
+        bandwidth = copy_bandwidth(args.device, 4.0 if common.is_cuda(args.device) else 0.0625)["bytes_per_s"]
+        target_bytes = weight_bytes(target, read_only=True)
+        embedding_bytes = weight_bytes(target) - target_bytes
     header = f"{'B':>4} {'target decode':>14}" + "".join(f" {'verify ' + str(w):>11}" for w in widths)
     header += "".join(f" {c + ' step':>16} {'/decode':>8} {'/verify':>8}" for c in columns)
     lines = [
@@ -421,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.acceptance:
         plain = {column: spec for column, spec in columns.items() if column not in column_options}
         lines += best_k_lines(plain, k_at, steps, decode, buckets, args.acceptance)
+    # a draft model's floor is defined at one K: columns with --k-by-bucket schedules are left out
+    fixed = {c: (draft_bytes[c], columns[c][2]) for c in draft_bytes if not schedules[c]}
+    more, report["floors"] = floor_lines(bandwidth, target_bytes, embedding_bytes, fixed, decode, steps, buckets)
+    lines += more
     print("\n".join(lines))
     for column, profile in profiles.items():
         what = f"forward over {column[7:]} tokens per row" if column.startswith("target_") else f"{column} step"

@@ -208,12 +208,14 @@ def time_drafter_steps(
     args: argparse.Namespace,
     label: str,
     profiles: dict[str, Any] | None = None,
+    read_bytes: dict[str, int] | None = None,
     **options: Any,
 ) -> tuple[dict[int, float], torch.nn.Module]:
     """Compile (target, draft) with `options`, then the median ms of its captured greedy step per bucket
     (time_step, rows at committed length about args.context). Returns those and the compiled target
     model (for target-only timings); the runtime is released. With `profiles` and args.profile (a bucket),
-    profiles[label] gets the kernels of that bucket's step (common.kernel_profile)."""
+    profiles[label] gets the kernels of that bucket's step (common.kernel_profile); with `read_bytes`,
+    read_bytes[label] the drafter model's weight bytes a forward reads (weight_bytes, read_only; 0 without one)."""
     begin = time.perf_counter()
     runtime = graphspec.Runtime.from_pretrained(target, draft, batch_sizes=buckets, **options)
     print(f"[bench] {label}: compiled in {time.perf_counter() - begin:.1f} s", flush=True)
@@ -222,6 +224,9 @@ def time_drafter_steps(
     bucket = getattr(args, "profile", None)
     if profiles is not None and bucket in buckets and common.is_cuda(args.device):
         profiles[label] = common.kernel_profile(runtime.graphs[("greedy", bucket)], 3, top=10)
+    if read_bytes is not None:
+        model = runtime.drafter.model
+        read_bytes[label] = 0 if model is None else weight_bytes(model, read_only=True)
     target_model = runtime.target
     del runtime
     common.free_device_memory()

@@ -29,15 +29,35 @@ def test_best_k_picks_the_most_tokens_per_ms_and_writes_the_compile_options() ->
     assert row.endswith("-k 4 --k-by-bucket 64:1"), row
 
 
+def test_floors_are_the_weights_read_once_a_step_over_the_copy_rate() -> None:
+    """Decode: the target's bytes; a draft model's step: those plus K x the draft's (and, as issue 16 counts it,
+    the target's input embedding too); each bucket's ratios to them."""
+    decode, steps = {1: 3.3, 8: 4.5}, {"draft_model": {1: 6.0, 8: 7.5}}
+    columns = {"draft_model": (10**9, 4)}  # 1 GB of draft, K = 4
+    lines, record = bench_drafters.floor_lines(2e12, 6 * 10**9, 10**9, columns, decode, steps, (1, 8))
+    assert record["floors_ms"] == {"target_decode": pytest.approx(3.0), "draft_model": pytest.approx(5.0)}
+    assert record["floors_with_target_embedding_ms"] == {"draft_model": pytest.approx(5.5)}
+    assert "target decode 3.000 ms (6.00 GB), draft_model step 5.000 ms (+ 4 x 1.00 GB; 5.500 with" in lines[1]
+    assert lines[2] == "   1 over the floor: target_decode 1.10x, draft_model 1.20x (1.09x)"
+    assert lines[3] == "   8 over the floor: target_decode 1.50x, draft_model 1.50x (1.36x)"
+
+
 def test_several_k_and_a_bucket_with_its_own_run_on_cpu(tmp_path, capsys) -> None:
     report = tmp_path / "bench_drafters.json"
-    args = ["--preset", "tiny-llama", "--device", "cpu", "--drafters", "ngram", "-k", "1,3", "--batch-sizes", "1,2"]
+    args = ["--preset", "tiny-llama", "--device", "cpu", "--drafters", "ngram,draft_model", "-k", "1,3"]
+    args += ["--batch-sizes", "1,2"]
     args += ["--k-by-bucket", "2:2", "--acceptance", "0.7", "--replays", "1", "--warmup", "0"]
     code = bench_drafters.main([*args, "--max-seq-len", "64", "--context", "32", "--json", str(report)])
     assert code == 0
     rows = {row["batch"]: row for row in json.loads(report.read_text())["rows"]}
-    assert rows[1]["k"] == {"ngram_k1": 1, "ngram_k3": 3}
-    assert rows[2]["k"] == {"ngram_k1": 1, "ngram_k3": 2}  # bucket 2 drafts 2 where the column drafts more
+    assert rows[1]["k"] == {"ngram_k1": 1, "ngram_k3": 3, "draft_model_k1": 1, "draft_model_k3": 3}
+    # bucket 2 drafts 2 where the column drafts more
+    assert rows[2]["k"] == {"ngram_k1": 1, "ngram_k3": 2, "draft_model_k1": 1, "draft_model_k3": 2}
     assert set(rows[1]["verify_ms"]) == {"2", "4"} and set(rows[2]["verify_ms"]) == {"2", "3"}  # JSON keys
     out = capsys.readouterr().out
     assert "k_by_bucket: bucket 2: K=2" in out and "modelled: best K per bucket" in out
+    # n-gram has no draft model, and draft_model_k3's K differs by bucket: the decode's and draft_model_k1's floors
+    floors = json.loads(report.read_text())["floors"]
+    assert set(floors["floors_ms"]) == {"target_decode", "draft_model_k1"} and floors["target_bytes"] > 0
+    assert floors["floors_ms"]["draft_model_k1"] > floors["floors_ms"]["target_decode"]
+    assert "over the floor: target_decode" in out
