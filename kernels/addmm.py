@@ -19,7 +19,9 @@ from graphspec import library
 
 __all__ = ["CONFIGS", "addmm_triton", "shape_class"]
 
-CONFIGS: dict[int | str, dict[str, int]] = {key: dict(config) for key, config in mm_kernel.CONFIGS.items()}
+CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
+    key: dict(config) for key, config in mm_kernel.CONFIGS.items()
+}
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
 

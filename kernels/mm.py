@@ -39,7 +39,8 @@ __all__ = ["CONFIGS", "mm", "mm_triton", "shape_class", "splits_for"]
 # weight byte once. 90: the best single row of `benchmarks/bench_linear.py --pairs llama --sweep` on an H200
 # (2026-11-25, 12 rows at M = 1, 5, 40): summed over a batch-1 K=4 step's matmuls 8.00 ms against cuBLAS's
 # 7.46 (the first guess, block_k 128 / 4 stages: 8.93; block_m 16 is 7.86 but 1.5x slower at M = 40).
-# 80 and default are untuned. (sm, "one_row"): kernels/gemv.py's rows (block_m 1), for one-row products.
+# 80 and default are untuned. (sm, "one_row") and (sm, "two_rows"): kernels/gemv.py's rows (block_m 1 and 2), for
+# the products its shape_class names.
 CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     80: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 4},
     90: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 6},

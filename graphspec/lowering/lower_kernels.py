@@ -8,7 +8,8 @@ Output: each such node whose kernel fits (lowering/registry.py) calls graphspec:
         tagged meta["gs_pass"] and meta["gs_kernel"]. Other nodes are untouched. Nodes are retargeted
         in place, never moved or erased, and no dead-code elimination runs: an in-place kv_write has
         no users, and its kernel op (mutates_args=("cache",)) keeps its position and its effect. By default
-        aten.mm/addmm/addmm_ are lowered only for one row (kernels/gemv.py); cuBLAS keeps the others.
+        aten.mm/addmm/addmm_ are lowered only where kernels/gemv.py's shape_class names the product (one row;
+        two rows of a narrow weight); cuBLAS keeps the others.
         ctx.numerics == "invariant" lowers to the row-invariant kernels (registry.resolve) and aten.mm/addmm
         to kernels/mm.py, then refuses a graph in which a reduction is left without one (NOT_INVARIANT),
         naming its nodes. Prefill programs too (fuse_prefill_attention leaves their attention to the
