@@ -46,15 +46,16 @@ LONG_K_MIN_RATIO = 4
 # mm's CONFIG_FIELDS: block_m 1 marks this kernel; block_n weight rows per program; block_k columns a step;
 # split_programs unused (0: K is never split); num_warps; num_stages of the K loop. 90: the best row of
 # docs/results/2026-11-29-gemv-probe over the 8B and 1B projections at M = 1 (within 0.7 us of each
-# projection's best config; a 1B down projection [2048 x 8192] would take 1 us less with 4 x 1024).
+# projection's best config; a 1B down projection [2048 x 8192] takes 1 us less with 4 x 1024: LONG_K_CONFIGS).
 # 80 and "default" (any other SM): the same, untuned.
 CONFIGS: dict[int | str, dict[str, int]] = {
     80: {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
     90: {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
     "default": {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
 }
-# One row, K >= LONG_K_MIN_RATIO x N (gemv_kernel). 90: the probe's best at the 1B down projection, 4 x 1024. NOT YET
-# MEASURED in a step (branch one-row-long-k). 80 and "default": the same, untuned.
+# One row, K >= LONG_K_MIN_RATIO x N (gemv_kernel). 90: the probe's best at the 1B down projection, 4 x 1024; in the
+# draft-model step (B = 1, 8B/1B) 7.974 -> 7.947 ms (docs/BENCHMARKS.md, 2026-11-29 17:35). 80 and "default": the
+# same, untuned.
 LONG_K_CONFIGS: dict[int | str, dict[str, int]] = {
     key: {"block_m": 1, "block_n": 4, "block_k": 1024, "split_programs": 0, "num_warps": 4, "num_stages": 3}
     for key in (80, 90, "default")
