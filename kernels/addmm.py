@@ -26,7 +26,8 @@ CONFIG_FIELDS = check_config_table(CONFIGS)
 
 
 def shape_class(bias: Tensor, mat1: Tensor, mat2: Tensor, *_: object) -> str | None:
-    """kernels/gemv.py's class of the product with this bias ("one_row", "two_rows"), else None."""
+    """kernels/gemv.py's class of the product with this bias ("one_row", "one_row_long_k", "two_rows"), else
+    None."""
     return gemv_kernel.shape_class(mat1, mat2, bias)
 
 

@@ -18,17 +18,20 @@ from graphspec import library
 
 __all__ = ["CONFIGS", "addmm_in_place_triton", "shape_class"]
 
-# The one-row GEMV's rows, and (sm, "two_rows") rows for two.
+# The one-row GEMV's rows, and the (sm, class) rows of its other shape classes.
 CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     **{key: dict(config) for key, config in gemv_kernel.CONFIGS.items()},
+    **{(key, "one_row_long_k"): dict(config) for key, config in gemv_kernel.LONG_K_CONFIGS.items()},
     **{(key, "two_rows"): dict(config) for key, config in gemv_kernel.TWO_ROWS_CONFIGS.items()},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 
 
 def shape_class(self: Tensor, mat1: Tensor, mat2: Tensor, *_: object) -> str | None:
-    """ "two_rows" where kernels/gemv.py's class is (its own config rows), else None (one row: the SM's row)."""
-    return "two_rows" if gemv_kernel.shape_class(mat1, mat2, self) == "two_rows" else None
+    """kernels/gemv.py's class where it has its own config rows ("one_row_long_k", "two_rows"), else None (one
+    row: the SM's row)."""
+    name = gemv_kernel.shape_class(mat1, mat2, self)
+    return None if name == "one_row" else name
 
 
 def _addmm_in_place(

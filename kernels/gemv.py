@@ -31,22 +31,34 @@ import triton.language as tl
 from graphspec.kernels.common import cdiv, check_device, round_to
 from torch import Tensor
 
-__all__ = ["CONFIGS", "MAX_ROWS", "TWO_ROWS_CONFIGS", "fits", "gemv", "shape_class"]
+__all__ = ["CONFIGS", "LONG_K_CONFIGS", "MAX_ROWS", "TWO_ROWS_CONFIGS", "fits", "gemv", "shape_class"]
 
 MAX_ROWS = 8  # the most rows of x the few-row kernel takes
 # Two-row products are lowered where N <= TWO_ROWS_MAX_WIDTH x K (q/k/v, o, down): at the wide ones (gate/up's
 # N = 7-8 K, lm_head) cuBLAS reads the weight at 88-102% of the copy rate with two rows and the GEMV did not win.
 TWO_ROWS_MAX_WIDTH = 2
+# One-row products with K >= LONG_K_MIN_RATIO x N (a 1B draft's down projection, [2048 x 8192]) take their own rows:
+# with 8 weight rows a program they run N / 8 programs (256) each streaming a long row block; half as many rows a
+# program and longer steps read them faster (docs/results/2026-11-29-gemv-probe: 11.2 -> 10.2 us), where the 8B's
+# down ([4096 x 14336], K = 3.5 N) did not gain (28.9 -> 29.4 us).
+LONG_K_MIN_RATIO = 4
 
 # mm's CONFIG_FIELDS: block_m 1 marks this kernel; block_n weight rows per program; block_k columns a step;
 # split_programs unused (0: K is never split); num_warps; num_stages of the K loop. 90: the best row of
 # docs/results/2026-11-29-gemv-probe over the 8B and 1B projections at M = 1 (within 0.7 us of each
-# projection's best config; a 1B down projection [2048 x 8192] would take 1 us less with 4 x 1024).
+# projection's best config; a 1B down projection [2048 x 8192] takes 1 us less with 4 x 1024: LONG_K_CONFIGS).
 # 80 and "default" (any other SM): the same, untuned.
 CONFIGS: dict[int | str, dict[str, int]] = {
     80: {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
     90: {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
     "default": {"block_m": 1, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3},
+}
+# One row, K >= LONG_K_MIN_RATIO x N (gemv_kernel). 90: the probe's best at the 1B down projection, 4 x 1024; in the
+# draft-model step (B = 1, 8B/1B) 7.974 -> 7.947 ms (docs/BENCHMARKS.md, 2026-11-29 17:35). 80 and "default": the
+# same, untuned.
+LONG_K_CONFIGS: dict[int | str, dict[str, int]] = {
+    key: {"block_m": 1, "block_n": 4, "block_k": 1024, "split_programs": 0, "num_warps": 4, "num_stages": 3}
+    for key in (80, 90, "default")
 }
 # Two rows (few_rows_kernel; block_m 2, the rows the class takes). 90: the probe's best tile over the 8B and 1B
 # narrow projections at two rows, the one-row GEMV's 8 x 512 (within 0.4 us of each one's best). 80 and "default":
@@ -160,12 +172,13 @@ def fits(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> bool:
 
 
 def shape_class(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> str | None:
-    """Where these kernels beat cuBLAS (the probes, H200): "one_row" for every product gemv takes with one row,
-    "two_rows" for two rows and N <= TWO_ROWS_MAX_WIDTH x K; None otherwise (cuBLAS keeps it)."""
+    """Where these kernels beat cuBLAS (the probes, H200): "one_row" for every product gemv takes with one row
+    ("one_row_long_k" where K >= LONG_K_MIN_RATIO x N: its own tiles), "two_rows" for two rows and
+    N <= TWO_ROWS_MAX_WIDTH x K; None otherwise (cuBLAS keeps it)."""
     if not fits(x, w_t, addend):
         return None
     if x.shape[0] == 1:
-        return "one_row"
+        return "one_row_long_k" if w_t.shape[0] >= LONG_K_MIN_RATIO * w_t.shape[1] else "one_row"
     narrow = w_t.shape[1] <= TWO_ROWS_MAX_WIDTH * w_t.shape[0]
     return "two_rows" if x.shape[0] == 2 and narrow else None
 

@@ -46,6 +46,7 @@ CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     90: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 6},
     "default": {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 2},
     **{(key, "one_row"): dict(config) for key, config in gemv_kernel.CONFIGS.items()},
+    **{(key, "one_row_long_k"): dict(config) for key, config in gemv_kernel.LONG_K_CONFIGS.items()},
     **{(key, "two_rows"): dict(config) for key, config in gemv_kernel.TWO_ROWS_CONFIGS.items()},
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
@@ -125,7 +126,8 @@ def mm_reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, splits, HAS_BIAS: tl.con
 
 
 def shape_class(a: Tensor, b: Tensor, *_: object) -> str | None:
-    """kernels/gemv.py's class of the product ("one_row", "two_rows": its config rows), else None."""
+    """kernels/gemv.py's class of the product ("one_row", "one_row_long_k", "two_rows": its config rows), else
+    None."""
     return gemv_kernel.shape_class(a, b)
 
 

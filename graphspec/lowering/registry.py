@@ -25,9 +25,9 @@ has a CONFIGS["invariant"] row for it; aten.mm/addmm get kernels/mm.py's matmul.
 its reference, which lower_kernels then refuses.
 
 By default cuBLAS keeps aten.mm/addmm (CUBLAS_BY_DEFAULT) except at the shape classes their CONFIGS name,
-kernels/gemv.py's: "one_row" (a product of one row and a transposed weight) and "two_rows" (two rows, a narrow
-weight), which its dot-free GEMVs read faster than cuBLAS. aten.addmm_ (the folded norms' in-place residual adds)
-has only those kernels: it fits those classes.
+kernels/gemv.py's: "one_row" (a product of one row and a transposed weight; "one_row_long_k" where K >= 4N, its
+own tiles) and "two_rows" (two rows, a narrow weight), which its dot-free GEMVs read faster than cuBLAS.
+aten.addmm_ (the folded norms' in-place residual adds) has only those kernels: it fits those classes.
 """
 
 from __future__ import annotations
@@ -602,7 +602,7 @@ ATEN_OPS: dict[str, torch._ops.OpOverload] = {
 REFERENCE_OPS: dict[str, torch._ops.OpOverload] = {**ops.OPS, **ATEN_OPS}
 
 INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's row-invariant config
-# By default lowered only at the shape classes their CONFIGS name (the GEMVs' "one_row", "two_rows"): elsewhere
+# By default lowered only at the shape classes their CONFIGS name (the GEMVs' "one_row*", "two_rows"): elsewhere
 # cuBLAS is as fast or faster at the step's shapes (bench_linear, the GEMV probes). Under numerics="invariant" they
 # take the SM's row at every M.
 CUBLAS_BY_DEFAULT = frozenset({"mm", "addmm"})

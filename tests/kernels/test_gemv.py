@@ -10,8 +10,6 @@ from torch.library import opcheck
 
 from tests.kernels.helpers import DEVICE, TOLERANCE, generator, poison_allocator, rel_error
 
-ONE_ROW = tuple(mm.CONFIGS[(90, "one_row")].values())
-
 
 def operands(n: int, k: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [1, K], an nn.Linear weight [N, K] and a residual [1, N] on DEVICE."""
@@ -111,33 +109,44 @@ def test_gemv_refuses_what_it_does_not_take(case: str) -> None:
 
 
 def test_shape_class_names_where_the_gemvs_beat_cublas() -> None:
-    """One row: "one_row" at any width; two rows: "two_rows" up to N = 2K (q/k/v, o, down), None for wider weights
-    (gate/up, lm_head); three or more rows: None (the probe had cuBLAS ahead at 5 and 8); None where gemv does not
-    fit (a weight that is not a transposed nn.Linear weight)."""
+    """One row: "one_row" at any width, "one_row_long_k" from K = 4N; two rows: "two_rows" up to N = 2K (q/k/v, o,
+    down), None for wider weights (gate/up, lm_head); three or more rows: None (the probe had cuBLAS ahead at 5 and
+    8); None where gemv does not fit (a weight that is not a transposed nn.Linear weight)."""
     x = torch.randn(3, 64)
-    for n, two in ((32, "two_rows"), (128, "two_rows"), (129, None), (512, None)):
+    for n, one, two in (
+        (8, "one_row_long_k", "two_rows"),
+        (16, "one_row_long_k", "two_rows"),
+        (17, "one_row", "two_rows"),
+        (128, "one_row", "two_rows"),
+        (129, "one_row", None),
+        (512, "one_row", None),
+    ):
         weight = torch.randn(n, 64)
-        assert gemv.shape_class(x[:1], weight.t()) == "one_row"
+        assert gemv.shape_class(x[:1], weight.t()) == one
+        assert gemv.shape_class(x[:1], weight.t(), torch.randn(1, n)) == one
         assert gemv.shape_class(x[:2], weight.t()) == two
         assert gemv.shape_class(x[:2], weight.t(), torch.randn(2, n)) == two
         assert gemv.shape_class(x, weight.t()) is None
     assert gemv.shape_class(x[:1], torch.randn(64, 32)) is None
 
 
-def test_one_row_config_rows_run_the_gemv_through_the_kernel_ops() -> None:
-    """mm_triton and addmm_triton with their "one_row" rows (block_m 1) compute aten.mm / aten.addmm's result
-    for one row (an [N] bias and a [1, N] residual); addmm_in_place_triton writes aten.addmm_'s into its input
-    and returns it."""
-    x, weight, residual = operands(24, 200, torch.float32, seed=5)
+@pytest.mark.parametrize(("n", "k", "shape_class"), [(60, 200, "one_row"), (24, 200, "one_row_long_k")])
+def test_one_row_config_rows_run_the_gemv_through_the_kernel_ops(n: int, k: int, shape_class: str) -> None:
+    """mm_triton and addmm_triton with their one-row rows (block_m 1; "one_row", and "one_row_long_k"'s other
+    tiles) compute aten.mm / aten.addmm's result for one row (an [N] bias and a [1, N] residual);
+    addmm_in_place_triton with the row it resolves to writes aten.addmm_'s into its input and returns it."""
+    x, weight, residual = operands(n, k, torch.float32, seed=5)
     close = {"rtol": 1e-5, "atol": 1e-5}
-    assert mm.shape_class(x, weight.t()) == "one_row" and mm.shape_class(torch.cat([x, x]), weight.t()) == "two_rows"
-    torch.testing.assert_close(torch.ops.graphspec.mm_triton(x, weight.t(), *ONE_ROW), x @ weight.T, **close)
+    assert mm.shape_class(x, weight.t()) == shape_class and mm.shape_class(torch.cat([x, x]), weight.t()) == "two_rows"
+    one_row = tuple(mm.CONFIGS[(90, shape_class)].values())
+    torch.testing.assert_close(torch.ops.graphspec.mm_triton(x, weight.t(), *one_row), x @ weight.T, **close)
     for bias in (residual[0], residual):
-        assert addmm.shape_class(bias, x, weight.t()) == "one_row"
-        out = torch.ops.graphspec.addmm_triton(bias, x, weight.t(), 1, 1, *ONE_ROW)
+        assert addmm.shape_class(bias, x, weight.t()) == shape_class
+        out = torch.ops.graphspec.addmm_triton(bias, x, weight.t(), 1, 1, *one_row)
         torch.testing.assert_close(out, torch.addmm(bias, x, weight.t()), **close)
     expected = torch.addmm(residual, x, weight.t())
-    config = tuple(addmm_in_place.CONFIGS[90].values())
+    in_place_class = addmm_in_place.shape_class(residual, x, weight.t())
+    config = tuple(addmm_in_place.CONFIGS[90 if in_place_class is None else (90, in_place_class)].values())
     out = torch.ops.graphspec.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *config)
     assert out.data_ptr() == residual.data_ptr()
     torch.testing.assert_close(residual, expected, **close)
@@ -168,7 +177,7 @@ def test_addmm_in_place_triton_opcheck() -> None:
     ("n", "k"), [(6144, 4096), (4096, 14336), (28672, 4096), (3072, 2048), (2048, 8192), (16384, 2048), (128256, 2048)]
 )
 def test_gemv_real_shapes_gpu(rows: int, n: int, k: int) -> None:
-    """bf16 at the real projections with the sm_90 rows (one_row, two_rows), in place into a residual: as close to
+    """bf16 at the real projections with the sm_90 rows (one_row*, two_rows), in place into a residual: as close to
     the fp64 product as cuBLAS's addmm (within 1.5x its error)."""
     poison_allocator()
     g = generator(7)
@@ -177,7 +186,8 @@ def test_gemv_real_shapes_gpu(rows: int, n: int, k: int) -> None:
     )
     exact = x.double() @ weight.double().T + residual.double()
     cublas = torch.addmm(residual, x, weight.t())
-    config = mm.CONFIGS[(90, "one_row" if rows == 1 else "two_rows")]
+    # the row its shape class resolves to (the two-row tiles where no class takes it: the kernel runs any rows)
+    config = mm.CONFIGS[(90, gemv.shape_class(x, weight.t(), residual) or "two_rows")]
     knobs = {name: config[name] for name in ("block_n", "block_k", "num_warps", "num_stages")}
     out = gemv.gemv(x, weight.t(), residual, residual, **knobs)
     assert rel_error(out, exact) <= 1.5 * max(rel_error(cublas, exact), 1e-3)

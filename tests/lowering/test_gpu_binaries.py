@@ -240,6 +240,9 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
             two, residual2 = torch.randn(2, 4096, dtype=torch.bfloat16), torch.randn(2, 64, dtype=torch.bfloat16)
             two_rows = addmm_in_place.CONFIGS[(sm, "two_rows")].values()
             addmm_in_place.addmm_in_place_triton(residual2, two, weight.t(), 1, 1, *two_rows)
+            # The long-K one-row tiles (K >= 4N: a 1B draft's down projection), in place.
+            long_k = addmm_in_place.CONFIGS[(sm, "one_row_long_k")].values()
+            addmm_in_place.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *long_k)
         lowered.add("addmm_in_place")
         # The one-row MLP's fused gate/up GEMV and scaled SwiGLU: unmasked at the 8B's hidden size, masked tails.
         from graphspec.kernels import scaled_silu_mul_linear

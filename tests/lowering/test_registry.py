@@ -98,6 +98,8 @@ def test_one_and_two_row_products_take_the_gemvs_by_default() -> None:
         for op in ("mm", "addmm"):
             one = registry.resolve(op, sm, matmul_node(op, 1))
             assert one.sm == (key, "one_row") and one.config["block_m"] == 1
+            long_k = registry.resolve(op, sm, matmul_node(op, 1, torch.randn(8, 32)))  # K = 4N
+            assert long_k.sm == (key, "one_row_long_k") and long_k.config["block_n"] == 4
             two = registry.resolve(op, sm, matmul_node(op, 2))
             assert two.sm == (key, "two_rows") and two.config["block_m"] == 2
             assert registry.resolve(op, sm, matmul_node(op, 2, torch.randn(65, 32))) is None  # N > 2K
@@ -111,6 +113,8 @@ def test_one_and_two_row_products_take_the_gemvs_by_default() -> None:
         assert in_place.kernel is torch.ops.graphspec.addmm_in_place_triton.default
         two = registry.resolve("addmm_in_place", sm, matmul_node("addmm_in_place", 2, addend_rows=2))
         assert two.sm == (key, "two_rows")
+        node = matmul_node("addmm_in_place", 1, torch.randn(8, 32), addend_rows=1)
+        assert registry.resolve("addmm_in_place", sm, node).sm == (key, "one_row_long_k")
         for rows in (3, 9):
             assert registry.resolve("addmm_in_place", sm, matmul_node("addmm_in_place", rows, addend_rows=rows)) is None
         node = matmul_node("addmm_in_place", 1, addend_rows=1)
