@@ -1,7 +1,8 @@
 # ruff: noqa  (a probe, kept with its results)
-"""Probe (issue 16; written 2026-11-29 after the step's profile at ce9d936, not yet run on a GPU): would one
-persistent kernel for a one-row forward's layers (grid barriers between its phases instead of kernel boundaries)
-beat the launches it replaces?
+"""Probe (issue 16; written 2026-11-29 after the step's profile at ce9d936; run on the H200 at 0dc9eab: run/probe.log,
+docs/BENCHMARKS.md 2026-11-29 17:33, every variant slower than the launches): would one persistent kernel for a
+one-row forward's layers (grid barriers between its phases instead of kernel boundaries) beat the launches it
+replaces?
 
 Where the B = 1 draft-model step stands (docs/BENCHMARKS.md, 2026-11-29 15:45 entry): 7.88 ms = 1.29x its floor;
 the draft's four 1B forwards take 3.82 ms against 4 x 0.58 ms of weight reads. Their GEMVs are each near the
