@@ -70,6 +70,27 @@ TWO_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
 
 
 @triton.jit
+def load_tile(row_ptrs, cols, row_ok, K, EVEN: tl.constexpr):
+    """[R, BLOCK_K]: columns `cols` of the rows starting at row_ptrs [R, 1] (unit column stride: a transposed
+    weight's rows); unless EVEN, rows where row_ok is false and columns past K read 0."""
+    if EVEN:
+        tile = tl.load(row_ptrs + cols[None, :])
+    else:
+        tile = tl.load(row_ptrs + cols[None, :], mask=row_ok[:, None] & (cols < K)[None, :], other=0.0)
+    return tile
+
+
+@triton.jit
+def load_vector(ptr, cols, stride, K, EVEN: tl.constexpr):
+    """[BLOCK_K]: the elements `cols` of a vector at `stride`; unless EVEN, those past K read 0."""
+    if EVEN:
+        vector = tl.load(ptr + cols * stride)
+    else:
+        vector = tl.load(ptr + cols * stride, mask=cols < K, other=0.0)
+    return vector
+
+
+@triton.jit
 def gemv_kernel(
     x_ptr,
     w_ptr,
@@ -91,13 +112,8 @@ def gemv_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
-        if EVEN:
-            w = tl.load(w_rows + cols[None, :])
-            x = tl.load(x_ptr + cols * stride_xk)
-        else:
-            col_ok = cols < K
-            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            x = tl.load(x_ptr + cols * stride_xk, mask=col_ok, other=0.0)
+        w = load_tile(w_rows, cols, row_ok, K, EVEN)
+        x = load_vector(x_ptr, cols, stride_xk, K, EVEN)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     total = tl.sum(acc, 1)
     if HAS_ADDEND:
@@ -136,13 +152,11 @@ def few_rows_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
-        if EVEN:
-            w = tl.load(w_rows + cols[None, :])
+        w = load_tile(w_rows, cols, row_ok, K, EVEN)
+        if EVEN:  # x's rows past M are masked whatever the shape
             x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None], other=0.0)
         else:
-            col_ok = cols < K
-            w = tl.load(w_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None] & col_ok[None, :], other=0.0)
+            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
         acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
     total = tl.sum(acc, 2)
     mask = m_ok[:, None] & row_ok[None, :]

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from graphspec.kernels.common import cdiv, check_config_table, check_device, interpreting, round_to
+from graphspec.kernels.gemv import load_tile, load_vector
 from torch import Tensor
 from triton.language.extra import libdevice
 
@@ -60,16 +61,9 @@ def swiglu_gemv_kernel(
     squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
-        if EVEN:
-            x = tl.load(x_ptr + cols * stride_xk).to(tl.float32)
-            gate = tl.load(gate_rows + cols[None, :])
-            up = tl.load(up_rows + cols[None, :])
-        else:
-            col_ok = cols < K
-            mask = row_ok[:, None] & col_ok[None, :]
-            x = tl.load(x_ptr + cols * stride_xk, mask=col_ok, other=0.0).to(tl.float32)
-            gate = tl.load(gate_rows + cols[None, :], mask=mask, other=0.0)
-            up = tl.load(up_rows + cols[None, :], mask=mask, other=0.0)
+        x = load_vector(x_ptr, cols, stride_xk, K, EVEN).to(tl.float32)
+        gate = load_tile(gate_rows, cols, row_ok, K, EVEN)
+        up = load_tile(up_rows, cols, row_ok, K, EVEN)
         acc_gate += gate.to(tl.float32) * x[None, :]
         acc_up += up.to(tl.float32) * x[None, :]
         squares += x * x
