@@ -37,6 +37,10 @@ MAX_ROWS = 8  # the most rows of x the few-row kernel takes
 # Two-row products are lowered where N <= TWO_ROWS_MAX_WIDTH x K (q/k/v, o, down): at the wide ones (gate/up's
 # N = 7-8 K, lm_head) cuBLAS reads the weight at 88-102% of the copy rate with two rows and the GEMV did not win.
 TWO_ROWS_MAX_WIDTH = 2
+# ... and N <= TWO_ROWS_MAX_N: at the 1B's q/k/v, o and down (N 2048-3072) the GEMV won in the probe (0.4-2.6 us a
+# launch) and in the batch-2 draft-model step (-2.0%), where at the 8B's (N 4096-6144; even in the probe) it lost
+# the batch-2 target decode 1.1% (H200, docs/results/2026-11-29-two-rows-b2: cuBLAS fills the GPU from there).
+TWO_ROWS_MAX_N = 3072
 # One-row products with K >= LONG_K_MIN_RATIO x N (a 1B draft's down projection, [2048 x 8192]) take their own rows:
 # with 8 weight rows a program they run N / 8 programs (256) each streaming a long row block; half as many rows a
 # program and longer steps read them faster (docs/results/2026-11-29-gemv-probe: 11.2 -> 10.2 us), where the 8B's
@@ -188,12 +192,12 @@ def fits(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> bool:
 def shape_class(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> str | None:
     """Where these kernels beat cuBLAS (the probes, H200): "one_row" for every product gemv takes with one row
     ("one_row_long_k" where K >= LONG_K_MIN_RATIO x N: its own tiles), "two_rows" for two rows and
-    N <= TWO_ROWS_MAX_WIDTH x K; None otherwise (cuBLAS keeps it)."""
+    N <= min(TWO_ROWS_MAX_WIDTH x K, TWO_ROWS_MAX_N); None otherwise (cuBLAS keeps it)."""
     if not fits(x, w_t, addend):
         return None
     if x.shape[0] == 1:
         return "one_row_long_k" if w_t.shape[0] >= LONG_K_MIN_RATIO * w_t.shape[1] else "one_row"
-    narrow = w_t.shape[1] <= TWO_ROWS_MAX_WIDTH * w_t.shape[0]
+    narrow = w_t.shape[1] <= min(TWO_ROWS_MAX_WIDTH * w_t.shape[0], TWO_ROWS_MAX_N)
     return "two_rows" if x.shape[0] == 2 and narrow else None
 
 

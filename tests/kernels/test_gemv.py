@@ -110,8 +110,9 @@ def test_gemv_refuses_what_it_does_not_take(case: str) -> None:
 
 def test_shape_class_names_where_the_gemvs_beat_cublas() -> None:
     """One row: "one_row" at any width, "one_row_long_k" from K = 4N; two rows: "two_rows" up to N = 2K (q/k/v, o,
-    down), None for wider weights (gate/up, lm_head); three or more rows: None (the probe had cuBLAS ahead at 5 and
-    8); None where gemv does not fit (a weight that is not a transposed nn.Linear weight)."""
+    down) and TWO_ROWS_MAX_N, None for wider weights (gate/up, lm_head, the 8B's); three or more rows: None (the
+    probe had cuBLAS ahead at 5 and 8); None where gemv does not fit (a weight that is not a transposed nn.Linear
+    weight)."""
     x = torch.randn(3, 64)
     for n, one, two in (
         (8, "one_row_long_k", "two_rows"),
@@ -128,6 +129,9 @@ def test_shape_class_names_where_the_gemvs_beat_cublas() -> None:
         assert gemv.shape_class(x[:2], weight.t(), torch.randn(2, n)) == two
         assert gemv.shape_class(x, weight.t()) is None
     assert gemv.shape_class(x[:1], torch.randn(64, 32)) is None
+    # two rows: narrow and at most TWO_ROWS_MAX_N wide (the 1B's q/k/v, o, down; not the 8B's)
+    for n, k, two in ((3072, 2048, "two_rows"), (2048, 8192, "two_rows"), (3073, 4096, None), (4096, 4096, None)):
+        assert gemv.shape_class(torch.randn(2, k), torch.empty(n, k).t()) == two, (n, k)
 
 
 @pytest.mark.parametrize(("n", "k", "shape_class"), [(60, 200, "one_row"), (24, 200, "one_row_long_k")])

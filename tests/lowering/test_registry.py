@@ -89,10 +89,10 @@ def matmul_node(op: str, rows: int, weight: torch.Tensor | None = None, addend_r
 
 def test_one_and_two_row_products_take_the_gemvs_by_default() -> None:
     """By default a one-row product against a transposed weight takes the "one_row" row (the GEMV, block_m 1)
-    on every SM, two rows of a narrow weight (N <= 2K) the "two_rows" row, and the in-place addmm its GEMV rows;
-    a wider weight at two rows, more rows, or a weight the GEMV cannot read keep cuBLAS. Under invariant numerics
-    the matmuls take the SM's row (kernels/mm.py) at one row too, and the in-place addmm, which has no invariant
-    kernel, keeps its reference."""
+    on every SM, two rows of a narrow weight (N <= 2K and TWO_ROWS_MAX_N) the "two_rows" row, and the in-place
+    addmm its GEMV rows; a wider weight at two rows, more rows, or a weight the GEMV cannot read keep cuBLAS. Under
+    invariant numerics the matmuls take the SM's row (kernels/mm.py) at one row too, and the in-place addmm, which
+    has no invariant kernel, keeps its reference."""
     for sm in (80, 90, 120):
         key = sm if sm in (80, 90) else "default"
         for op in ("mm", "addmm"):
