@@ -7,16 +7,17 @@ of the H200's copy rate, a 1B draft's o projection at 33%. This kernel gives eac
 rows (8: 768 programs for q/k/v on 132 SMs) across all of K, BLOCK_K columns a step, fp32 products
 accumulated elementwise in a [BLOCK_N, BLOCK_K] tile and summed once at the end: on an H200 11-13% faster
 than cuBLAS at the 8B's q/k/v and o, 6% at down, 0-3% at gate/up and lm_head, 17-25% at the 1B's q/k/v, o and
-down (docs/BENCHMARKS.md, 2026-11-29; a batch-1 8B decode 4% faster). It is mm's,
-addmm's and addmm_in_place's kernel for one-row products by default (their (sm, "one_row") config rows,
-block_m = 1); under numerics="invariant" mm and addmm keep kernels/mm.py's tiles at every M instead.
+down (docs/BENCHMARKS.md, 2026-11-29; a batch-1 8B decode 4% faster). It is mm's, addmm's and addmm_in_place's
+kernel for one-row products by default (their (sm, "one_row") config rows, block_m = 1; "one_row_long_k" rows where
+K >= 4N); under numerics="invariant" mm and addmm keep kernels/mm.py's tiles at every M instead.
 
 few_rows_kernel does the same for 2 to MAX_ROWS rows: each weight tile is loaded once and multiplied into
 every row's accumulator, so the weight streams once whatever the rows. It beats cuBLAS only at two rows and
 narrow weights (docs/results/2026-11-29-few-row-gemv-probe, H200: 1B q/k/v 6.4 -> 6.0 us, o 6.0 -> 4.9, down
 14.2 -> 11.6; at 5 or 8 rows each weight element feeds that many fp32 FMAs and it lost everywhere, at gate/up
-and the 1B lm_head already at two), so shape_class names that case ("two_rows") and the config rows lower only
-it: a draft model's catch-up forward at batch 1, a batch-2 decode's q/k/v, o and down.
+and the 1B lm_head already at two), so shape_class names that case ("two_rows", up to
+TWO_ROWS_MAX_N wide: at the 8B's projections a batch-2 decode lost to cuBLAS) and the config rows lower only it:
+a 1B draft model's catch-up forward at batch 1 and its draft forwards at batch 2.
 
 An addend [N] (a bias) or [M, N] (a residual: the folded norm's residual add) is added to the fp32 sum
 before the one rounding, as cuBLAS does with beta = 1; the output may be the addend itself (each program
