@@ -24,7 +24,7 @@ dependency-driven megakernel is worth building; if "flat, no barriers" itself is
 is not the tool.
 
     timeout 300 python docs/results/2026-11-29-persistent-stream-probe/probe.py
-    (--call 1: the first call's configs, run/probe_h200_call1.log; the default, 2: the second's)
+    (--call 1: the first call's configs, run/probe_h200_call1.log; 2: the second's; 3: prepared, not run yet)
     TRITON_INTERPRET=1 python docs/results/2026-11-29-persistent-stream-probe/probe.py --check-cpu   # one program
 """
 
@@ -71,6 +71,13 @@ CONFIGS = [
 ]
 CONFIGS_CALL_2 = [(2, 4, 4, True, 0), (3, 4, 3, True, 0), (2, 4, 4, True, 8), (2, 4, 5, True, 0), (3, 8, 3, True, 0),
                   (2, 4, 4, False, 0)]  # fmt: skip
+# Call 3 (prepared 2026-11-29 18:45, not run yet): call 1's best (2 a SM, 8 x 512, 4 stages) with, before each
+# barrier, whole weight rows of the program's first 1, 2 or 4 tiles of the next phase asked of L2 (prefetch_tiles; the
+# 16 lines of call 1's prefetch are half a 1B row). A barrier waits ~1.5 us, 6 MB of HBM time: the 1B's o weight is
+# 8 MB, one 8-row tile a program 32 KB. If the prefetched chain beats the launches by > 1 us a phase, a persistent
+# forward is back on the table. Entries: (programs a SM, rows a tile, stages, barriers, prefetch lines, prefetch tiles)
+CONFIGS_CALL_3 = [(2, 8, 4, True, 0, 0), (2, 8, 4, True, 0, 1), (2, 8, 4, True, 0, 2), (2, 8, 4, True, 0, 4),
+                  (2, 8, 3, True, 0, 2)]  # fmt: skip
 
 
 @triton.jit
@@ -103,9 +110,26 @@ def stream_phase(
 
 
 @triton.jit
+def prefetch_tiles(w_ptr, pid, P, N, K, BN: tl.constexpr, TILES: tl.constexpr):
+    """Ask L2 for the whole rows of this program's first TILES tiles of a phase (tiles pid, pid + P, ...; 128-byte
+    lines, 64 a row a step; columns past K clamped to the row's last line): issued before a barrier, the next phase's
+    weights stream while the program waits (the weights do not depend on what it waits for)."""
+    for t in tl.static_range(TILES):
+        tile = tl.minimum(pid + t * P, N // BN - 1)
+        rows = tile * BN + tl.arange(0, BN)
+        for c0 in range(0, K, 64 * 64):
+            cols = tl.minimum(c0 + tl.arange(0, 64) * 64, K - 64)
+            lines = w_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :]
+            tl.inline_asm_elementwise(
+                "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [lines], dtype=tl.int32, is_pure=False, pack=1
+            )
+
+
+@triton.jit
 def stream_layers_kernel(
     x_ptr, y_ptr, g_ptr, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, counter_ptr, LAYERS, H, QKV, GU, I,
     BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, BARRIERS: tl.constexpr, PREFETCH: tl.constexpr,
+    PREFETCH_TILES: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     P = tl.num_programs(0)
@@ -115,18 +139,24 @@ def stream_layers_kernel(
         stream_phase(x_ptr, wqkv, y_ptr, QKV, H, pid, P, False, BN, BK, STAGES)
         if PREFETCH:
             prefetch_rows(wo, pid * BN, H, H, BN, PREFETCH)
+        if PREFETCH_TILES:
+            prefetch_tiles(wo, pid, P, H, H, BN, PREFETCH_TILES)
         if BARRIERS:
             phase += 1
             grid_barrier(counter_ptr, phase * P)
         stream_phase(y_ptr, wo, x_ptr, H, H, pid, P, True, BN, BK, STAGES)
         if PREFETCH:
             prefetch_rows(wgu, pid * BN, GU, H, BN, PREFETCH)
+        if PREFETCH_TILES:
+            prefetch_tiles(wgu, pid, P, GU, H, BN, PREFETCH_TILES)
         if BARRIERS:
             phase += 1
             grid_barrier(counter_ptr, phase * P)
         stream_phase(x_ptr, wgu, g_ptr, GU, H, pid, P, False, BN, BK, STAGES)
         if PREFETCH:
             prefetch_rows(wd, pid * BN, H, I, BN, PREFETCH)
+        if PREFETCH_TILES:
+            prefetch_tiles(wd, pid, P, H, I, BN, PREFETCH_TILES)
         if BARRIERS:
             phase += 1
             grid_barrier(counter_ptr, phase * P)
@@ -138,6 +168,9 @@ def stream_layers_kernel(
         if PREFETCH:
             if layer + 1 < LAYERS:
                 prefetch_rows(wqkv, pid * BN, QKV, H, BN, PREFETCH)
+        if PREFETCH_TILES:
+            if layer + 1 < LAYERS:
+                prefetch_tiles(wqkv, pid, P, QKV, H, BN, PREFETCH_TILES)
         if BARRIERS:
             phase += 1
             grid_barrier(counter_ptr, phase * P)
@@ -177,14 +210,24 @@ def launches(chain: Chain):
 
 
 class Stream:
-    def __init__(self, chain: Chain, programs: int, bn: int, stages: int, barriers: bool, prefetch: int) -> None:
+    def __init__(
+        self, chain: Chain, programs: int, bn: int, stages: int, barriers: bool, prefetch: int, prefetch_tiles: int = 0
+    ) -> None:
         self.chain, self.programs = chain, programs
         device = chain.x0.device
         self.x = chain.x0.clone()
         self.y = torch.empty(1, chain.qkv, dtype=DTYPE, device=device)
         self.g = torch.empty(1, chain.gu, dtype=DTYPE, device=device)
         self.counter = torch.zeros(1, dtype=torch.int32, device=device)
-        self.meta = dict(BN=bn, BK=BK, STAGES=stages, BARRIERS=barriers, PREFETCH=prefetch, num_warps=WARPS)
+        self.meta = dict(
+            BN=bn,
+            BK=BK,
+            STAGES=stages,
+            BARRIERS=barriers,
+            PREFETCH=prefetch,
+            PREFETCH_TILES=prefetch_tiles,
+            num_warps=WARPS,
+        )
 
     def args(self) -> tuple:
         c = self.chain
@@ -213,7 +256,9 @@ def check_cpu() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check-cpu", action="store_true")
-    parser.add_argument("--call", type=int, default=2, help="1: the first call's configs; 2: the second's")
+    parser.add_argument(
+        "--call", type=int, default=3, help="1: the first call's configs; 2: the second's; 3: the third's"
+    )
     args = parser.parse_args()
     if args.check_cpu:
         check_cpu()
@@ -240,10 +285,11 @@ def main() -> None:
             f"({base / floor:.2f}x, {(base - floor) / (4 * layers):.2f} us a phase over the floor)",
             flush=True,
         )
-        for per_sm, bn, stages, barriers, prefetch in CONFIGS if args.call == 1 else CONFIGS_CALL_2:
-            name = f"p{per_sm}xSM bn{bn} s{stages}{'' if barriers else ' NO BARRIERS'}{f' prefetch{prefetch}' if prefetch else ''}"
+        configs = {1: [c + (0,) for c in CONFIGS], 2: [c + (0,) for c in CONFIGS_CALL_2], 3: CONFIGS_CALL_3}[args.call]
+        for per_sm, bn, stages, barriers, prefetch, prefetch_tiles in configs:
+            name = f"p{per_sm}xSM bn{bn} s{stages}{'' if barriers else ' NO BARRIERS'}{f' prefetch{prefetch}' if prefetch else ''}{f' prefetch {prefetch_tiles} tiles' if prefetch_tiles else ''}"
             try:
-                stream = Stream(chain, per_sm * sms, bn, stages, barriers, prefetch)
+                stream = Stream(chain, per_sm * sms, bn, stages, barriers, prefetch, prefetch_tiles)
                 fits = resident_programs_per_sm(stream.compiled(), WARPS)
                 if barriers and fits < per_sm:
                     print(f"  {name}: skipped, {fits} programs a SM resident at most", flush=True)
