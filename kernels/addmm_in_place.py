@@ -18,11 +18,10 @@ from graphspec import library
 
 __all__ = ["CONFIGS", "addmm_in_place_triton", "shape_class"]
 
-# The one-row GEMV's rows, and the (sm, class) rows of its other shape classes.
+# The one-row GEMV's rows as the SM's rows, and the (sm, class) rows of its other shape classes.
 CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     **{key: dict(config) for key, config in gemv_kernel.CONFIGS.items()},
-    **{(key, "one_row_long_k"): dict(config) for key, config in gemv_kernel.LONG_K_CONFIGS.items()},
-    **{(key, "two_rows"): dict(config) for key, config in gemv_kernel.TWO_ROWS_CONFIGS.items()},
+    **gemv_kernel.class_rows(name for name in gemv_kernel.CLASS_CONFIGS if name != "one_row"),
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 

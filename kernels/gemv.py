@@ -26,13 +26,25 @@ reads its tile of the addend before it writes it).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import triton
 import triton.language as tl
 from graphspec.kernels.common import cdiv, check_device, round_to
 from torch import Tensor
 
-__all__ = ["CONFIGS", "LONG_K_CONFIGS", "MAX_ROWS", "TWO_ROWS_CONFIGS", "fits", "gemv", "shape_class"]
+__all__ = [
+    "CLASS_CONFIGS",
+    "CONFIGS",
+    "LONG_K_CONFIGS",
+    "MAX_ROWS",
+    "TWO_ROWS_CONFIGS",
+    "class_rows",
+    "fits",
+    "gemv",
+    "shape_class",
+]
 
 MAX_ROWS = 8  # the most rows of x the few-row kernel takes
 # Two-row products are lowered where N <= TWO_ROWS_MAX_WIDTH x K (q/k/v, o, down): at the wide ones (gate/up's
@@ -72,6 +84,19 @@ TWO_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
     key: {"block_m": 2, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3}
     for key in (80, 90, "default")
 }
+
+# Each shape class's config rows, by the name shape_class gives it: the kernel ops that run these GEMVs (mm, addmm,
+# addmm_in_place) take them as their (sm, class) rows through class_rows, so a class is declared here only.
+CLASS_CONFIGS: dict[str, dict[int | str, dict[str, int]]] = {
+    "one_row": CONFIGS,
+    "one_row_long_k": LONG_K_CONFIGS,
+    "two_rows": TWO_ROWS_CONFIGS,
+}
+
+
+def class_rows(classes: Iterable[str] = tuple(CLASS_CONFIGS)) -> dict[tuple[int | str, str], dict[str, int]]:
+    """Copies of these shape classes' config rows keyed (sm, class), as a kernel op's CONFIGS holds them."""
+    return {(key, name): dict(config) for name in classes for key, config in CLASS_CONFIGS[name].items()}
 
 
 @triton.jit

@@ -39,15 +39,13 @@ __all__ = ["CONFIGS", "mm", "mm_triton", "shape_class", "splits_for"]
 # weight byte once. 90: the best single row of `benchmarks/bench_linear.py --pairs llama --sweep` on an H200
 # (2026-11-25, 12 rows at M = 1, 5, 40): summed over a batch-1 K=4 step's matmuls 8.00 ms against cuBLAS's
 # 7.46 (the first guess, block_k 128 / 4 stages: 8.93; block_m 16 is 7.86 but 1.5x slower at M = 40).
-# 80 and default are untuned. (sm, "one_row") and (sm, "two_rows"): kernels/gemv.py's rows (block_m 1 and 2), for
-# the products its shape_class names.
+# 80 and default are untuned. (sm, class): kernels/gemv.py's rows of each shape class (gemv.class_rows; block_m 1
+# or 2), for the products its shape_class names.
 CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     80: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 4},
     90: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 6},
     "default": {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 2},
-    **{(key, "one_row"): dict(config) for key, config in gemv_kernel.CONFIGS.items()},
-    **{(key, "one_row_long_k"): dict(config) for key, config in gemv_kernel.LONG_K_CONFIGS.items()},
-    **{(key, "two_rows"): dict(config) for key, config in gemv_kernel.TWO_ROWS_CONFIGS.items()},
+    **gemv_kernel.class_rows(),
 }
 CONFIG_FIELDS = check_config_table(CONFIGS)
 MIN_BLOCKS_PER_SPLIT = 4  # K blocks each split streams at least (shorter ones cost more in partials)
