@@ -78,7 +78,7 @@ HEAD_DIMS = (64, 128, 256)  # head dims the kernel is tested for (256: Qwen3.5 a
 MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra programs along grid axis 2
 WAVE_FILL = 0.5  # wave_block_n: tile counts in (WAVE_FILL * SMs, SMs] (below, B <= 8 at 8B heads: a tie)
 MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
-ROW_TILE = 4096  # ROW_SCALE: source elements summed per loop step (T positions x ROW_BLOCK columns)
+ROW_TILE = 8192  # ROW_SCALE: source elements summed per loop step (T positions x ROW_BLOCK columns)
 REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step
 # Warps of each reduce program (one output row of D values). One: benchmarks/bench_launch_configs.py
 # --ops attention_reduce on an H200 (2026-11-22, 33 splits, 32 q heads): 2.3-3.0 us per launch at the
@@ -94,20 +94,18 @@ def rope(x, partner, cos, sin, first_half, DTYPE: tl.constexpr):
     then the sum), as fp32 holding DTYPE values. partner: x at the other half's column; cos/sin already
     rounded to DTYPE; first_half: whether a column lies in the first half (where rotate_half negates)."""
     rotated = tl.where(first_half, -partner.to(tl.float32), partner.to(tl.float32))
-    cos, sin = cos.to(tl.float32), sin.to(tl.float32)
     return round_to(round_to(x.to(tl.float32) * cos, DTYPE) + round_to(rotated * sin, DTYPE), DTYPE)
 
 
 @triton.jit
 def rope_rows(cos_ptr, sin_ptr, b, token, dims, stride_cb, stride_ct, stride_cd, stride_sb, stride_st, stride_sd, mask,
               DTYPE: tl.constexpr):  # fmt: skip
-    """cos and sin [rows, HEAD_DIM] at (b, token) of each row, cast to DTYPE like the reference (held in DTYPE: half
-    the registers of fp32 while the program's other loads are in flight)."""
+    """cos and sin [rows, HEAD_DIM] at (b, token) of each row, cast to DTYPE like the reference, held in fp32."""
     cos_off = (b * stride_cb + token.to(tl.int64) * stride_ct)[:, None] + dims[None, :] * stride_cd
     sin_off = (b * stride_sb + token.to(tl.int64) * stride_st)[:, None] + dims[None, :] * stride_sd
     cos = round_to(tl.load(cos_ptr + cos_off, mask=mask, other=0.0).to(tl.float32), DTYPE)
     sin = round_to(tl.load(sin_ptr + sin_off, mask=mask, other=0.0).to(tl.float32), DTYPE)
-    return cos.to(DTYPE), sin.to(DTYPE)
+    return cos, sin
 
 
 @triton.jit
@@ -123,44 +121,18 @@ def norm_heads(x, partner, weight_ptr, dims, partner_dims, eps, HEAD_DIM: tl.con
 
 
 @triton.jit
-def row_squares(row_ptr, b, steps, T: tl.constexpr, stride_rb, stride_rt, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
-    """The squares of row b's source rows at `steps` (those < T), BLOCK columns at a time added elementwise in a
-    fixed order, fp32 [len(steps), BLOCK]: their sum along axis 1 / WIDTH is the mean square. No cross-warp sum
-    per step, so every step's load is in flight at once (a sum per step waited for each in turn)."""
+def row_inverse_rms(row_ptr, b, steps, T: tl.constexpr, stride_rb, stride_rt, eps, WIDTH: tl.constexpr,
+                    BLOCK: tl.constexpr):  # fmt: skip
+    """1 / sqrt(mean(src^2) + eps) of row b's source rows at `steps` (those < T), summed BLOCK columns at a time in
+    a fixed order; fp32 [len(steps)]."""
     rows = b * stride_rb + steps.to(tl.int64) * stride_rt
-    squares = tl.zeros([steps.shape[0], BLOCK], tl.float32)
+    squares = tl.zeros(steps.shape, tl.float32)
     for start in tl.static_range(0, WIDTH, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = (steps < T)[:, None] & (cols < WIDTH)[None, :]
         src = tl.load(row_ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        squares += src * src
-    return squares
-
-
-@triton.jit
-def attend_block(q, k, v, pos, in_range, query_pos, m_i, l_i, acc, qk_scale, CAUSAL: tl.constexpr,
-                 PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):  # fmt: skip
-    """One online-softmax step of the query tile q [BLOCK_M, D] over a key/value block k, v [BLOCK_N, D] at
-    positions pos (in_range: inside the program's chunk; masked keys and values arrive as 0): (m_i, l_i, acc)."""
-    if UPCAST_DOT:
-        k = k.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-    if CAUSAL:  # query at query_pos sees key positions <= query_pos
-        visible = (pos[None, :] <= query_pos[:, None]) & in_range[None, :]
-    else:  # the whole block: every key of the chunk (hi <= kv_len = start + T), for every query
-        visible = in_range[None, :]
-    scores = tl.where(visible, scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(scores - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    # P is rounded to the value dtype (bf16 on GPU) for the tensor-core dot, as flash attention does.
-    if UPCAST_DOT:
-        p, v = round_to(p, v.dtype), v.to(tl.float32)
-    else:
-        p = p.to(v.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-    return m_new, l_i, acc
+        squares += tl.sum(src * src, 1)
+    return 1.0 / tl.sqrt_rn(squares / WIDTH + eps)  # IEEE sqrt and divide, like inverse_rms
 
 
 @triton.jit
@@ -236,7 +208,6 @@ def attention_kernel(
     ROW_BLOCK: tl.constexpr,  # ROW_SCALE: source columns summed per loop step
     CAUSAL: tl.constexpr,
     BLOCK_T: tl.constexpr,  # ROTARY: T rounded up to a power of 2
-    EARLY_BLOCK: tl.constexpr,  # the first key block asked for before the rotation (early_block())
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -245,12 +216,6 @@ def attention_kernel(
     m_block = tl.program_id(2)
     b = row_head // num_kv_heads
     kv_head = row_head % num_kv_heads
-    # Everything this program reads that an earlier launch wrote (slot, start, q, this step's k and v, cos/sin, the
-    # norm's source rows) is asked for first, before any of it is waited for, then the chunk's first key block:
-    # one L2 round trip and one HBM round trip, not one per use. No branch comes before the last of these loads
-    # (the compiler sinks a load past a branch into the side that uses it, and no load moves up past a
-    # cross-warp sum's barrier); a split past the row's keys runs the whole program on empty masks instead and
-    # stores an empty partial (log-sum-exp -inf, output 0).
     slot = tl.load(slot_ids_ptr + b).to(tl.int64)
     start = tl.load(start_pos_ptr + b).to(tl.int32)
     dtype = cache_ptr.dtype.element_ty
@@ -262,86 +227,85 @@ def attention_kernel(
     head = kv_head * GROUP + rows // T  # q head of each row, [BLOCK_M]
     token = rows % T
     out_rows = (b.to(tl.int64) * T + token) * (num_kv_heads * GROUP) + head  # row of contiguous [B, T, Hq]
+
+    query_pos = start + token  # cache position of each query; it sees keys at positions <= query_pos
     dims = tl.arange(0, HEAD_DIM)
     q_rows = b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + token.to(tl.int64) * stride_qt
     q = tl.load(q_ptr + q_rows[:, None] + dims[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
 
-    # ROTARY: q arrives unrotated and is rotated here, in registers (rotate_half pairs column d with
-    # d +- D/2). Same rounding as the rotary kernel, so the rotated q is bit for bit what it stores.
-    # The step's T keys and values are read by every program (a few rows, from L2); only the programs whose
-    # chunk holds their positions store them, below.
-    first_half = dims < HEAD_DIM // 2
-    partner = tl.where(first_half, dims + HEAD_DIM // 2, dims - HEAD_DIM // 2)
-    steps = tl.arange(0, BLOCK_T)  # ROTARY: this step's T positions, padded
-    if ROTARY:
-        q_partner = tl.load(q_ptr + q_rows[:, None] + partner[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
-        step_ok = steps < T
-        k_rows = b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh + steps.to(tl.int64) * stride_kt
-        k_new = tl.load(k_ptr + k_rows[:, None] + dims[None, :] * stride_kd, mask=step_ok[:, None], other=0.0)
-        k_partner = tl.load(k_ptr + k_rows[:, None] + partner[None, :] * stride_kd, mask=step_ok[:, None], other=0.0)
-        v_rows = b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh + steps.to(tl.int64) * stride_vt
-        v_new = tl.load(v_ptr + v_rows[:, None] + dims[None, :] * stride_vd, mask=step_ok[:, None], other=0.0)
-        q_cos, q_sin = rope_rows(
-            cos_ptr, sin_ptr, b.to(tl.int64), token, dims, stride_cosb, stride_cost, stride_cosd,
-            stride_sinb, stride_sint, stride_sind, row_ok[:, None], dtype,
-        )  # fmt: skip
-        k_cos, k_sin = rope_rows(
-            cos_ptr, sin_ptr, b.to(tl.int64), steps, dims, stride_cosb, stride_cost, stride_cosd,
-            stride_sinb, stride_sint, stride_sind, step_ok[:, None], dtype,
-        )  # fmt: skip
-        if ROW_SCALE:
-            squares = row_squares(row_ptr, b.to(tl.int64), steps, T, stride_rb, stride_rt, ROW_WIDTH, ROW_BLOCK)
-
     # Keys this row can see at all (the last query's window), clamped to the cache capacity, cut into
     # num_splits chunks of whole BLOCK_N blocks (or fixed split_keys chunks): split `split` covers
     # positions [lo, hi).
-    query_pos = start + token  # cache position of each query; it sees keys at positions <= query_pos
     kv_len = tl.minimum(start + T, seq_capacity)
     chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     if split_keys > 0:
         chunk = split_keys
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
+    if SPLIT:
+        # The split count follows the cache's capacity (a static grid), so at a short context most
+        # splits start past the row's keys: they store an empty partial (log-sum-exp -inf, output 0,
+        # what the loop below would leave) and go no further. The step's new keys lie below kv_len, in
+        # no such split. q's load comes first all the same: after this test it would wait for start_pos.
+        if lo >= kv_len:
+            empty_out = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+            empty_lse = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            store_partial(part_out_ptr, part_lse_ptr, out_rows, num_splits, split, empty_out, empty_lse, dims, row_ok)
+            return
+
+    # ROTARY: q arrives unrotated and is rotated here, in registers (rotate_half pairs column d with
+    # d +- D/2). Same rounding as the rotary kernel, so the rotated q is bit for bit what it stores.
+    first_half = dims < HEAD_DIM // 2
+    partner = tl.where(first_half, dims + HEAD_DIM // 2, dims - HEAD_DIM // 2)
+    steps = tl.arange(0, BLOCK_T)  # ROTARY: this step's T positions, padded
+    if ROTARY:
+        q_partner = tl.load(q_ptr + q_rows[:, None] + partner[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+        if ROW_SCALE:  # row_scale's arithmetic: rsqrt(mean(src^2) + eps) per position, one rounding of the product
+            step_scale = row_inverse_rms(row_ptr, b.to(tl.int64), steps, T, stride_rb, stride_rt, row_eps, ROW_WIDTH,
+                                         ROW_BLOCK)  # fmt: skip
+            q_scale = tl.sum(tl.where(token[:, None] == steps[None, :], step_scale[None, :], 0.0), 1)[:, None]
+            q = round_to(q.to(tl.float32) * q_scale, dtype)
+            q_partner = round_to(q_partner.to(tl.float32) * q_scale, dtype)
+        if QK_NORM:  # each row is one head: normalize it (and its partner columns) first, as rms_norm would
+            q, q_partner = norm_heads(q, q_partner, q_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
+        q_cos, q_sin = rope_rows(
+            cos_ptr, sin_ptr, b.to(tl.int64), token, dims, stride_cosb, stride_cost, stride_cosd,
+            stride_sinb, stride_sint, stride_sind, row_ok[:, None], dtype,
+        )  # fmt: skip
+        q = rope(q, q_partner, q_cos, q_sin, first_half[None, :], dtype).to(dtype)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
     # Slot base in int64: layer/slot/head offsets of an H200-sized cache exceed 2**31 elements. Offsets
     # inside one (layer, kind, slot, head) plane stay int32 (the launcher checks S * stride_s < 2**31).
     key_base = cache_ptr + layer.to(tl.int64) * stride_cl + slot * stride_cslot + kv_head.to(tl.int64) * stride_ch
     value_base = key_base + stride_ckind
-    # EARLY_BLOCK: the chunk's first key block is asked for now, before the rotation and the KV write below,
-    # so its HBM latency overlaps theirs. Its rows at this step's positions are not: this program (or another
-    # tile of the chunk) is about to store them, and they are read back after the store.
-    offs_n = tl.arange(0, BLOCK_N)
-    first_pos = lo + offs_n
-    first_in = first_pos < hi
-    if ROTARY:
-        fresh = (first_pos >= start) & (first_pos < start + T) & first_in
-    else:
-        fresh = first_pos < 0  # nothing is written here: the whole block comes from the cache
-    first_offsets = first_pos[:, None] * stride_cs + dims[None, :] * stride_cd
-    if EARLY_BLOCK:
-        first_k = tl.load(key_base + first_offsets, mask=(first_in & ~fresh)[:, None], other=0.0)
-        first_v = tl.load(value_base + first_offsets, mask=(first_in & ~fresh)[:, None], other=0.0)
 
     if ROTARY:
-        if ROW_SCALE:  # row_scale's arithmetic: rsqrt(mean(src^2) + eps) per position, one rounding of the product
-            step_scale = 1.0 / tl.sqrt_rn(tl.sum(squares, 1) / ROW_WIDTH + row_eps)  # IEEE, like inverse_rms
-            q_scale = tl.sum(tl.where(token[:, None] == steps[None, :], step_scale[None, :], 0.0), 1)[:, None]
-            q = round_to(q.to(tl.float32) * q_scale, dtype)
-            q_partner = round_to(q_partner.to(tl.float32) * q_scale, dtype)
-            k_new = round_to(k_new.to(tl.float32) * step_scale[:, None], dtype)
-            k_partner = round_to(k_partner.to(tl.float32) * step_scale[:, None], dtype)
-            v_new = round_to(v_new.to(tl.float32) * step_scale[:, None], dtype)
-        if QK_NORM:  # each row is one head: normalize it (and its partner columns) first, as rms_norm would
-            q, q_partner = norm_heads(q, q_partner, q_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
-            k_new, k_partner = norm_heads(k_new, k_partner, k_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
-        q = rope(q, q_partner, q_cos, q_sin, first_half[None, :], dtype).to(dtype)
         # This step's keys (positions start .. start+T-1) enter the cache here, rotated, written by the
-        # programs whose chunk [lo, hi) holds them, before the blocks below read them like any other key.
-        # The key loop is the plain kernel's, so the result is bit for bit that of rotary_kv_write then
+        # programs whose chunk [lo, hi) holds them, before the loop below reads them like any other key.
+        # The loop is the plain kernel's, so the result is bit for bit that of rotary_kv_write then
         # attention. Every query tile (m_block) of a chunk stores the same bytes, so each reads back
         # what it stored; the barrier makes the program's global stores visible to all its threads.
         new_pos = start + steps
-        own = step_ok & (new_pos >= lo) & (new_pos < hi)
+        own = (steps < T) & (new_pos >= lo) & (new_pos < hi)
+        k_rows = b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh + steps.to(tl.int64) * stride_kt
+        k_new = tl.load(k_ptr + k_rows[:, None] + dims[None, :] * stride_kd, mask=own[:, None], other=0.0)
+        k_partner = tl.load(k_ptr + k_rows[:, None] + partner[None, :] * stride_kd, mask=own[:, None], other=0.0)
+        if ROW_SCALE:
+            k_new = round_to(k_new.to(tl.float32) * step_scale[:, None], dtype)
+            k_partner = round_to(k_partner.to(tl.float32) * step_scale[:, None], dtype)
+        if QK_NORM:
+            k_new, k_partner = norm_heads(k_new, k_partner, k_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
+        k_cos, k_sin = rope_rows(
+            cos_ptr, sin_ptr, b.to(tl.int64), steps, dims, stride_cosb, stride_cost, stride_cosd,
+            stride_sinb, stride_sint, stride_sind, own[:, None], dtype,
+        )  # fmt: skip
         k_rot = rope(k_new, k_partner, k_cos, k_sin, first_half[None, :], dtype).to(dtype)
+        v_rows = b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh + steps.to(tl.int64) * stride_vt
+        v_new = tl.load(v_ptr + v_rows[:, None] + dims[None, :] * stride_vd, mask=own[:, None], other=0.0)
+        if ROW_SCALE:
+            v_new = round_to(v_new.to(tl.float32) * step_scale[:, None], dtype)
         # A slot outside the cache gets no write, as kv_write drops out-of-range targets.
         # HACK(triton<=3.9 interpreter): `block & scalar` of bools comes out as an int32 mask that
         # tl.store refuses; tl.where keeps it bool (as in kernels/rotary_kv_write.py).
@@ -350,33 +314,39 @@ def attention_kernel(
         tl.store(key_base + new_offsets, k_rot, mask=write[:, None])
         tl.store(value_base + new_offsets, v_new.to(dtype), mask=write[:, None])
         tl.debug_barrier()
-        if EARLY_BLOCK:  # .cg: from L2, where the stores went (the first load never brought these rows into L1)
-            fresh_k = tl.load(key_base + first_offsets, mask=fresh[:, None], other=0.0, cache_modifier=".cg")
-            fresh_v = tl.load(value_base + first_offsets, mask=fresh[:, None], other=0.0, cache_modifier=".cg")
-            first_k = tl.where(fresh[:, None], fresh_k, first_k)
-            first_v = tl.where(fresh[:, None], fresh_v, first_v)
-    if not EARLY_BLOCK:
-        first_k = tl.load(key_base + first_offsets, mask=first_in[:, None], other=0.0)
-        first_v = tl.load(value_base + first_offsets, mask=first_in[:, None], other=0.0)
-    if UPCAST_DOT:
-        q = q.to(tl.float32)
 
     # Online softmax state. m_i starts finite so a row with no visible key in a block gets
     # exp2(-inf - m_i) = 0 and alpha = 1, never NaN from (-inf) - (-inf).
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    m_i, l_i, acc = attend_block(q, first_k, first_v, first_pos, first_in, query_pos, m_i, l_i, acc, qk_scale,
-                                 CAUSAL, PRECISION, UPCAST_DOT)  # fmt: skip
-    for block_start in range(lo + BLOCK_N, hi, BLOCK_N):
+    offs_n = tl.arange(0, BLOCK_N)
+    for block_start in range(lo, hi, BLOCK_N):
         pos = block_start + offs_n  # [BLOCK_N] key positions
         in_range = pos < hi  # the last block of a chunk may run past it; masked keys/values load as 0
         kv_offsets = pos[:, None] * stride_cs + dims[None, :] * stride_cd
         k = tl.load(key_base + kv_offsets, mask=in_range[:, None], other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        if CAUSAL:  # query at query_pos sees key positions <= query_pos
+            visible = (pos[None, :] <= query_pos[:, None]) & in_range[None, :]
+        else:  # the whole block: every key of the chunk (hi <= kv_len = start + T), for every query
+            visible = in_range[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
         # Values past `hi` load as 0 (the cache beyond a row's length may hold garbage, even NaN).
         v = tl.load(value_base + kv_offsets, mask=in_range[:, None], other=0.0)
-        m_i, l_i, acc = attend_block(q, k, v, pos, in_range, query_pos, m_i, l_i, acc, qk_scale, CAUSAL, PRECISION,
-                                     UPCAST_DOT)  # fmt: skip
+        # P is rounded to the value dtype (bf16 on GPU) for the tensor-core dot, as flash attention does.
+        if UPCAST_DOT:
+            p, v = round_to(p, v.dtype), v.to(tl.float32)
+        else:
+            p = p.to(v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        m_i = m_new
 
     has_keys = l_i > 0  # false for rows whose window misses this split entirely
     norm = tl.where(has_keys, l_i, 1.0)
@@ -434,14 +404,6 @@ def attention_reduce_kernel(
         total += tl.sum(weight, 0)
     out = round_to(acc / total, out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
-
-
-def early_block(t: int, block_n: int, head_dim: int) -> bool:
-    """Whether attention_kernel asks for its first key block before the rotation and KV write. The block then
-    sits in registers (2 x block_n x D values) while the row's other loads are in flight; past 2 query tokens
-    (the norm's source rows in several chunks, a larger rotation) or 64 x 128 values a block ptxas spills
-    (sm_90 builds of the step's shapes: none at T <= 2 with D <= 128; 14-614 spill instructions at T 3-5 or D 256)."""
-    return t <= 2 and block_n * head_dim <= 64 * 128
 
 
 def num_splits(
@@ -599,7 +561,6 @@ def attention(
         ROW_BLOCK=min(next_power_of_2(row_width), max(1, ROW_TILE // next_power_of_2(t))),
         CAUSAL=causal,
         BLOCK_T=next_power_of_2(t),
-        EARLY_BLOCK=early_block(t, block_n, head_dim),
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
         UPCAST_DOT=upcast,
         num_warps=num_warps,
