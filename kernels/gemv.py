@@ -21,7 +21,8 @@ a 1B draft model's catch-up forward at batch 1 and its draft forwards at batch 2
 
 An addend [N] (a bias) or [M, N] (a residual: the folded norm's residual add) is added to the fp32 sum
 before the one rounding, as cuBLAS does with beta = 1; the output may be the addend itself (each program
-reads its tile of the addend before it writes it).
+reads its tile of the addend before it writes it). The addend is asked for before the K loop, so its L2 round trip
+overlaps the weight stream instead of ending every program.
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ def gemv_kernel(
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    if HAS_ADDEND:  # asked for before the K loop: after it, its L2 round trip ended every program
+        addend = tl.load(addend_ptr + rows, mask=row_ok, other=0.0)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
@@ -147,7 +150,7 @@ def gemv_kernel(
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     total = tl.sum(acc, 1)
     if HAS_ADDEND:
-        total += tl.load(addend_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        total += addend.to(tl.float32)
     dtype = out_ptr.dtype.element_ty
     tl.store(out_ptr + rows, round_to(total, dtype).to(dtype), mask=row_ok)
 
@@ -179,6 +182,9 @@ def few_rows_kernel(
     m_ok = ms < M
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + ms[:, None] * stride_xm
+    mask = m_ok[:, None] & row_ok[None, :]
+    if HAS_ADDEND:  # asked for before the K loop, as in gemv_kernel
+        addend = tl.load(addend_ptr + ms[:, None] * stride_am + rows[None, :], mask=mask, other=0.0)
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
@@ -189,9 +195,8 @@ def few_rows_kernel(
             x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
         acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
     total = tl.sum(acc, 2)
-    mask = m_ok[:, None] & row_ok[None, :]
     if HAS_ADDEND:
-        total += tl.load(addend_ptr + ms[:, None] * stride_am + rows[None, :], mask=mask, other=0.0).to(tl.float32)
+        total += addend.to(tl.float32)
     dtype = out_ptr.dtype.element_ty
     tl.store(out_ptr + ms[:, None] * N + rows[None, :], round_to(total, dtype).to(dtype), mask=mask)
 
