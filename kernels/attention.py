@@ -94,20 +94,18 @@ def rope(x, partner, cos, sin, first_half, DTYPE: tl.constexpr):
     then the sum), as fp32 holding DTYPE values. partner: x at the other half's column; cos/sin already
     rounded to DTYPE; first_half: whether a column lies in the first half (where rotate_half negates)."""
     rotated = tl.where(first_half, -partner.to(tl.float32), partner.to(tl.float32))
-    cos, sin = cos.to(tl.float32), sin.to(tl.float32)
     return round_to(round_to(x.to(tl.float32) * cos, DTYPE) + round_to(rotated * sin, DTYPE), DTYPE)
 
 
 @triton.jit
 def rope_rows(cos_ptr, sin_ptr, b, token, dims, stride_cb, stride_ct, stride_cd, stride_sb, stride_st, stride_sd, mask,
               DTYPE: tl.constexpr):  # fmt: skip
-    """cos and sin [rows, HEAD_DIM] at (b, token) of each row, cast to DTYPE like the reference and held in DTYPE
-    (half the registers of fp32 while the program's other loads are in flight)."""
+    """cos and sin [rows, HEAD_DIM] at (b, token) of each row, cast to DTYPE like the reference, held in fp32."""
     cos_off = (b * stride_cb + token.to(tl.int64) * stride_ct)[:, None] + dims[None, :] * stride_cd
     sin_off = (b * stride_sb + token.to(tl.int64) * stride_st)[:, None] + dims[None, :] * stride_sd
     cos = round_to(tl.load(cos_ptr + cos_off, mask=mask, other=0.0).to(tl.float32), DTYPE)
     sin = round_to(tl.load(sin_ptr + sin_off, mask=mask, other=0.0).to(tl.float32), DTYPE)
-    return cos.to(DTYPE), sin.to(DTYPE)
+    return cos, sin
 
 
 @triton.jit
@@ -257,44 +255,24 @@ def attention_kernel(
 
     # ROTARY: q arrives unrotated and is rotated here, in registers (rotate_half pairs column d with
     # d +- D/2). Same rounding as the rotary kernel, so the rotated q is bit for bit what it stores.
-    # Every load the rotation needs (q's partner columns, this step's k and v, cos/sin) is asked for before the
-    # row scale's cross-warp sum, whose barrier no later load moves above: one L2 round trip for all of them.
     first_half = dims < HEAD_DIM // 2
     partner = tl.where(first_half, dims + HEAD_DIM // 2, dims - HEAD_DIM // 2)
     steps = tl.arange(0, BLOCK_T)  # ROTARY: this step's T positions, padded
     if ROTARY:
         q_partner = tl.load(q_ptr + q_rows[:, None] + partner[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
-        # This step's keys (positions start .. start+T-1) enter the cache below, rotated, written by the
-        # programs whose chunk [lo, hi) holds them, before the loop reads them like any other key.
-        new_pos = start + steps
-        own = (steps < T) & (new_pos >= lo) & (new_pos < hi)
-        k_rows = b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh + steps.to(tl.int64) * stride_kt
-        k_new = tl.load(k_ptr + k_rows[:, None] + dims[None, :] * stride_kd, mask=own[:, None], other=0.0)
-        k_partner = tl.load(k_ptr + k_rows[:, None] + partner[None, :] * stride_kd, mask=own[:, None], other=0.0)
-        v_rows = b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh + steps.to(tl.int64) * stride_vt
-        v_new = tl.load(v_ptr + v_rows[:, None] + dims[None, :] * stride_vd, mask=own[:, None], other=0.0)
-        q_cos, q_sin = rope_rows(
-            cos_ptr, sin_ptr, b.to(tl.int64), token, dims, stride_cosb, stride_cost, stride_cosd,
-            stride_sinb, stride_sint, stride_sind, row_ok[:, None], dtype,
-        )  # fmt: skip
-        k_cos, k_sin = rope_rows(
-            cos_ptr, sin_ptr, b.to(tl.int64), steps, dims, stride_cosb, stride_cost, stride_cosd,
-            stride_sinb, stride_sint, stride_sind, own[:, None], dtype,
-        )  # fmt: skip
         if ROW_SCALE:  # row_scale's arithmetic: rsqrt(mean(src^2) + eps) per position, one rounding of the product
             step_scale = row_inverse_rms(row_ptr, b.to(tl.int64), steps, T, stride_rb, stride_rt, row_eps, ROW_WIDTH,
                                          ROW_BLOCK)  # fmt: skip
             q_scale = tl.sum(tl.where(token[:, None] == steps[None, :], step_scale[None, :], 0.0), 1)[:, None]
             q = round_to(q.to(tl.float32) * q_scale, dtype)
             q_partner = round_to(q_partner.to(tl.float32) * q_scale, dtype)
-            k_new = round_to(k_new.to(tl.float32) * step_scale[:, None], dtype)
-            k_partner = round_to(k_partner.to(tl.float32) * step_scale[:, None], dtype)
-            v_new = round_to(v_new.to(tl.float32) * step_scale[:, None], dtype)
         if QK_NORM:  # each row is one head: normalize it (and its partner columns) first, as rms_norm would
             q, q_partner = norm_heads(q, q_partner, q_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
-            k_new, k_partner = norm_heads(k_new, k_partner, k_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
+        q_cos, q_sin = rope_rows(
+            cos_ptr, sin_ptr, b.to(tl.int64), token, dims, stride_cosb, stride_cost, stride_cosd,
+            stride_sinb, stride_sint, stride_sind, row_ok[:, None], dtype,
+        )  # fmt: skip
         q = rope(q, q_partner, q_cos, q_sin, first_half[None, :], dtype).to(dtype)
-        k_rot = rope(k_new, k_partner, k_cos, k_sin, first_half[None, :], dtype).to(dtype)
     if UPCAST_DOT:
         q = q.to(tl.float32)
 
@@ -304,9 +282,30 @@ def attention_kernel(
     value_base = key_base + stride_ckind
 
     if ROTARY:
+        # This step's keys (positions start .. start+T-1) enter the cache here, rotated, written by the
+        # programs whose chunk [lo, hi) holds them, before the loop below reads them like any other key.
         # The loop is the plain kernel's, so the result is bit for bit that of rotary_kv_write then
         # attention. Every query tile (m_block) of a chunk stores the same bytes, so each reads back
         # what it stored; the barrier makes the program's global stores visible to all its threads.
+        new_pos = start + steps
+        own = (steps < T) & (new_pos >= lo) & (new_pos < hi)
+        k_rows = b.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh + steps.to(tl.int64) * stride_kt
+        k_new = tl.load(k_ptr + k_rows[:, None] + dims[None, :] * stride_kd, mask=own[:, None], other=0.0)
+        k_partner = tl.load(k_ptr + k_rows[:, None] + partner[None, :] * stride_kd, mask=own[:, None], other=0.0)
+        if ROW_SCALE:
+            k_new = round_to(k_new.to(tl.float32) * step_scale[:, None], dtype)
+            k_partner = round_to(k_partner.to(tl.float32) * step_scale[:, None], dtype)
+        if QK_NORM:
+            k_new, k_partner = norm_heads(k_new, k_partner, k_norm_ptr, dims, partner, norm_eps, HEAD_DIM, dtype)
+        k_cos, k_sin = rope_rows(
+            cos_ptr, sin_ptr, b.to(tl.int64), steps, dims, stride_cosb, stride_cost, stride_cosd,
+            stride_sinb, stride_sint, stride_sind, own[:, None], dtype,
+        )  # fmt: skip
+        k_rot = rope(k_new, k_partner, k_cos, k_sin, first_half[None, :], dtype).to(dtype)
+        v_rows = b.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh + steps.to(tl.int64) * stride_vt
+        v_new = tl.load(v_ptr + v_rows[:, None] + dims[None, :] * stride_vd, mask=own[:, None], other=0.0)
+        if ROW_SCALE:
+            v_new = round_to(v_new.to(tl.float32) * step_scale[:, None], dtype)
         # A slot outside the cache gets no write, as kv_write drops out-of-range targets.
         # HACK(triton<=3.9 interpreter): `block & scalar` of bools comes out as an int32 mask that
         # tl.store refuses; tl.where keeps it bool (as in kernels/rotary_kv_write.py).
