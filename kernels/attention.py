@@ -36,8 +36,10 @@ from graphspec.kernels.common import (
     check_device,
     fit_shared_memory,
     next_power_of_2,
+    pdl_launch,
     round_to,
     sm_count,
+    wait_for_earlier_kernels,
 )
 from graphspec.kernels.rms_norm import inverse_rms, scale_rows
 from torch import Tensor
@@ -210,7 +212,9 @@ def attention_kernel(
     BLOCK_T: tl.constexpr,  # ROTARY: T rounded up to a power of 2
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (common.pdl_launch)
 ):
+    wait_for_earlier_kernels(USE_PDL)
     split = tl.program_id(0)
     row_head = tl.program_id(1)  # b * Hkv + kv_head
     m_block = tl.program_id(2)
@@ -371,7 +375,9 @@ def attention_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
     CHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_earlier_kernels(USE_PDL)
     # One program per output row (b, t, h), the row index of contiguous [B, T, Hq]; combines that
     # row's num_splits partials: out = sum_s 2^(lse_s - top) * out_s / sum_s 2^(lse_s - top).
     # Summed CHUNK splits at a time like the outputs (not in one BLOCK_SPLITS-wide sum): splits past the
@@ -512,6 +518,7 @@ def attention(
         splits = 1
     else:
         splits = num_splits(batch, kv_heads, m_blocks, seq_capacity, block_n, programs_per_sm, sms)
+    pdl = pdl_launch(q.device)
     if splits > 1:
         part_out = torch.empty((batch, t, q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, t, q_heads, splits), dtype=torch.float32, device=q.device)
@@ -565,11 +572,12 @@ def attention(
         UPCAST_DOT=upcast,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl,
     )
     if splits > 1:
         attention_reduce_kernel[(batch * q_heads * t,)](
             part_out, part_lse, out, splits,
-            HEAD_DIM=head_dim, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=REDUCE_CHUNK, num_warps=REDUCE_WARPS,
+            HEAD_DIM=head_dim, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=REDUCE_CHUNK, num_warps=REDUCE_WARPS, **pdl,
         )  # fmt: skip
     return out
 

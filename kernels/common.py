@@ -50,6 +50,41 @@ def sm_count(device: torch.device) -> int:
 
 
 @functools.cache
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+# "1": launch the kernels that take USE_PDL with programmatic dependent launch. Off by default until an H200 A/B of
+# the step has measured it (prepared: docs/results/2026-11-29-pdl-decode/); then the default follows the numbers.
+PDL_ENV = "GRAPHSPEC_PDL"
+
+
+def pdl_launch(device: torch.device) -> dict[str, bool]:
+    """Launch arguments for programmatic dependent launch (PDL; CUDA sm_90+, with GRAPHSPEC_PDL=1). The GPU may
+    then start the kernel while the kernel before it in the stream retires (its last programs exited, its writes
+    not yet flushed), hiding the launch latency between two kernels of a batch-1 decode, whose one-row products,
+    attention and reduce are all Triton kernels since the one-row GEMVs (when cuBLAS ran every projection, PDL on
+    the Triton kernels between them bought nothing: docs/BENCHMARKS.md, "Experiment, not kept: programmatic
+    dependent launch"). A kernel launched this way takes USE_PDL and calls wait_for_earlier_kernels() before
+    anything else, so it reads and writes memory only once every kernel before it has finished, as in plain
+    stream order; it never lets the next kernel start early (letting dependents launch made a stand-in chain 11%
+    slower, docs/results/2026-11-28-pdl)."""
+    if device.type != "cuda" or os.environ.get(PDL_ENV, "0") != "1":
+        return {"USE_PDL": False}
+    if _cuda_capability(device.index if device.index is not None else torch.cuda.current_device())[0] < 9:
+        return {"USE_PDL": False}
+    return {"USE_PDL": True, "launch_pdl": True}
+
+
+@triton.jit
+def wait_for_earlier_kernels(USE_PDL: tl.constexpr):
+    """USE_PDL: wait until the kernels before this one in the stream have finished and their writes are visible
+    (griddepcontrol.wait); a no-op for a kernel launched in plain stream order."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@functools.cache
 def _cuda_shared_memory(index: int) -> int:
     return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
 

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 import torch
 import triton
 import triton.language as tl
-from graphspec.kernels.common import cdiv, check_device, round_to
+from graphspec.kernels.common import cdiv, check_device, pdl_launch, round_to, wait_for_earlier_kernels
 from torch import Tensor
 
 __all__ = [
@@ -136,7 +136,9 @@ def gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (common.pdl_launch)
 ):
+    wait_for_earlier_kernels(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
@@ -174,8 +176,10 @@ def few_rows_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     # gemv_kernel with a row axis: each weight tile is loaded once and multiplied into every row's accumulator.
+    wait_for_earlier_kernels(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     ms = tl.arange(0, BLOCK_M)
@@ -264,13 +268,13 @@ def gemv(
         gemv_kernel[(cdiv(n, block_n),)](
             x, w_t, out if addend is None else addend, out, n, k, x.stride(1), w_t.stride(1),
             HAS_ADDEND=addend is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=num_stages,
-            num_warps=num_warps,
+            num_warps=num_warps, **pdl_launch(x.device),
         )  # fmt: skip
         return out
     addend_row = 0 if addend is None or addend.dim() == 1 else addend.stride(0)
     few_rows_kernel[(cdiv(n, block_n),)](
         x, w_t, out if addend is None else addend, out, m, n, k, x.stride(0), x.stride(1), w_t.stride(1), addend_row,
         HAS_ADDEND=addend is not None, EVEN=even, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n,
-        BLOCK_K=block_k, STAGES=num_stages, num_warps=num_warps,
+        BLOCK_K=block_k, STAGES=num_stages, num_warps=num_warps, **pdl_launch(x.device),
     )  # fmt: skip
     return out

@@ -15,7 +15,15 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphspec.kernels.common import cdiv, check_config_table, check_device, interpreting, round_to
+from graphspec.kernels.common import (
+    cdiv,
+    check_config_table,
+    check_device,
+    interpreting,
+    pdl_launch,
+    round_to,
+    wait_for_earlier_kernels,
+)
 from graphspec.kernels.gemv import load_tile, load_vector
 from torch import Tensor
 from triton.language.extra import libdevice
@@ -51,7 +59,9 @@ def swiglu_gemv_kernel(
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
     LIBDEVICE_EXP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (common.pdl_launch)
 ):
+    wait_for_earlier_kernels(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < inter
     gate_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
@@ -116,7 +126,7 @@ def scaled_silu_mul_linear(
     swiglu_gemv_kernel[(cdiv(inter, block_n),)](
         x, weight_t, out, inter, k, x.stride(1), weight_t.stride(1), eps,
         EVEN=inter % block_n == 0 and k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=num_stages,
-        LIBDEVICE_EXP=not interpreting(), num_warps=num_warps,
+        LIBDEVICE_EXP=not interpreting(), num_warps=num_warps, **pdl_launch(x.device),
     )  # fmt: skip
     return out
 

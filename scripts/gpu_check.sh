@@ -23,9 +23,11 @@
 #   kernels   benchmarks/bench_kernels.py (KERNELS_ARGS adds arguments, e.g. "--only bench_sample,bench_verify")
 #   ab        a change measured side by side: bench_drafters (DRAFTERS_ARGS, e.g. "--drafters draft_model
 #             --batch-sizes 1") once per entry of AB_ORDER (default "off on off"): "on" the tree as it is, "off" with
-#             the patch AB_DIFF applied (`git apply`; reverted after the run), one log and JSON per run
+#             the patch AB_DIFF applied (`git apply`; reverted after the run); or, for a switch, "on" with the
+#             variable AB_ON_ENV (NAME=VALUE) set and "off" without it; one log and JSON per run
 #             (ab_<n>_<on|off>.*). Runs on one machine back to back: the spread between machines is larger than
-#             most effects measured (docs/BENCHMARKS.md). E.g. STAGES=ab AB_DIFF=docs/results/X/off.diff
+#             most effects measured (docs/BENCHMARKS.md). E.g. STAGES=ab AB_DIFF=docs/results/X/off.diff, or
+#             STAGES=ab AB_ON_ENV=GRAPHSPEC_PDL=1
 # The package is installed from this checkout without network first (graphspec.kernels maps to kernels/).
 # Logs and JSON go to $OUT (the device tool brings that folder back); a stage that fails or times out does
 # not stop the later ones, and the script exits non-zero if any stage failed. Each stage's time limit can be
@@ -116,17 +118,22 @@ if wants kernels; then
     stage "bench_kernels" "${KERNELS_S:-90}" "$OUT/bench_kernels.log" "$PYTHON" benchmarks/bench_kernels.py ${KERNELS_ARGS:-}
 fi
 if wants ab; then
-    if [ ! -f "${AB_DIFF:-}" ] || ! git apply --check "$AB_DIFF"; then
-        echo "=== ab: AB_DIFF (${AB_DIFF:-unset}) is not a patch that applies to this tree" | tee -a "$SUMMARY"
+    if [ -n "${AB_DIFF:-}" ] && { [ ! -f "$AB_DIFF" ] || ! git apply --check "$AB_DIFF"; }; then
+        echo "=== ab: AB_DIFF ($AB_DIFF) is not a patch that applies to this tree" | tee -a "$SUMMARY"
+        failed=1
+    elif [ -z "${AB_DIFF:-}" ] && [[ "${AB_ON_ENV:-}" != ?*=* ]]; then
+        echo "=== ab: needs AB_DIFF (a patch) or AB_ON_ENV (NAME=VALUE), got '${AB_ON_ENV:-}'" | tee -a "$SUMMARY"
         failed=1
     else
         run=0
         for version in ${AB_ORDER:-off on off}; do
             run=$((run + 1))
-            [ "$version" = off ] && git apply "$AB_DIFF"
-            stage "ab $run $version" "${AB_S:-200}" "$OUT/ab_${run}_${version}.log" \
+            setting=()  # `env NAME=VALUE` before the command for an "on" run of AB_ON_ENV
+            [ "$version" = on ] && [ -n "${AB_ON_ENV:-}" ] && setting=(env "$AB_ON_ENV")
+            [ "$version" = off ] && [ -n "${AB_DIFF:-}" ] && git apply "$AB_DIFF"
+            stage "ab $run $version" "${AB_S:-200}" "$OUT/ab_${run}_${version}.log" ${setting[@]+"${setting[@]}"} \
                 "$PYTHON" benchmarks/bench_drafters.py --json "$OUT/ab_${run}_${version}.json" ${DRAFTERS_ARGS:-}
-            [ "$version" = off ] && git apply -R "$AB_DIFF"
+            [ "$version" = off ] && [ -n "${AB_DIFF:-}" ] && git apply -R "$AB_DIFF"
         done
     fi
 fi

@@ -86,3 +86,51 @@ def test_tiles_are_cut_to_the_shared_memory_of_an_sm_90(monkeypatch, dtype, head
     monkeypatch.setattr(common, "shared_memory_per_block", lambda device: 232448)  # an H100/H200's opt-in limit
     q = torch.empty(1, 1, 1, head_dim, dtype=dtype)
     assert common.fit_shared_memory(q, block_m, 64, 3) == expected
+
+
+def test_pdl_launch_only_on_cuda_sm90_and_up(monkeypatch) -> None:
+    """Programmatic dependent launch with GRAPHSPEC_PDL=1: on for CUDA devices of sm_90 and later, off elsewhere
+    (griddepcontrol does not exist before sm_90; the interpreter runs no inline PTX); off without the variable."""
+    monkeypatch.setenv(common.PDL_ENV, "1")
+    assert common.pdl_launch(torch.device("cpu")) == {"USE_PDL": False}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for capability, expected in (((9, 0), True), ((10, 0), True), ((12, 0), True), ((8, 9), False), ((8, 0), False)):
+        monkeypatch.setattr(common, "_cuda_capability", lambda index, capability=capability: capability)
+        launch = common.pdl_launch(torch.device("cuda"))
+        assert launch["USE_PDL"] is expected and launch.get("launch_pdl", False) is expected
+    for setting in ("0", ""):
+        monkeypatch.setenv(common.PDL_ENV, setting)
+        assert common.pdl_launch(torch.device("cuda", 0)) == {"USE_PDL": False}
+    monkeypatch.delenv(common.PDL_ENV)
+    assert common.pdl_launch(torch.device("cuda", 0)) == {"USE_PDL": False}
+
+
+def test_kernels_launched_with_pdl_wait_first() -> None:
+    """Every kernel that takes USE_PDL (common.pdl_launch launches it with PDL) waits for the kernels before it
+    before it touches memory: the wait is its first statement (a load before it could read a value an earlier
+    kernel has not written yet, a store could overwrite one an earlier kernel still reads)."""
+    import ast
+    import importlib
+    import inspect
+    import pkgutil
+
+    import graphspec.kernels
+    from triton.runtime.jit import JITFunction
+
+    waiting = []
+    for module_info in pkgutil.iter_modules(graphspec.kernels.__path__):
+        module = importlib.import_module(f"graphspec.kernels.{module_info.name}")
+        for name, value in vars(module).items():
+            function = getattr(value, "fn", None)
+            if not isinstance(value, JITFunction) and not hasattr(function, "__code__"):
+                continue
+            if function is None or "USE_PDL" not in inspect.signature(function).parameters or name.startswith("wait"):
+                continue
+            tree = ast.parse(inspect.getsource(function)).body[0]
+            body = [
+                node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+            ]
+            assert ast.unparse(body[0]) == "wait_for_earlier_kernels(USE_PDL)", (module_info.name, name)
+            waiting.append(name)
+    expected = {"gemv_kernel", "few_rows_kernel", "swiglu_gemv_kernel", "attention_kernel", "attention_reduce_kernel"}
+    assert expected <= set(waiting), waiting

@@ -46,11 +46,28 @@ def report(launch: dict, sm: int) -> tuple[bool, str]:
         return False, f"FAIL {name}\n{traceback.format_exc()}"
 
 
+PDL_MIN_SM = 90  # programmatic dependent launch (griddepcontrol) exists from sm_90
+
+
+def with_pdl(launch: dict) -> dict:
+    """The launch as kernels/common.pdl_launch makes it on sm_90+: USE_PDL on, launch_pdl among the options."""
+    constexprs = {**launch["constexprs"], "USE_PDL": True}
+    return {**launch, "constexprs": constexprs, "options": {**launch["options"], "launch_pdl": True}}
+
+
+def build_jobs(launches: list[dict], sms: list[int]) -> list[tuple[dict, int]]:
+    """Every recorded launch for every SM, and on sm_90+ again with PDL where the kernel takes USE_PDL (the
+    recording runs on the CPU, where no launch uses it)."""
+    jobs = [(launch, sm) for sm in sms for launch in launches]
+    pdl = [launch for launch in launches if "USE_PDL" in launch["constexprs"]]
+    return jobs + [(with_pdl(launch), sm) for sm in sms if sm >= PDL_MIN_SM for launch in pdl]
+
+
 def main(argv: list[str]) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise SystemExit("run without TRITON_INTERPRET: the interpreter replaces the kernels")
     launches = json.loads(open(argv[0]).read())
-    jobs = [(launch, int(sm)) for sm in argv[1:] for launch in launches]
+    jobs = build_jobs(launches, [int(sm) for sm in argv[1:]])
     # One build is about a second of single-threaded MLIR + ptxas: spread them over the cores.
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = list(pool.map(report, *zip(*jobs, strict=True)))

@@ -25,6 +25,7 @@ from graphspec.drafters.ngram import NGram
 from graphspec.lowering import registry
 from graphspec.models import load_model
 from tests.checkpoints import make_hybrid_checkpoint
+from tests.lowering import gpu_binaries
 from tests.step_case import StepCase
 
 SMS = (90, 80)
@@ -277,4 +278,7 @@ def test_every_step_kernel_builds_for_sm90_and_sm80(recorded, tmp_path: Path) ->
         [sys.executable, str(script), str(recorded), *map(str, SMS)], env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert result.stdout.count("ok ") == len(launches) * len(SMS)
+    jobs = gpu_binaries.build_jobs(launches, list(SMS))
+    assert len(jobs) > len(launches) * len(SMS)  # the PDL builds (gemv, attention, its reduce, the SwiGLU GEMV)
+    assert result.stdout.count("ok ") == len(jobs)
+    assert result.stdout.count("'USE_PDL': True") == len(jobs) - len(launches) * len(SMS)
