@@ -55,7 +55,8 @@ def _cuda_capability(index: int) -> tuple[int, int]:
 
 
 # "1": launch the kernels that take USE_PDL with programmatic dependent launch. Off by default until an H200 A/B of
-# the step has measured it (prepared: docs/results/2026-11-29-pdl-decode/); then the default follows the numbers.
+# the step has measured it (`STAGES=ab AB_ON_ENV=GRAPHSPEC_PDL=1 bash scripts/gpu_check.sh`, docs/BENCHMARKS.md
+# 2026-11-29 19:30); then the default follows the numbers.
 PDL_ENV = "GRAPHSPEC_PDL"
 
 
