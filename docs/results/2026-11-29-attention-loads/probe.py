@@ -20,8 +20,10 @@ per launch; outputs and caches compared bit for bit.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
+from pathlib import Path
 
 import torch
 
@@ -29,8 +31,14 @@ sys.path.insert(0, "benchmarks")
 import common  # noqa: E402
 from graphspec.kernels import attention as after  # noqa: E402
 
-ROTATE, REPEAT = 4, 8
-HEADS = {"8B": (32, 8, 128, 4096), "1B": (32, 8, 64, 2048)}  # q heads, kv heads, D, hidden
+# The unsplit probe's inputs (its shapes' heads, 4 rotated slot sets so K/V come from HBM).
+spec = importlib.util.spec_from_file_location(
+    "unsplit", Path(__file__).parents[1] / "2026-11-29-attention-unsplit/probe.py"
+)
+unsplit = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(unsplit)
+inputs, ROTATE = unsplit.inputs, unsplit.ROTATE
+REPEAT = 8
 SHAPES = [  # (heads, batch, T, length, capacity)
     ("8B", 1, 1, 512, 1024),
     ("8B", 1, 5, 512, 1024),
@@ -52,20 +60,6 @@ def load(path):
     source = open(path).read()
     exec(compile(source[: source.index("\n@library.op(")], path, "exec"), module.__dict__)
     return module
-
-
-def inputs(heads, batch, t, length, capacity):
-    q_heads, kv_heads, d, hidden = HEADS[heads]
-    cache = torch.empty(1, 2, batch * ROTATE, kv_heads, capacity, d, dtype=torch.bfloat16, device="cuda").normal_()
-    q = torch.randn(batch, q_heads, t, d, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(batch, kv_heads, t, d, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn_like(k)
-    cos = torch.randn(batch, t, d, device="cuda").to(torch.bfloat16)
-    sin = torch.randn_like(cos)
-    src = torch.randn(batch, t, hidden, dtype=torch.bfloat16, device="cuda")
-    slot_sets = [torch.arange(i * batch, (i + 1) * batch, device="cuda") for i in range(ROTATE)]
-    start = torch.full((batch,), length - t, device="cuda")
-    return d, cache, q, (k, v, cos, sin), (src, 1e-5), slot_sets, start
 
 
 def launch(module, d, cache, q, rotary, row_scale, slots, start):
