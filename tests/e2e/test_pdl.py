@@ -8,7 +8,6 @@ import random
 
 import pytest
 import torch
-from graphspec.kernels import attention, gemv
 
 import graphspec
 
@@ -18,6 +17,10 @@ OPTIONS = dict(k=4, batch_sizes=(1, 2), dtype="bfloat16", device="cuda", max_seq
 
 
 def test_pdl_changes_no_token(checkpoint_factory, monkeypatch):
+    # Imported here, not at collection: the CPU suite's kernel tests import the kernel modules only once the Triton
+    # interpreter is on (tests/kernels/conftest.py), and collection runs in every worker.
+    from graphspec.kernels import attention, gemv
+
     target = checkpoint_factory("llama", 0, hidden_size=256, intermediate_size=512, num_hidden_layers=4)
     draft = checkpoint_factory("llama", 1, hidden_size=128, intermediate_size=256, num_hidden_layers=2, **HEADS_64)
     rng = random.Random(0)
