@@ -37,6 +37,11 @@ def check_device(*tensors: torch.Tensor) -> None:
         )
 
 
+def _cuda_index(device: torch.device) -> int:
+    """The CUDA device's index ("cuda" alone: the current device), for the cached property queries below."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -46,7 +51,7 @@ def sm_count(device: torch.device) -> int:
     """Multiprocessors of the device (a host-side property query, no sync; cached)."""
     if device.type != "cuda":
         return INTERPRETER_SMS
-    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _cuda_sm_count(_cuda_index(device))
 
 
 @functools.cache
@@ -72,7 +77,7 @@ def pdl_launch(device: torch.device) -> dict[str, bool]:
     slower, docs/results/2026-11-28-pdl)."""
     if device.type != "cuda" or os.environ.get(PDL_ENV, "0") != "1":
         return {"USE_PDL": False}
-    if _cuda_capability(device.index if device.index is not None else torch.cuda.current_device())[0] < 9:
+    if _cuda_capability(_cuda_index(device))[0] < 9:
         return {"USE_PDL": False}
     return {"USE_PDL": True, "launch_pdl": True}
 
@@ -95,7 +100,7 @@ def shared_memory_per_block(device: torch.device) -> int | None:
     interpreter has no limit). A cached host-side property query."""
     if device.type != "cuda":
         return None
-    return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+    return _cuda_shared_memory(_cuda_index(device))
 
 
 SHARED_MARGIN = 16 << 10  # bytes of shared memory fit_shared_memory leaves for what it does not count
