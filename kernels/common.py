@@ -59,14 +59,14 @@ def _cuda_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-# "1": launch the kernels that take USE_PDL with programmatic dependent launch. Off by default until an H200 A/B of
-# the step has measured it (`STAGES=ab AB_ON_ENV=GRAPHSPEC_PDL=1 bash scripts/gpu_check.sh`, docs/BENCHMARKS.md
-# 2026-11-29 19:30); then the default follows the numbers.
+# "0" launches every kernel in plain stream order; unset or "1" (the default): the kernels that take USE_PDL launch
+# with programmatic dependent launch on sm_90+. On since the H200 A/B of 2026-11-29 21:45 UTC (docs/BENCHMARKS.md: batch-1
+# decode 3.976 -> 3.944 ms, draft-model step 7.914 -> 7.880, same tokens).
 PDL_ENV = "GRAPHSPEC_PDL"
 
 
 def pdl_launch(device: torch.device) -> dict[str, bool]:
-    """Launch arguments for programmatic dependent launch (PDL; CUDA sm_90+, with GRAPHSPEC_PDL=1). The GPU may
+    """Launch arguments for programmatic dependent launch (PDL; CUDA sm_90+, unless GRAPHSPEC_PDL=0). The GPU may
     then start the kernel while the kernel before it in the stream retires (its last programs exited, its writes
     not yet flushed), hiding the launch latency between two kernels of a batch-1 decode, whose one-row products,
     attention and reduce are all Triton kernels since the one-row GEMVs (when cuBLAS ran every projection, PDL on
@@ -75,7 +75,10 @@ def pdl_launch(device: torch.device) -> dict[str, bool]:
     anything else, so it reads and writes memory only once every kernel before it has finished, as in plain
     stream order; it never lets the next kernel start early (letting dependents launch made a stand-in chain 11%
     slower, docs/results/2026-11-28-pdl)."""
-    if device.type != "cuda" or os.environ.get(PDL_ENV, "0") != "1":
+    setting = os.environ.get(PDL_ENV, "")
+    if setting not in ("", "0", "1"):
+        raise ValueError(f"{PDL_ENV}={setting!r}: use 0 (plain stream order) or 1 (the default: PDL on sm_90+)")
+    if device.type != "cuda" or setting == "0":
         return {"USE_PDL": False}
     if _cuda_capability(_cuda_index(device))[0] < 9:
         return {"USE_PDL": False}

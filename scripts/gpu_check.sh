@@ -27,7 +27,7 @@
 #             variable AB_ON_ENV (NAME=VALUE) set and "off" without it; one log and JSON per run
 #             (ab_<n>_<on|off>.*). Runs on one machine back to back: the spread between machines is larger than
 #             most effects measured (docs/BENCHMARKS.md). E.g. STAGES=ab AB_DIFF=docs/results/X/off.diff, or
-#             STAGES=ab AB_ON_ENV=GRAPHSPEC_PDL=1
+#             STAGES=ab AB_ON_ENV=GRAPHSPEC_PDL=0 (the "on" runs in plain stream order)
 # The package is installed from this checkout without network first (graphspec.kernels maps to kernels/).
 # Logs and JSON go to $OUT (the device tool brings that folder back); a stage that fails or times out does
 # not stop the later ones, and the script exits non-zero if any stage failed. Each stage's time limit can be

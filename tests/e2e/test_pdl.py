@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (GRAPHSPEC_PDL=1, kernels/common.pdl_launch) end to end on a GPU: the captured
+"""Programmatic dependent launch (the default; kernels/common.pdl_launch) end to end on a GPU: the captured
 steps launch the one- and few-row GEMVs, the SwiGLU GEMV, attention and its reduce with PDL, and generate the same
 tokens as in plain stream order (PDL changes when a kernel may start, never what it computes)."""
 

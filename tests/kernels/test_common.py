@@ -89,20 +89,26 @@ def test_tiles_are_cut_to_the_shared_memory_of_an_sm_90(monkeypatch, dtype, head
 
 
 def test_pdl_launch_only_on_cuda_sm90_and_up(monkeypatch) -> None:
-    """Programmatic dependent launch with GRAPHSPEC_PDL=1: on for CUDA devices of sm_90 and later, off elsewhere
-    (griddepcontrol does not exist before sm_90; the interpreter runs no inline PTX); off without the variable."""
-    monkeypatch.setenv(common.PDL_ENV, "1")
-    assert common.pdl_launch(torch.device("cpu")) == {"USE_PDL": False}
+    """Programmatic dependent launch by default (GRAPHSPEC_PDL unset or 1): on for CUDA devices of sm_90 and later,
+    off elsewhere (griddepcontrol does not exist before sm_90; the interpreter runs no inline PTX); off with
+    GRAPHSPEC_PDL=0; any other value is refused with what to set."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    for capability, expected in (((9, 0), True), ((10, 0), True), ((12, 0), True), ((8, 9), False), ((8, 0), False)):
-        monkeypatch.setattr(common, "_cuda_capability", lambda index, capability=capability: capability)
-        launch = common.pdl_launch(torch.device("cuda"))
-        assert launch["USE_PDL"] is expected and launch.get("launch_pdl", False) is expected
-    for setting in ("0", ""):
-        monkeypatch.setenv(common.PDL_ENV, setting)
-        assert common.pdl_launch(torch.device("cuda", 0)) == {"USE_PDL": False}
-    monkeypatch.delenv(common.PDL_ENV)
+    for setting in (None, "", "1"):
+        if setting is None:
+            monkeypatch.delenv(common.PDL_ENV, raising=False)
+        else:
+            monkeypatch.setenv(common.PDL_ENV, setting)
+        assert common.pdl_launch(torch.device("cpu")) == {"USE_PDL": False}
+        for capability, expected in (((9, 0), True), ((10, 0), True), ((12, 0), True), ((8, 9), False), ((8, 0), False)):
+            monkeypatch.setattr(common, "_cuda_capability", lambda index, capability=capability: capability)
+            launch = common.pdl_launch(torch.device("cuda"))
+            assert launch["USE_PDL"] is expected and launch.get("launch_pdl", False) is expected
+    monkeypatch.setenv(common.PDL_ENV, "0")
     assert common.pdl_launch(torch.device("cuda", 0)) == {"USE_PDL": False}
+    for setting in ("true", "2", " 1"):
+        monkeypatch.setenv(common.PDL_ENV, setting)
+        with pytest.raises(ValueError, match="GRAPHSPEC_PDL=.*use 0"):
+            common.pdl_launch(torch.device("cuda", 0))
 
 
 def test_kernels_launched_with_pdl_wait_first() -> None:
