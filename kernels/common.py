@@ -60,8 +60,8 @@ def _cuda_capability(index: int) -> tuple[int, int]:
 
 
 # "0" launches every kernel in plain stream order; unset or "1" (the default): the kernels that take USE_PDL launch
-# with programmatic dependent launch on sm_90+. On since the H200 A/B of 2026-11-29 21:45 UTC (docs/BENCHMARKS.md: batch-1
-# decode 3.976 -> 3.944 ms, draft-model step 7.914 -> 7.880, same tokens).
+# with programmatic dependent launch on sm_90+. On since the H200 A/B of 2026-11-29 21:45 UTC (docs/BENCHMARKS.md:
+# batch-1 decode 3.976 -> 3.944 ms, draft-model step 7.914 -> 7.880, same tokens).
 PDL_ENV = "GRAPHSPEC_PDL"
 
 
