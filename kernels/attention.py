@@ -35,6 +35,7 @@ from graphspec.kernels.common import (
     check_config_table,
     check_device,
     fit_shared_memory,
+    let_later_kernels_launch,
     next_power_of_2,
     pdl_launch,
     round_to,
@@ -351,6 +352,7 @@ def attention_kernel(
             p = p.to(v.dtype)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         m_i = m_new
+    let_later_kernels_launch(USE_PDL)  # the reduce follows: its programs are resident when this kernel ends
 
     has_keys = l_i > 0  # false for rows whose window misses this split entirely
     norm = tl.where(has_keys, l_i, 1.0)
@@ -378,6 +380,7 @@ def attention_reduce_kernel(
     USE_PDL: tl.constexpr = False,
 ):
     wait_for_earlier_kernels(USE_PDL)
+    let_later_kernels_launch(USE_PDL)  # a GEMV follows: its programs ask for their first weight tiles meanwhile
     # One program per output row (b, t, h), the row index of contiguous [B, T, Hq]; combines that
     # row's num_splits partials: out = sum_s 2^(lse_s - top) * out_s / sum_s 2^(lse_s - top).
     # Summed CHUNK splits at a time like the outputs (not in one BLOCK_SPLITS-wide sum): splits past the

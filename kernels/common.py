@@ -66,15 +66,17 @@ PDL_ENV = "GRAPHSPEC_PDL"
 
 
 def pdl_launch(device: torch.device) -> dict[str, bool]:
-    """Launch arguments for programmatic dependent launch (PDL; CUDA sm_90+, unless GRAPHSPEC_PDL=0). The GPU may
-    then start the kernel while the kernel before it in the stream retires (its last programs exited, its writes
-    not yet flushed), hiding the launch latency between two kernels of a batch-1 decode, whose one-row products,
-    attention and reduce are all Triton kernels since the one-row GEMVs (when cuBLAS ran every projection, PDL on
-    the Triton kernels between them bought nothing: docs/BENCHMARKS.md, "Experiment, not kept: programmatic
-    dependent launch"). A kernel launched this way takes USE_PDL and calls wait_for_earlier_kernels() before
-    anything else, so it reads and writes memory only once every kernel before it has finished, as in plain
-    stream order; it never lets the next kernel start early (letting dependents launch made a stand-in chain 11%
-    slower, docs/results/2026-11-28-pdl)."""
+    """Launch arguments for programmatic dependent launch (PDL; CUDA sm_90+, unless GRAPHSPEC_PDL=0): the GPU may
+    start the kernel before the kernel ahead of it in the stream has finished. A batch-1 decode's one-row products,
+    attention and reduce are all Triton kernels (since the one-row GEMVs), so each layer has six such boundaries.
+    A kernel launched this way takes USE_PDL and calls wait_for_earlier_kernels() before it touches anything an
+    earlier kernel may write, so what it computes is what it computes in plain stream order. The GEMVs ask for
+    their first weight tile before that wait (lowering/registry.py gives them model weights only, which no kernel
+    writes), and the GEMVs, the attention and its reduce call let_later_kernels_launch() after their main loops:
+    the next kernel's programs start, and ask for their weights, while this one's last programs finish.
+    H200, batch-1 decode (docs/BENCHMARKS.md, 2026-11-29 21:45): PDL with the wait first 3.976 -> 3.944 ms, the
+    early weight tiles and launches 3.944 -> 3.894. (The few-row GEMV waits first: its early tile cost registers
+    and occupancy, and the step 11 us.)"""
     setting = os.environ.get(PDL_ENV, "")
     if setting not in ("", "0", "1"):
         raise ValueError(f"{PDL_ENV}={setting!r}: use 0 (plain stream order) or 1 (the default: PDL on sm_90+)")
@@ -91,6 +93,16 @@ def wait_for_earlier_kernels(USE_PDL: tl.constexpr):
     (griddepcontrol.wait); a no-op for a kernel launched in plain stream order."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def let_later_kernels_launch(USE_PDL: tl.constexpr):
+    """USE_PDL: let the next kernel in the stream launch once every program of this one has come here
+    (griddepcontrol.launch_dependents), so its programs can ask for what no kernel writes (weights) while this
+    one's last programs finish; it still waits for this kernel to end before it touches anything else. A no-op
+    for a kernel launched in plain stream order."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @functools.cache

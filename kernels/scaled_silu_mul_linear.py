@@ -20,6 +20,7 @@ from graphspec.kernels.common import (
     check_config_table,
     check_device,
     interpreting,
+    let_later_kernels_launch,
     pdl_launch,
     round_to,
     wait_for_earlier_kernels,
@@ -61,15 +62,22 @@ def swiglu_gemv_kernel(
     LIBDEVICE_EXP: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (common.pdl_launch)
 ):
-    wait_for_earlier_kernels(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < inter
     gate_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     up_rows = gate_rows + inter.to(tl.int64) * stride_wn
+    first = tl.arange(0, BLOCK_K)
+    gate = load_tile(gate_rows, first, row_ok, K, EVEN)  # no kernel writes the weight: asked for before the wait
+    up = load_tile(up_rows, first, row_ok, K, EVEN)
+    wait_for_earlier_kernels(USE_PDL)
+    x = load_vector(x_ptr, first, stride_xk, K, EVEN).to(tl.float32)
     acc_gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    acc_gate += gate.to(tl.float32) * x[None, :]
+    acc_up += up.to(tl.float32) * x[None, :]
+    squares += x * x
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
         x = load_vector(x_ptr, cols, stride_xk, K, EVEN).to(tl.float32)
         gate = load_tile(gate_rows, cols, row_ok, K, EVEN)
@@ -77,6 +85,7 @@ def swiglu_gemv_kernel(
         acc_gate += gate.to(tl.float32) * x[None, :]
         acc_up += up.to(tl.float32) * x[None, :]
         squares += x * x
+    let_later_kernels_launch(USE_PDL)
     dtype = out_ptr.dtype.element_ty
     scale = tl.rsqrt(tl.sum(squares, 0) / K + eps)  # scaled_silu_mul's row scale (its rsqrt)
     gate = round_to(tl.sum(acc_gate, 1), dtype) * scale  # the GEMV's rounded output, scaled in fp32
@@ -125,7 +134,7 @@ def scaled_silu_mul_linear(
         return out
     swiglu_gemv_kernel[(cdiv(inter, block_n),)](
         x, weight_t, out, inter, k, x.stride(1), weight_t.stride(1), eps,
-        EVEN=inter % block_n == 0 and k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=num_stages,
+        EVEN=inter % block_n == 0 and k % block_k == 0 and k > 0, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=num_stages,
         LIBDEVICE_EXP=not interpreting(), num_warps=num_warps, **pdl_launch(x.device),
     )  # fmt: skip
     return out

@@ -786,10 +786,52 @@ def resolve(
             return None
     elif op in CUBLAS_BY_DEFAULT:
         return None
+    if node is not None and _runs_gemv(op, key) and not reads_model_weight(node.args[GEMV_WEIGHT_ARGUMENT[op]]):
+        return None
     entry = _entry(op, key)
     if node is not None and not entry.fits(node):
         return None
     return entry
+
+
+# The GEMV kernels (kernels/gemv.py's one-row kernel, kernels/scaled_silu_mul_linear.py) ask for their first weight
+# tile before they wait for the kernels before them (programmatic dependent launch, kernels/common.pdl_launch): a
+# weight no kernel of a program writes. So they take a product only where that operand (its position here) is a
+# model weight; cuBLAS keeps any other.
+GEMV_WEIGHT_ARGUMENT = {"mm": 1, "addmm": 2, "addmm_in_place": 2, "scaled_silu_mul_linear": 1}
+# Ops that only view their first argument, as a weight reaches a product (weight.t(), a reshape).
+_VIEW_OPS = frozenset(
+    {
+        torch.ops.aten.t.default,
+        torch.ops.aten.permute.default,
+        torch.ops.aten.transpose.int,
+        torch.ops.aten.view.default,
+        torch.ops.aten._unsafe_view.default,
+        torch.ops.aten.reshape.default,
+        torch.ops.aten.alias.default,
+    }
+)
+MODEL_INPUT_PREFIXES = ("target.", "draft.")  # trace.StepSignature's names of parameter and buffer inputs
+
+
+def _runs_gemv(op: str, key: int | str | tuple[int | str, str]) -> bool:
+    """Whether the row `key` of `op` runs a GEMV kernel: the shape-class rows of mm/addmm, every row of the ops
+    that have nothing else."""
+    if op in CUBLAS_BY_DEFAULT:
+        return isinstance(key, tuple)
+    return op in GEMV_WEIGHT_ARGUMENT
+
+
+def reads_model_weight(arg: object) -> bool:
+    """Whether a node argument is (a view of) a model weight: a parameter or buffer input of the program
+    (meta["gs_input"] target.* / draft.*) or a constant (get_attr), never a value a kernel computes."""
+    while isinstance(arg, fx.Node) and arg.op == "call_function" and arg.target in _VIEW_OPS:
+        arg = arg.args[0]
+    if not isinstance(arg, fx.Node):
+        return False
+    return arg.op == "get_attr" or (
+        arg.op == "placeholder" and str(arg.meta.get("gs_input", "")).startswith(MODEL_INPUT_PREFIXES)
+    )
 
 
 def _shape_key(op: str, key: int | str, node: fx.Node) -> int | str | tuple[int | str, str]:

@@ -114,8 +114,10 @@ def test_pdl_launch_only_on_cuda_sm90_and_up(monkeypatch) -> None:
 
 def test_kernels_launched_with_pdl_wait_first() -> None:
     """Every kernel that takes USE_PDL (common.pdl_launch launches it with PDL) waits for the kernels before it
-    before it touches memory: the wait is its first statement (a load before it could read a value an earlier
-    kernel has not written yet, a store could overwrite one an earlier kernel still reads)."""
+    before it touches anything they may write: before its wait (a statement of its own) it reads only its weight
+    (w_ptr: the registry lowers these kernels only for model weights, which no kernel writes) and stores nothing
+    (a load of another operand could read a value an earlier kernel has not written yet, a store could overwrite
+    one an earlier kernel still reads). It lets later kernels launch only after its wait."""
     import ast
     import importlib
     import inspect
@@ -128,15 +130,28 @@ def test_kernels_launched_with_pdl_wait_first() -> None:
         module = importlib.import_module(f"graphspec.kernels.{module_info.name}")
         for name, value in vars(module).items():  # @triton.jit functions (interpreted or not) hold theirs in .fn
             function = getattr(value, "fn", None)
-            if not inspect.isfunction(function) or value is common.wait_for_earlier_kernels:
+            if not inspect.isfunction(function) or value in (
+                common.wait_for_earlier_kernels,
+                common.let_later_kernels_launch,
+            ):
                 continue
-            if "USE_PDL" not in inspect.signature(function).parameters:
+            parameters = inspect.signature(function).parameters
+            if "USE_PDL" not in parameters:
                 continue
-            tree = ast.parse(inspect.getsource(function)).body[0]
-            body = [
-                node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
-            ]
-            assert ast.unparse(body[0]) == "wait_for_earlier_kernels(USE_PDL)", (module_info.name, name)
+            body = ast.parse(inspect.getsource(function)).body[0].body
+            statements = [ast.unparse(node) for node in body]
+            assert "wait_for_earlier_kernels(USE_PDL)" in statements, (module_info.name, name)
+            before = body[: statements.index("wait_for_earlier_kernels(USE_PDL)")]
+            names = {node.id for statement in before for node in ast.walk(statement) if isinstance(node, ast.Name)}
+            pointers = {parameter for parameter in parameters if parameter.endswith("_ptr")}
+            assert names & pointers <= {"w_ptr"}, (module_info.name, name, names & pointers)
+            calls = {
+                ast.unparse(node.func)
+                for statement in before
+                for node in ast.walk(statement)
+                if isinstance(node, ast.Call)
+            }
+            assert not {call for call in calls if "store" in call or "atomic" in call or "let_later" in call}, calls
             waiting.append(name)
     expected = {"gemv_kernel", "few_rows_kernel", "swiglu_gemv_kernel", "attention_kernel", "attention_reduce_kernel"}
     assert expected <= set(waiting), waiting

@@ -72,9 +72,16 @@ def test_invariant_numerics_picks_invariant_rows_and_matmuls() -> None:
         assert registry.resolve("attention", sm).sm != registry.INVARIANT
 
 
-def matmul_node(op: str, rows: int, weight: torch.Tensor | None = None, addend_rows: int | None = None) -> fx.Node:
+def matmul_node(
+    op: str,
+    rows: int,
+    weight: torch.Tensor | None = None,
+    addend_rows: int | None = None,
+    weight_input: str = "target.layers.0.proj.weight",
+) -> fx.Node:
     """An aten.mm / addmm / addmm_ node of x [rows, 32] @ weight.t() (weight [N, 32], [24, 32] by default), the
-    addend [N] (addend_rows None) or [addend_rows, N]."""
+    addend [N] (addend_rows None) or [addend_rows, N]; the weight is the program's input `weight_input` (a model
+    weight by default, as trace.StepSignature names them)."""
     weight = torch.randn(24, 32) if weight is None else weight
     n = weight.shape[0]
     addend = torch.randn(n) if addend_rows is None else torch.randn(addend_rows, n)
@@ -84,6 +91,7 @@ def matmul_node(op: str, rows: int, weight: torch.Tensor | None = None, addend_r
         "addmm_in_place": lambda x, w, a: a.addmm_(x, w.t()),
     }[op]
     gm = make_fx(product, tracing_mode="fake")(torch.randn(rows, 32), weight, addend)
+    gm.graph.find_nodes(op="placeholder")[1].meta["gs_input"] = weight_input
     return next(n for n in gm.graph.nodes if n.target is registry.ATEN_OPS[op])
 
 
@@ -119,6 +127,28 @@ def test_one_and_two_row_products_take_the_gemvs_by_default() -> None:
             assert registry.resolve("addmm_in_place", sm, matmul_node("addmm_in_place", rows, addend_rows=rows)) is None
         node = matmul_node("addmm_in_place", 1, addend_rows=1)
         assert registry.resolve("addmm_in_place", sm, node, numerics=registry.INVARIANT) is None
+
+
+def test_gemvs_take_only_model_weights() -> None:
+    """The GEMVs ask for their first weight tile before they wait for earlier kernels (PDL), so a product whose
+    weight operand a kernel computes (an activation, or any input but a target.* / draft.* weight) keeps cuBLAS,
+    and the in-place addmm and the fused gate/up GEMV, which have only GEMVs, their references."""
+    for op in ("mm", "addmm", "addmm_in_place"):
+        for rows in (1, 2):
+            addend_rows = rows if op == "addmm_in_place" else None
+            assert registry.resolve(op, 90, matmul_node(op, rows, addend_rows=addend_rows)) is not None
+            for name in ("hidden", "draft_cache", "targets.x"):
+                node = matmul_node(op, rows, addend_rows=addend_rows, weight_input=name)
+                assert registry.resolve(op, 90, node) is None, (op, rows, name)
+            node = matmul_node(op, rows, addend_rows=addend_rows, weight_input="draft.fc.weight")
+            assert registry.resolve(op, 90, node) is not None
+    computed = make_fx(lambda x, w: torch.mm(x, (w * 2).t()), tracing_mode="fake")(
+        torch.randn(1, 32), torch.randn(24, 32)
+    )
+    computed.graph.find_nodes(op="placeholder")[1].meta["gs_input"] = "target.proj.weight"
+    node = next(n for n in computed.graph.nodes if n.target is torch.ops.aten.mm.default)
+    assert registry.resolve("mm", 90, node) is None  # a product of the weight, not the weight
+    assert registry.resolve("mm", 90, node, numerics=registry.INVARIANT) is not None  # kernels/mm.py waits first
 
 
 def test_op_without_kernel_keeps_reference() -> None:
