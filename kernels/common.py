@@ -60,7 +60,7 @@ def _cuda_capability(index: int) -> tuple[int, int]:
 
 
 # "0" launches every kernel in plain stream order; unset or "1" (the default): the kernels that take USE_PDL launch
-# with programmatic dependent launch on sm_90+. On since the H200 A/B of 2026-11-29 21:45 UTC (docs/BENCHMARKS.md:
+# with programmatic dependent launch on sm_90+. On since the H200 A/B of 2026-11-29 21:40 UTC (docs/BENCHMARKS.md:
 # batch-1 decode 3.976 -> 3.944 ms, draft-model step 7.914 -> 7.880, same tokens).
 PDL_ENV = "GRAPHSPEC_PDL"
 
@@ -74,7 +74,7 @@ def pdl_launch(device: torch.device) -> dict[str, bool]:
     their first weight tile before that wait (lowering/registry.py gives them model weights only, which no kernel
     writes), and the GEMVs, the attention and its reduce call let_later_kernels_launch() after their main loops:
     the next kernel's programs start, and ask for their weights, while this one's last programs finish.
-    H200, batch-1 decode (docs/BENCHMARKS.md, 2026-11-29 21:45): PDL with the wait first 3.976 -> 3.944 ms, the
+    H200, batch-1 decode (docs/BENCHMARKS.md, 2026-11-29 21:40): PDL with the wait first 3.976 -> 3.944 ms, the
     early weight tiles and launches 3.944 -> 3.894. (The few-row GEMV waits first: its early tile cost registers
     and occupancy, and the step 11 us.)"""
     setting = os.environ.get(PDL_ENV, "")
