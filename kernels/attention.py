@@ -352,7 +352,7 @@ def attention_kernel(
             p = p.to(v.dtype)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         m_i = m_new
-    let_later_kernels_launch(USE_PDL)  # the reduce follows: its programs are resident when this kernel ends
+    let_later_kernels_launch(USE_PDL)  # the reduce (or a GEMV) follows: its programs are resident when this ends
 
     has_keys = l_i > 0  # false for rows whose window misses this split entirely
     norm = tl.where(has_keys, l_i, 1.0)

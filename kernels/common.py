@@ -76,7 +76,7 @@ def pdl_launch(device: torch.device) -> dict[str, bool]:
     the next kernel's programs start, and ask for their weights, while this one's last programs finish.
     H200, batch-1 decode (docs/BENCHMARKS.md, 2026-11-29 21:40): PDL with the wait first 3.976 -> 3.944 ms, the
     early weight tiles and launches 3.944 -> 3.894. (The few-row GEMV waits first: its early tile cost registers
-    and occupancy, and the step 11 us.)"""
+    and occupancy, and the draft-model step 13 us.)"""
     setting = os.environ.get(PDL_ENV, "")
     if setting not in ("", "0", "1"):
         raise ValueError(f"{PDL_ENV}={setting!r}: use 0 (plain stream order) or 1 (the default: PDL on sm_90+)")

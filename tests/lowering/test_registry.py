@@ -149,6 +149,13 @@ def test_gemvs_take_only_model_weights() -> None:
     node = next(n for n in computed.graph.nodes if n.target is torch.ops.aten.mm.default)
     assert registry.resolve("mm", 90, node) is None  # a product of the weight, not the weight
     assert registry.resolve("mm", 90, node, numerics=registry.INVARIANT) is not None  # kernels/mm.py waits first
+    for name, lowered in (("target.layers.0.mlp.gate_up_proj.weight", True), ("hidden", False)):
+        swiglu = make_fx(lambda x, w: torch.ops.graphspec.scaled_silu_mul_linear(x, w.t(), 1e-6), tracing_mode="fake")(
+            torch.randn(1, 32), torch.randn(48, 32)
+        )
+        swiglu.graph.find_nodes(op="placeholder")[1].meta["gs_input"] = name
+        node = next(n for n in swiglu.graph.nodes if n.target is torch.ops.graphspec.scaled_silu_mul_linear.default)
+        assert (registry.resolve("scaled_silu_mul_linear", 90, node) is not None) is lowered, name
 
 
 def test_op_without_kernel_keeps_reference() -> None:
