@@ -9,6 +9,24 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+# aten ops that only view their first argument (no copy, no arithmetic): what fuse_pointwise may take into a group
+# as a view, and what the registry looks through to find whether a product's operand is a model weight.
+VIEW_OPS = frozenset(
+    {
+        torch.ops.aten.unsqueeze.default,
+        torch.ops.aten.expand.default,
+        torch.ops.aten.slice.Tensor,
+        torch.ops.aten.select.int,
+        torch.ops.aten.permute.default,
+        torch.ops.aten.transpose.int,
+        torch.ops.aten.t.default,
+        torch.ops.aten.view.default,
+        torch.ops.aten._unsafe_view.default,
+        torch.ops.aten.reshape.default,
+        torch.ops.aten.alias.default,
+    }
+)
+
 # Ops that read the KV cache across a row's whole length (their kernels pick a split grid per launch);
 # each, reference or lowered (<op>_triton), is an eager-break point of piecewise capture.
 ATTENTION_OPS = ("attention", "block_attention", "rotary_kv_attention")

@@ -3,7 +3,7 @@
 Input:  a lowered step graph (after lower_kernels), in place form. Between its kernels are aten ops on a
         few dozen integers: a drafter's positions and clamps, padding-row masks, the commit's lengths, each
         a launch of its own on a GPU (~1-2 us in a captured step).
-Output: each group of such ops (ELEMENTWISE, VIEWS, cat, stack; int64/int32/bool results of at most
+Output: each group of such ops (ELEMENTWISE, VIEW_OPS, cat, stack; int64/int32/bool results of at most
         MAX_NUMEL elements) is one graphspec::fused_pointwise_triton node (kernels/fused_pointwise.py)
         whose program holds the group, with operator.getitem nodes for the values read outside it; the
         group's nodes are gone. A group is the eligible ops of one region between two points where one
@@ -31,6 +31,7 @@ import torch.fx as fx
 from graphspec.config import PassContext, PassResult
 from graphspec.lowering.lower_kernels import target_sm
 from graphspec.lowering.registry import kernel_module
+from graphspec.op_nodes import VIEW_OPS
 from graphspec.passes.cleanup import may_mutate, tag, tidy
 
 NAME = "fuse_pointwise"
@@ -47,11 +48,6 @@ ELEMENTWISE = {
     _aten.logical_not.default: "logical_not", _aten.where.self: "where",
 }  # fmt: skip
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not"})
-VIEWS = frozenset({
-    _aten.unsqueeze.default, _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.permute.default,
-    _aten.transpose.int, _aten.t.default, _aten.view.default, _aten._unsafe_view.default, _aten.reshape.default,
-    _aten.alias.default,
-})  # fmt: skip
 OTHERS = frozenset({_aten.clamp.default, _aten._to_copy.default, _aten.cat.default, _aten.stack.default})
 # The dtypes a program holds, by their names there (kernels/fused_pointwise.py's DTYPES).
 _NAMES = {torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
@@ -64,7 +60,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> PassResult:
     groups = _groups(gm.graph)
     # A launch is saved only where two compute ops (not views) share one; a group reads at least one tensor
     # from outside (one of constants alone was folded by fold_constants), which gives its outputs' device.
-    fused = [group for group in groups if sum(node.target not in VIEWS for node in group) >= 2 and _reads(group)]
+    fused = [group for group in groups if sum(node.target not in VIEW_OPS for node in group) >= 2 and _reads(group)]
     for group in fused:
         _fuse(gm.graph, group, sm)
     if not fused:
@@ -105,7 +101,7 @@ def _eligible(node: fx.Node, members: set[fx.Node]) -> bool:
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor) or value.dtype not in _NAMES or value.numel() > MAX_NUMEL:
         return False
-    if node.target in VIEWS:  # only views of the group's own values (a view of an input keeps its aliasing)
+    if node.target in VIEW_OPS:  # only views of the group's own values (a view of an input keeps its aliasing)
         return isinstance(node.args[0], fx.Node) and node.args[0] in members
     if node.target not in ELEMENTWISE and node.target not in OTHERS:
         return False

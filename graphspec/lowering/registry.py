@@ -42,7 +42,7 @@ import torch
 import torch.fx as fx
 
 from graphspec import ops
-from graphspec.op_nodes import positional_args
+from graphspec.op_nodes import VIEW_OPS, positional_args
 from graphspec.ops import MAX_SAMPLING_VOCAB
 
 MIN_SM = 80  # bf16 tensor-core dots and cp.async pipelining need Ampere or newer
@@ -799,18 +799,6 @@ def resolve(
 # weight no kernel of a program writes. So they take a product only where that operand (its position here) is a
 # model weight; cuBLAS keeps any other.
 GEMV_WEIGHT_ARGUMENT = {"mm": 1, "addmm": 2, "addmm_in_place": 2, "scaled_silu_mul_linear": 1}
-# Ops that only view their first argument, as a weight reaches a product (weight.t(), a reshape).
-_VIEW_OPS = frozenset(
-    {
-        torch.ops.aten.t.default,
-        torch.ops.aten.permute.default,
-        torch.ops.aten.transpose.int,
-        torch.ops.aten.view.default,
-        torch.ops.aten._unsafe_view.default,
-        torch.ops.aten.reshape.default,
-        torch.ops.aten.alias.default,
-    }
-)
 MODEL_INPUT_PREFIXES = ("target.", "draft.")  # trace.StepSignature's names of parameter and buffer inputs
 
 
@@ -825,7 +813,7 @@ def _runs_gemv(op: str, key: int | str | tuple[int | str, str]) -> bool:
 def reads_model_weight(arg: object) -> bool:
     """Whether a node argument is (a view of) a model weight: a parameter or buffer input of the program
     (meta["gs_input"] target.* / draft.*) or a constant (get_attr), never a value a kernel computes."""
-    while isinstance(arg, fx.Node) and arg.op == "call_function" and arg.target in _VIEW_OPS:
+    while isinstance(arg, fx.Node) and arg.op == "call_function" and arg.target in VIEW_OPS:  # weight.t(), a reshape
         arg = arg.args[0]
     if not isinstance(arg, fx.Node):
         return False
