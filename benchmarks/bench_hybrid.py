@@ -44,7 +44,7 @@ from graphspec.models.hybrid import HybridLM
 from graphspec.models.loading import build_model
 from graphspec.models.target import target_forward
 from graphspec.state import snapshot_name
-from graphspec.trace import model_inputs
+from graphspec.trace import model_inputs, name_graph
 
 DRAFTERS = ("mtp", "ngram")
 SHAPES = {
@@ -110,6 +110,8 @@ def trace_forward(model: HybridLM, batch: int, positions: int, max_seq_len: int,
         *(state.allocate(device, zeroed=False) for state in declared),
     ]
     gm = make_fx(program, tracing_mode="fake")(*params.values(), *example)
+    # named as the step names its inputs (the registry's GEMVs take only target.* / draft.* weights)
+    name_graph(gm, (*(f"target.{name}" for name in names), "tokens", "start", "slots", *(s.name for s in declared)))
     dtype = next(model.parameters()).dtype
     ctx = PassContext(k=0, batch=batch, mode="greedy", sm=device_sm(device), device=device, dtype=str(dtype))
     for step in DECODE_PASSES:

@@ -23,7 +23,7 @@ from graphspec import ops, pipeline
 from graphspec.compiled import device_sm
 from graphspec.config import PassContext
 from graphspec.models.decoder import DecoderLM
-from graphspec.trace import model_inputs
+from graphspec.trace import model_inputs, name_graph
 
 # The step pipeline minus what only a speculation step has (verify/accept, padded rows, piecewise
 # capture): the decode forward gets every cache, fusion and lowering pass the step gets.
@@ -72,6 +72,9 @@ def trace_decode(
         model.new_cache(batch, max_seq_len, dtype, device, zeroed=False) if cache is None else cache,
     ]
     gm = make_fx(program, tracing_mode="fake")(*params.values(), *example)
+    # Named as the step names its inputs: the registry lowers a product to the GEMVs (which read their weight
+    # before earlier kernels finish) only where its weight operand is a target.* / draft.* input.
+    name_graph(gm, (*(f"target.{name}" for name in names), "tokens", "start", "slots", "cache"))
     ctx = PassContext(k=0, batch=batch, mode="greedy", sm=sm, device=str(device), dtype=str(dtype), numerics=numerics)
     for step in DECODE_PASSES:
         if step.NAME not in skip:

@@ -9,6 +9,7 @@ from benchmarks import target_only
 from graphspec.models import load_model
 from graphspec.ops import OPS
 from graphspec.reference import reference_generate
+from graphspec.trace import model_inputs
 from tests.checkpoints import make_checkpoint
 
 
@@ -28,3 +29,15 @@ def test_decode_graph_writes_the_cache_in_place(tmp_path) -> None:
     assert targets.count(OPS["rotary_kv_attention"]) == model.spec.num_layers
     assert not {OPS["kv_write"], OPS["rotary"], OPS["rotary_kv_write"], OPS["attention"]} & set(targets)
     assert OPS["kv_update"] not in targets  # no whole-cache copies left
+
+
+def test_decode_graph_lowers_its_projections_as_the_step_does(tmp_path) -> None:
+    """Its weights are target.* inputs as in the step, so at batch 1 every projection takes the one-row GEMV
+    (lowering/registry.py lowers a product to the GEMVs only where the weight operand is a model weight)."""
+    model = load_model(make_checkpoint(tmp_path / "target", "llama")).model
+    gm = target_only.trace_decode(model, batch=1, max_seq_len=16, sm=90)
+    weights = {node.meta.get("gs_input") for node in gm.graph.find_nodes(op="placeholder")}
+    assert {f"target.{name}" for name in model_inputs(model)} <= weights
+    rows = [node.meta["gs_kernel"]["sm"] for node in gm.graph.nodes if "gs_kernel" in node.meta]
+    # per layer q/k/v, o, gate/up and down, then the lm_head (CPU: the norms are not folded into them)
+    assert sum(str(row).endswith((":one_row", ":one_row_long_k")) for row in rows) == 4 * model.spec.num_layers + 1
