@@ -102,7 +102,9 @@ MM16 = [  # kernels/mm.py rows: block_m, block_n, block_k, split_programs, num_w
 
 
 class FewRows:
-    def __init__(self, kind: str, weights: list[torch.Tensor], x: torch.Tensor, bn: int, bk: int, stages: int, warps: int):
+    def __init__(
+        self, kind: str, weights: list[torch.Tensor], x: torch.Tensor, bn: int, bk: int, stages: int, warps: int
+    ):
         self.n, self.k = weights[0].shape
         if self.n % bn or self.k % bk:
             raise ValueError(f"N, K multiples of ({bn}, {bk}) only")
@@ -153,7 +155,11 @@ def build(sm: int) -> None:
                 cubin.flush()
                 usage = subprocess.run([str(cuobjdump), "-res-usage", cubin.name], capture_output=True, text=True)
             line = next((l.strip() for l in usage.stdout.splitlines() if "REG:" in l), usage.stdout.strip()[-200:])
-            mma = "wgmma" if "wgmma" in compiled.asm["ptx"] else ("mma.sync" if "mma.sync" in compiled.asm["ptx"] else "?")
+            mma = (
+                "wgmma"
+                if "wgmma" in compiled.asm["ptx"]
+                else ("mma.sync" if "mma.sync" in compiled.asm["ptx"] else "?")
+            )
             ptx = compiled.asm["ptx"]
             copies = "cp.async" if "cp.async" in ptx else ("tma" if "cp.async.bulk" in ptx else "ld.global")
             print(
@@ -183,7 +189,9 @@ def main() -> None:
     from graphspec.kernels import gemv, mm
 
     copy_gb_s = common.measure_copy_bandwidth("cuda")["gb_s"]
-    print(f"{common.device_name('cuda')}, triton {triton.__version__}, torch {torch.__version__}, copy {copy_gb_s:.0f} GB/s")
+    print(
+        f"{common.device_name('cuda')}, triton {triton.__version__}, torch {torch.__version__}, copy {copy_gb_s:.0f} GB/s"
+    )
     gains = {}  # (model, M) -> us a forward would save with the best candidate of every projection
     for model in args.models.split(","):
         shapes = projections(model)
@@ -234,7 +242,9 @@ def main() -> None:
                 gains[(model, m)] = gains.get((model, m), 0.0) + count * max(0.0, cublas - best[0])
                 weights.clear()
     for (model, m), us in gains.items():
-        print(f"{model} M={m}: the best candidate per projection would save {us:.0f} us a forward (sum of isolated timings)")
+        print(
+            f"{model} M={m}: the best candidate per projection would save {us:.0f} us a forward (sum of isolated timings)"
+        )
 
 
 if __name__ == "__main__":
