@@ -32,10 +32,6 @@ FOLDED_MAX_ROWS = 80
 # 0.4% (each program reading 5 rows of 4096); prefill programs' attention (graphspec::prefill_attention) takes no
 # row scale. Other programs keep the norm kernel (weight: ones).
 FOLDED_INPUT_MAX_TOKENS = 1
-# A folded MLP of up to this many rows computes its gate/up projection and scaled SwiGLU as one op,
-# graphspec::scaled_silu_mul_linear: one kernel that streams the weight and takes the row scale from the x it reads
-# (kernels/scaled_silu_mul_linear.py: the GEMV at one row, tensor-core dots of x padded to 16 rows up to 16).
-SWIGLU_LINEAR_MAX_ROWS = 16
 
 
 class RMSNorm(nn.Module):
@@ -179,12 +175,11 @@ class MLP(nn.Module):
         """down(silu(gate) * up) of x's projections; with scale_eps, x is un-normalized (a folded norm's input) and
         gate and up are first scaled by its rows' rsqrt(mean(x^2) + scale_eps) (graphspec::scaled_silu_mul). With
         residual, the output is residual + that (the down projection adds into it, see add_linear)."""
-        rows = x.shape[:-1].numel()
-        if scale_eps is not None and rows <= SWIGLU_LINEAR_MAX_ROWS and self.gate_up_proj.bias is None:
-            # Few rows (decodes and draft forwards at small batches, a verify's K + 1 positions at batch 1): the
-            # projection and its scaled SwiGLU as one op (SWIGLU_LINEAR_MAX_ROWS).
+        if scale_eps is not None and x.shape[:-1].numel() == 1 and self.gate_up_proj.bias is None:
+            # One row (a batch-1 decode or draft forward): the projection and its scaled SwiGLU as one op, one kernel
+            # that takes the row scale from the x it streams (kernels/scaled_silu_mul_linear.py).
             width = x.shape[-1]
-            act = ops.scaled_silu_mul_linear(x.reshape(rows, width), self.gate_up_proj.weight.t(), scale_eps)
+            act = ops.scaled_silu_mul_linear(x.reshape(1, width), self.gate_up_proj.weight.t(), scale_eps)
             act = act.view(*x.shape[:-1], act.shape[-1])
         else:
             gate_up = self.gate_up_proj(x)

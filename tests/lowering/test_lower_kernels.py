@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import collections
 import importlib
-
 import operator
 
 import pytest
@@ -281,9 +279,8 @@ def test_one_and_two_row_products_of_a_folded_batch_1_step_run_the_gemvs(checkpo
     """Batch 1 with folded norms, K = 2: the draft's one-token forward projects one row, so its q/k/v and lm_head mm
     take the GEMV ("one_row" rows), its in-place residual adds (o and down) addmm_in_place and its gate/up with the
     scaled SwiGLU (one op there) the fused kernel; its catch-up forward's two rows take the two-row GEMV ("two_rows",
-    block_m 2) where the weight is narrow (N <= 2K) and keep cuBLAS where it is wide (this draft's q/k/v); the
-    verify's K + 1 = 3 rows keep cuBLAS; the catch-up's and the verify's gate/up with their scaled SwiGLU take the
-    fused kernel's few-row rows. Tokens and counts equal the unlowered step's."""
+    block_m 2) where the weight is narrow (N <= 2K) and keep cuBLAS where it is wide; the verify's K + 1 = 3 rows
+    keep cuBLAS. Tokens and counts equal the unlowered step's."""
     target = checkpoint_factory("llama", seed=0, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
     draft = checkpoint_factory("qwen3", seed=1, head_dim=64, num_attention_heads=2, num_key_value_heads=1)
     step = StepCase(target, draft, fold_norms=True, batch=1)
@@ -309,13 +306,7 @@ def test_one_and_two_row_products_of_a_folded_batch_1_step_run_the_gemvs(checkpo
     # o and down of each layer, but the last layer's down, whose add joins the final norm (add_rms_norm)
     assert len(one_row_in_place) == (2 * layers - 1) * (K - 1)
     swiglu = torch.ops.graphspec.scaled_silu_mul_linear_triton.default
-    rows = collections.Counter(n.args[0].meta["val"].shape[0] for n in calls if n.target is swiglu)
-    assert rows == {1: layers * (K - 1), 2: layers, K + 1: step.target.spec.num_layers}, rows
-    assert all(
-        str(n.meta["gs_kernel"]["sm"]) == ("90" if n.args[0].meta["val"].shape[0] == 1 else "90:few_rows")
-        for n in calls
-        if n.target is swiglu
-    )
+    assert sum(n.target is swiglu for n in calls) == layers * (K - 1)
     assert_same_tokens(step, lowered, reference)
 
 

@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops, trace
 from graphspec.models import load_model
-from graphspec.models.decoder import FOLDED_MAX_ROWS, SWIGLU_LINEAR_MAX_ROWS
+from graphspec.models.decoder import FOLDED_MAX_ROWS
 from graphspec.models.fold_norms import fold_norms, fold_refusal
 from tests.checkpoints import make_hybrid_checkpoint
 
@@ -91,22 +91,15 @@ def test_a_hybrid_model_and_a_folded_one_are_refused(checkpoint_factory, tmp_pat
 
 @pytest.mark.parametrize(
     ("rows", "prefill"),
-    [
-        ((1, 1), False),
-        ((4, 1), False),
-        ((2, 3), False),
-        ((2, 3), True),
-        ((3, SWIGLU_LINEAR_MAX_ROWS // 3 + 1), False),
-        ((2, FOLDED_MAX_ROWS // 2 + 1), False),
-    ],
-    ids=["one row", "one token per row", "few rows", "few rows with a last position", "folded rows", "many rows"],
+    [((1, 1), False), ((4, 1), False), ((2, 3), False), ((2, 3), True), ((2, FOLDED_MAX_ROWS // 2 + 1), False)],
+    ids=["one row", "one token per row", "few rows", "few rows with a last position", "many rows"],
 )
 def test_few_rows_take_the_folded_form_and_many_keep_the_norm_kernel(checkpoint_factory, rows, prefill) -> None:
     """A folded model runs the folded form (addmm into the residual, scaled_silu_mul) in programs of up to
     FOLDED_MAX_ROWS rows and the norm kernels (weighted by ones) above; its input norms take theirs (the down
     projection added into the residual, row_scale on q/k/v) in programs of one token per row that compute no last
-    position (decoder.FOLDED_INPUT_MAX_TOKENS); an MLP of up to SWIGLU_LINEAR_MAX_ROWS rows projects gate/up and
-    takes the scaled SwiGLU as one op (scaled_silu_mul_linear). Every form computes the unfolded model's forward."""
+    position (decoder.FOLDED_INPUT_MAX_TOKENS); a program of one row projects gate/up and takes the scaled SwiGLU
+    as one op (scaled_silu_mul_linear). Every form computes the unfolded model's forward."""
     directory = checkpoint_factory("llama", seed=4)
     plain, folded = load_model(directory).model, load_model(directory, fold_norms=True).model
     tokens = torch.randint(0, plain.spec.vocab_size, rows, generator=torch.Generator().manual_seed(0))
@@ -121,10 +114,9 @@ def test_few_rows_take_the_folded_form_and_many_keep_the_norm_kernel(checkpoint_
         torch.testing.assert_close(forward(folded), forward(plain), rtol=1e-5, atol=1e-5)
     targets = [node.target for node in make_fx(lambda: forward(folded))().graph.nodes]
     few, one_token = tokens.numel() <= FOLDED_MAX_ROWS, rows[1] == 1 and not prefill
-    fused = tokens.numel() <= SWIGLU_LINEAR_MAX_ROWS  # then so is the last position's MLP (fewer rows)
-    fused_mlps = plain.spec.num_layers + (1 if prefill else 0) if fused else 0
-    assert targets.count(ops.OPS["scaled_silu_mul_linear"]) == fused_mlps
-    assert (ops.OPS["scaled_silu_mul"] in targets) == (few and not fused)
+    one_row = tokens.numel() == 1
+    assert targets.count(ops.OPS["scaled_silu_mul_linear"]) == (plain.spec.num_layers if one_row else 0)
+    assert (ops.OPS["scaled_silu_mul"] in targets) == (few and not one_row)
     assert (ops.OPS["silu_mul"] in targets) != few
     # o projections add into the residual (and the last position's), so do the down projections that feed a folded
     # input norm

@@ -4,6 +4,7 @@ swiglu_rows_kernel) against what it replaces (cuBLAS's gate/up matmul, then grap
 call with the weights rotated past L2 (benchmarks/bench_linear.py's timing), at the 8B and 1B MLPs and 2-16 rows;
 a few config rows around the sm_90 one.
 
+    git apply docs/results/2026-11-29-few-row-swiglu/kernel.diff   # the kernel as measured (not landed)
     python docs/results/2026-11-29-few-row-swiglu/probe.py
 """
 
