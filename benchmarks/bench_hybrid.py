@@ -39,6 +39,7 @@ from graphspec import ops
 from graphspec.compiled import device_sm
 from graphspec.config import PassContext
 from graphspec.drafters.mtp import MtpHead, layer_names
+from graphspec.input_names import weight_input_names
 from graphspec.models.decoder import checkpoint_shapes, checkpoint_state
 from graphspec.models.hybrid import HybridLM
 from graphspec.models.loading import build_model
@@ -111,7 +112,7 @@ def trace_forward(model: HybridLM, batch: int, positions: int, max_seq_len: int,
     ]
     gm = make_fx(program, tracing_mode="fake")(*params.values(), *example)
     # named as the step names its inputs (the registry's GEMVs take only target.* / draft.* weights)
-    name_graph(gm, (*(f"target.{name}" for name in names), "tokens", "start", "slots", *(s.name for s in declared)))
+    name_graph(gm, (*weight_input_names(names), "tokens", "start", "slots", *(s.name for s in declared)))
     dtype = next(model.parameters()).dtype
     ctx = PassContext(k=0, batch=batch, mode="greedy", sm=device_sm(device), device=device, dtype=str(dtype))
     for step in DECODE_PASSES:

@@ -22,6 +22,7 @@ from benchmarks import common
 from graphspec import ops, pipeline
 from graphspec.compiled import device_sm
 from graphspec.config import PassContext
+from graphspec.input_names import weight_input_names
 from graphspec.models.decoder import DecoderLM
 from graphspec.trace import model_inputs, name_graph
 
@@ -74,7 +75,7 @@ def trace_decode(
     gm = make_fx(program, tracing_mode="fake")(*params.values(), *example)
     # Named as the step names its inputs: the registry lowers a product to the GEMVs (which read their weight
     # before earlier kernels finish) only where its weight operand is a target.* / draft.* input.
-    name_graph(gm, (*(f"target.{name}" for name in names), "tokens", "start", "slots", "cache"))
+    name_graph(gm, (*weight_input_names(names), "tokens", "start", "slots", "cache"))
     ctx = PassContext(k=0, batch=batch, mode="greedy", sm=sm, device=str(device), dtype=str(dtype), numerics=numerics)
     for step in DECODE_PASSES:
         if step.NAME not in skip:

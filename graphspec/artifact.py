@@ -88,6 +88,7 @@ from graphspec.dump import PassRecord
 from graphspec.errors import ArtifactError, GraphspecError
 from graphspec.file_digest import copy_and_digest, digest_file, mismatched_blocks
 from graphspec.gc_pause import paused_gc
+from graphspec.input_names import weight_input_names
 from graphspec.lowering.registry import kernel_module
 from graphspec.models.loading import (
     VOLATILE_CONFIG_KEYS,
@@ -1311,8 +1312,7 @@ def _check_against_graphs(
         ),
         "signature": (
             [
-                *(f"target.{name}" for name in manifest["signature"]["target_params"]),
-                *(f"draft.{name}" for name in manifest["signature"]["draft_params"]),
+                *weight_input_names(manifest["signature"]["target_params"], manifest["signature"]["draft_params"]),
                 *manifest["signature"]["step_inputs"],
             ],
             list(first["inputs"]),

@@ -26,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import fake_meta, ops
 from graphspec.drafters.base import Drafter, StepView
+from graphspec.input_names import weight_input_names
 from graphspec.models.decoder import DecoderLM
 from graphspec.models.hybrid import HybridLM
 from graphspec.models.target import target_forward, target_state_names, target_states
@@ -87,11 +88,7 @@ class StepSignature:
 
     @property
     def input_names(self) -> tuple[str, ...]:
-        return (
-            tuple(f"target.{n}" for n in self.target_params)
-            + tuple(f"draft.{n}" for n in self.draft_params)
-            + self.step_inputs
-        )
+        return weight_input_names(self.target_params, self.draft_params) + self.step_inputs
 
 
 def model_inputs(model: torch.nn.Module) -> dict[str, torch.Tensor]:

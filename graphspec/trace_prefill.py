@@ -25,6 +25,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import fake_meta
 from graphspec.drafters.base import Drafter, PrefillChunk
+from graphspec.input_names import weight_input_names
 from graphspec.models.decoder import DecoderLM
 from graphspec.models.hybrid import HybridLM
 from graphspec.models.target import target_forward, target_state_names
@@ -57,12 +58,7 @@ class PrefillSignature:
 
     @property
     def input_names(self) -> tuple[str, ...]:
-        return (
-            tuple(f"target.{n}" for n in self.target_params)
-            + tuple(f"draft.{n}" for n in self.draft_params)
-            + PREFILL_INPUTS
-            + self.states
-        )
+        return weight_input_names(self.target_params, self.draft_params) + PREFILL_INPUTS + self.states
 
 
 def chunk_size(bucket: int, max_seq_len: int, prefill_tokens: int) -> int:

@@ -42,6 +42,7 @@ import torch
 import torch.fx as fx
 
 from graphspec import ops
+from graphspec.input_names import is_weight_input
 from graphspec.op_nodes import VIEW_OPS, positional_args
 from graphspec.ops import MAX_SAMPLING_VOCAB
 
@@ -799,7 +800,6 @@ def resolve(
 # weight no kernel of a program writes. So they take a product only where that operand (its position here) is a
 # model weight; cuBLAS keeps any other.
 GEMV_WEIGHT_ARGUMENT = {"mm": 1, "addmm": 2, "addmm_in_place": 2, "scaled_silu_mul_linear": 1}
-MODEL_INPUT_PREFIXES = ("target.", "draft.")  # trace.StepSignature's names of parameter and buffer inputs
 
 
 def _runs_gemv(op: str, key: int | str | tuple[int | str, str]) -> bool:
@@ -812,14 +812,13 @@ def _runs_gemv(op: str, key: int | str | tuple[int | str, str]) -> bool:
 
 def reads_model_weight(arg: object) -> bool:
     """Whether a node argument is (a view of) a model weight: a parameter or buffer input of the program
-    (meta["gs_input"] target.* / draft.*) or a constant (get_attr), never a value a kernel computes."""
+    (meta["gs_input"] target.* / draft.*: graphspec.input_names) or a constant (get_attr), never a value a kernel
+    computes."""
     while isinstance(arg, fx.Node) and arg.op == "call_function" and arg.target in VIEW_OPS:  # weight.t(), a reshape
         arg = arg.args[0]
     if not isinstance(arg, fx.Node):
         return False
-    return arg.op == "get_attr" or (
-        arg.op == "placeholder" and str(arg.meta.get("gs_input", "")).startswith(MODEL_INPUT_PREFIXES)
-    )
+    return arg.op == "get_attr" or (arg.op == "placeholder" and is_weight_input(str(arg.meta.get("gs_input", ""))))
 
 
 def _shape_key(op: str, key: int | str, node: fx.Node) -> int | str | tuple[int | str, str]:

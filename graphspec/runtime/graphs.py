@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from graphspec import trace
 from graphspec.counters import COUNTERS, timed
+from graphspec.input_names import is_draft_weight
 from graphspec.lowering import lower_kernels
 from graphspec.op_nodes import is_attention
 from graphspec.runtime.buffers import StepBuffers
@@ -222,7 +223,7 @@ def pack_mm_weights(
         operand = node.args[1]
         if isinstance(operand, fx.Node) and operand.target == torch.ops.aten.t.default and operand.args[0] in weights:
             placeholder = operand.args[0]
-            dtype = draft_dtype if placeholder.meta["gs_input"].startswith("draft.") else torch.float32
+            dtype = draft_dtype if is_draft_weight(placeholder.meta["gs_input"]) else torch.float32
             entries[placeholder] = entries.get(placeholder) or mm_cpu.pack(weights[placeholder], dtype)
     return [entry for entry in entries.values() if entry is not None]
 
