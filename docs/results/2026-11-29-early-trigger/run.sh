@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call (2026-11-29 23:40 UTC): the next kernels launched during the attention. bench_drafters (draft model, B = 1)
+# Device call (2026-11-29 23:27 UTC): the next kernels launched during the attention. bench_drafters (draft model, B = 1)
 # back to back: "cur" = the tree; "A" = a.diff (the attention lets the next kernel launch as it starts, the reduce
 # before its wait: the o GEMV's programs launch and ask for their first weight tile while the attention runs); "B" = A +
 # b_gemv.diff (the one-row GEMV asks for two weight tiles before its wait).

@@ -1,5 +1,5 @@
 # ruff: noqa  (a probe, kept with its results)
-"""Probe (issue 16, 2026-11-29 23:00 UTC): does a tensor-core (tl.dot) few-row GEMM beat cuBLAS at a K = 4 verify's
+"""Probe (issue 16, 2026-11-29 22:55 UTC): does a tensor-core (tl.dot) few-row GEMM beat cuBLAS at a K = 4 verify's
 5-row products at batch 1?
 
 The draft-model step's largest excess after the draft forwards is the verify: 4.38 ms against the one-row decode's

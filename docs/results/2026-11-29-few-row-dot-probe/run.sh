@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call (2026-11-29 23:10 UTC): the tensor-core few-row probe, then a kernel profile of the draft-model step
+# Device call (2026-11-29 22:58 UTC): the tensor-core few-row probe, then a kernel profile of the draft-model step
 # in plain stream order (GRAPHSPEC_PDL=0: under PDL a kernel's profiled time includes its wait for the one before).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."

@@ -1,5 +1,5 @@
 # ruff: noqa  (a probe, kept with its results)
-"""Probe (issue 16, 2026-11-30 00:15 UTC): the few-row fused gate/up GEMM + scaled SwiGLU (kernels/scaled_silu_mul_linear.py's
+"""Probe (issue 16, 2026-11-29 23:08 UTC): the few-row fused gate/up GEMM + scaled SwiGLU (kernels/scaled_silu_mul_linear.py's
 swiglu_rows_kernel) against what it replaces (cuBLAS's gate/up matmul, then graphspec's scaled_silu_mul kernel), us per
 call with the weights rotated past L2 (benchmarks/bench_linear.py's timing), at the 8B and 1B MLPs and 2-16 rows;
 a few config rows around the sm_90 one.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call (2026-11-30 00:20 UTC): the few-row fused gate/up + scaled SwiGLU kernel in isolation (probe.py), the
+# Device call (2026-11-29 23:10 UTC): the few-row fused gate/up + scaled SwiGLU kernel in isolation (probe.py), the
 # draft-model step with it (on) and without it (off: off.diff, the decoder fuses one-row MLPs only) back to back,
 # then its GPU tests. PART=probe|ab|tests|all. Ran at 5f56160; the kernel was reverted: `git apply kernel.diff` first.
 set -uo pipefail
