@@ -1,5 +1,5 @@
 # ruff: noqa  (a probe, kept with its results)
-"""Probe 2 (issue 16, 2026-11-30 00:30 UTC): why the first few-row fused SwiGLU kernel ran at half the probe's dot rate
+"""Probe 2 (issue 16, 2026-11-29 23:18 UTC): why the first few-row fused SwiGLU kernel ran at half the probe's dot rate
 (8B gate/up at 5 rows: 110 us against cuBLAS + scaled_silu_mul's 60.7; run/probe.log). Variants of one kernel:
 SQ: x's squares for the row scale 0 = none (scale 1: timing only), 1 = elementwise [16, BK] (the first kernel's), 2 =
 the diagonal of an x @ x^T dot, 3 = the same from a second load of x (its own buffer), 4 = a loop over x before the
