@@ -15,7 +15,8 @@ real at committed length about --context. Next to them, per bucket:
   greedy picks included; "/verify" is a drafter's step over that (issue 17 asks <= 1.2 for DFlash at B 1).
 Below the table, issue 16's floors from the copy rate measured in the same run (weights read once a step: the
 target without its input embedding for the decode, plus K x the draft's for a draft model's step) and each
-bucket's ratio to them.
+bucket's ratio to them; then how many products each target forward left to torch (0 for a batch-1 decode on sm_90,
+whose projections run graphspec's GEMVs; the JSON's "lowering" has every forward's kernels by name).
 Random weights accept almost nothing, so step time is what this compares; tokens per step depends on
 the text (see tools/measure_acceptance.py for the demo pair's).
 --token-map-sizes N[,N...] adds, for every drafter column that takes a token map (MTP, EAGLE-3, DFlash), a
@@ -201,12 +202,16 @@ def time_target_forward(
     positions: int,
     args: argparse.Namespace,
     profiles: dict[str, Any] | None = None,
+    census: dict[str, dict[str, int]] | None = None,
 ) -> float:
     """Median ms of the target's forward over `positions` tokens per row (argmax of every position),
     captured on CUDA, with every row at committed length about args.context. With `profiles` and
-    batch == args.profile, profiles["target_<positions>"] gets the kernels of one forward."""
+    batch == args.profile, profiles["target_<positions>"] gets the kernels of one forward; `census`["B=<batch>
+    T=<positions>"] gets how its ops were lowered (target_only.lowering_census)."""
     device = args.device
     gm = target_only.trace_decode(model, batch, args.max_seq_len, device_sm(device), positions, skip=args.skip_passes)
+    if census is not None:
+        census[f"B={batch} T={positions}"] = target_only.lowering_census(gm)
     weights = list(model_inputs(model).values())
     parameter = next(model.parameters())
     cache = model.new_cache(batch, args.max_seq_len, parameter.dtype, device)
@@ -438,11 +443,12 @@ def main(argv: list[str] | None = None) -> int:
             steps[column], target = time_drafter_steps(
                 target_dir, draft, buckets, args, column, profiles, sizes, **extra
             )
-        decode = {b: time_target_forward(target, b, 1, args, profiles) for b in buckets}
+        census: dict[str, dict[str, int]] = {}  # how each target forward was lowered
+        decode = {b: time_target_forward(target, b, 1, args, profiles, census) for b in buckets}
         k_at = {(c, b): schedules[c].get(b, k) for c, (_, _, k) in columns.items() for b in buckets}
         widths = sorted({k + 1 for k in k_at.values()})
         needed = sorted({(b, k + 1) for (_, b), k in k_at.items()})
-        verify = {(b, w): time_target_forward(target, b, w, args, profiles) for b, w in needed}
+        verify = {(b, w): time_target_forward(target, b, w, args, profiles, census) for b, w in needed}
         bandwidth = copy_bandwidth(args.device, 4.0 if common.is_cuda(args.device) else 0.0625)["bytes_per_s"]
         target_bytes = weight_bytes(target, read_only=True)
         embedding_bytes = weight_bytes(target) - target_bytes
@@ -479,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
     fixed = {c: (draft_bytes[c], columns[c][2]) for c in draft_bytes if not schedules[c]}
     more, report["floors"] = floor_lines(bandwidth, target_bytes, embedding_bytes, fixed, decode, steps, buckets)
     lines += more
+    # what would show a target forward that lost its kernels (as the decode column did from e6bddf6 to 35f6a4e)
+    left = ", ".join(f"{forward} {counts.get('torch products', 0)}" for forward, counts in census.items())
+    lines.append(f"target forwards' products left to torch (cuBLAS): {left}")
+    report["lowering"] = census
     print("\n".join(lines))
     for column, profile in profiles.items():
         what = f"forward over {column[7:]} tokens per row" if column.startswith("target_") else f"{column} step"

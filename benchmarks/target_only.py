@@ -32,6 +32,30 @@ STEP_ONLY = ("insert_verify", "mask_padding", "split_attention")
 DECODE_PASSES = tuple(p for p in pipeline.PIPELINE if p.NAME not in STEP_ONLY)
 
 
+# Products the lowering leaves to torch (cuBLAS on a GPU): lowering_census counts them apart.
+TORCH_PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.addmm_.default)
+
+
+def lowering_census(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """How a lowered forward's ops run: kernel op name (with its config row's shape class, e.g.
+    "graphspec::mm_triton:one_row") -> nodes, and "torch products" -> the matmuls left to torch. A benchmark prints
+    it so a forward that silently lost its kernels shows in the run's own output."""
+    census: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if "gs_kernel" in node.meta:
+            kernel = node.meta["gs_kernel"]
+            shape_class = str(kernel["sm"]).partition(":")[2]
+            name = kernel["kernel"] + (f":{shape_class}" if shape_class else "")
+        elif node.target in TORCH_PRODUCTS:
+            name = "torch products"
+        else:
+            continue
+        census[name] = census.get(name, 0) + 1
+    return dict(sorted(census.items()))
+
+
 @dataclass
 class DecodeResult:
     tokens: list[list[int]]  # generated tokens per row (the first comes from prefill)

@@ -61,3 +61,9 @@ def test_several_k_and_a_bucket_with_its_own_run_on_cpu(tmp_path, capsys) -> Non
     assert set(floors["floors_ms"]) == {"target_decode", "draft_model_k1"} and floors["target_bytes"] > 0
     assert floors["floors_ms"]["draft_model_k1"] > floors["floors_ms"]["target_decode"]
     assert "over the floor: target_decode" in out
+    # every target forward's lowering is recorded; on the CPU (no SM) every product stays torch's
+    lowering = json.loads(report.read_text())["lowering"]
+    assert set(lowering) == {"B=1 T=1", "B=2 T=1", "B=1 T=2", "B=1 T=4", "B=2 T=2", "B=2 T=3"}
+    products = 4 * 2 + 1  # tiny-llama-target: q/k/v, o, gate/up and down in each of 2 layers, then the lm_head
+    assert all(counts == {"torch products": products} for counts in lowering.values()), lowering
+    assert f"products left to torch (cuBLAS): B=1 T=1 {products}, B=2 T=1 {products}" in out
