@@ -23,4 +23,5 @@ def is_weight_input(name: str) -> bool:
 
 
 def is_draft_weight(name: str) -> bool:
+    """Whether an input name is a drafter's weight."""
     return name.startswith(DRAFT_PREFIX)

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 
 from benchmarks import bench_hybrid
+from graphspec.input_names import weight_input_names
+from graphspec.models.loading import load_model
+from graphspec.trace import model_inputs
 
 
 def test_tiny_preset_runs_and_reports(tmp_path, capsys) -> None:
@@ -24,10 +27,7 @@ def test_tiny_preset_runs_and_reports(tmp_path, capsys) -> None:
 def test_forward_names_its_weights_as_the_step_does(tmp_path) -> None:
     """The decode forward's weights are target.* inputs, as in the step: the registry lowers a batch-1 product
     to the one-row GEMV only where its weight operand is a model weight (a tiny stand-in's projections)."""
-    from graphspec.models.loading import load_model
-    from graphspec.trace import model_inputs
-
     model = load_model(bench_hybrid.write_checkpoint(tmp_path / "target", "tiny", "cpu", seed=1)).model
     gm, _ = bench_hybrid.trace_forward(model, batch=1, positions=1, max_seq_len=16, device="cpu")
     names = {node.meta.get("gs_input") for node in gm.graph.find_nodes(op="placeholder")}
-    assert {f"target.{name}" for name in model_inputs(model)} <= names
+    assert set(weight_input_names(model_inputs(model))) <= names
