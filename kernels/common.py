@@ -3,6 +3,12 @@
 Every kernel file keeps its configs as data, `CONFIGS = {80: {...}, 90: {...}, "default": {...}}`, each
 value a dict of ints in one fixed key order; the lowered graph passes those ints as trailing op
 arguments in that order, so a dumped graph shows (and a re-loaded one keeps) the exact config.
+
+A hazard to keep out of every kernel here: inside a software-pipelined loop (tl.range with num_stages), two tl.dot
+calls that read the same loaded tile gave results that differed from launch to launch on an H200 (Triton 3.6, sm_90;
+docs/results/2026-11-29-few-row-swiglu: a weight tile's dot and x @ x^T sharing x's buffer), where loading the tile
+twice was stable. No kernel here does that (attention's q is loaded before its loop); compare a new tensor-core
+kernel's outputs bit for bit across launches on the GPU, not only against an error bound.
 """
 
 from __future__ import annotations
