@@ -1,5 +1,5 @@
 # ruff: noqa  (a probe, kept with its results)
-"""Probe (issue 16; written 2026-11-30 00:20 UTC, not yet run on a GPU): what the batch-1 attention's prologue costs.
+"""Probe (issue 16; written 2026-11-30 00:00 UTC, not yet run on a GPU): what the batch-1 attention's prologue costs.
 
 A one-token forward's attention (graphspec::rotary_kv_attention as the decode and the draft forwards run it) first
 scales q, k and v by the folded input norm's row scale (each program re-reads the row's source row and sums it across
