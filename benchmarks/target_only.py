@@ -23,6 +23,7 @@ from graphspec import ops, pipeline
 from graphspec.compiled import device_sm
 from graphspec.config import PassContext
 from graphspec.input_names import weight_input_names
+from graphspec.lowering import registry
 from graphspec.models.decoder import DecoderLM
 from graphspec.trace import model_inputs, name_graph
 
@@ -32,8 +33,9 @@ STEP_ONLY = ("insert_verify", "mask_padding", "split_attention")
 DECODE_PASSES = tuple(p for p in pipeline.PIPELINE if p.NAME not in STEP_ONLY)
 
 
-# Products the lowering leaves to torch (cuBLAS on a GPU): lowering_census counts them apart.
-TORCH_PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.addmm_.default)
+# Products the lowering leaves to torch (cuBLAS on a GPU), the registry's aten ops of the matmul kernels:
+# lowering_census counts them apart.
+TORCH_PRODUCTS = frozenset(registry.ATEN_OPS[op] for op in ("mm", "addmm", "addmm_in_place"))
 
 
 def lowering_census(gm: torch.fx.GraphModule) -> dict[str, int]:
