@@ -27,11 +27,13 @@ from graphspec.models.spec import ModelSpec
 FOLDED_MAX_ROWS = 80
 # A folded input norm takes its folded form (the down projection added into the residual, the row scale on q/k/v:
 # graphspec::row_scale, which the fuse_row_scale pass moves into the step's attention kernel, where every program
-# reads its row's T source rows again) in such programs of one token per row that compute no last position: decode
-# and draft forwards. On an H200 (2026-11-29) that won 1.3-1.9% on a decode, while a 5-token verify at B = 1 lost
-# 0.4% (each program reading 5 rows of 4096); prefill programs' attention (graphspec::prefill_attention) takes no
+# reads its row's T source rows again) in such programs of up to this many tokens per row that compute no last
+# position: decode and draft forwards, a verify of K <= 7 drafts. On an H200 that won 1.3-1.9% on a decode
+# (2026-11-29) and, once the attention summed the T rows' squares with one cross-warp sum (kernels/attention.py
+# row_inverse_rms), 0.7-0.8% on a K = 4 draft-model step (2026-11-30: 7.917 -> 7.856, 7.752 -> 7.698 ms); before
+# that, a 5-token verify at B = 1 had lost 0.4%. Prefill programs' attention (graphspec::prefill_attention) takes no
 # row scale. Other programs keep the norm kernel (weight: ones).
-FOLDED_INPUT_MAX_TOKENS = 1
+FOLDED_INPUT_MAX_TOKENS = 8
 
 
 class RMSNorm(nn.Module):

@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops, trace
 from graphspec.models import load_model
-from graphspec.models.decoder import FOLDED_MAX_ROWS
+from graphspec.models.decoder import FOLDED_INPUT_MAX_TOKENS, FOLDED_MAX_ROWS
 from graphspec.models.fold_norms import fold_norms, fold_refusal
 from tests.checkpoints import make_hybrid_checkpoint
 
@@ -91,15 +91,23 @@ def test_a_hybrid_model_and_a_folded_one_are_refused(checkpoint_factory, tmp_pat
 
 @pytest.mark.parametrize(
     ("rows", "prefill"),
-    [((1, 1), False), ((4, 1), False), ((2, 3), False), ((2, 3), True), ((2, FOLDED_MAX_ROWS // 2 + 1), False)],
-    ids=["one row", "one token per row", "few rows", "few rows with a last position", "many rows"],
+    [
+        ((1, 1), False),
+        ((4, 1), False),
+        ((2, 3), False),
+        ((2, 3), True),
+        ((2, FOLDED_INPUT_MAX_TOKENS + 1), False),
+        ((2, FOLDED_MAX_ROWS // 2 + 1), False),
+    ],
+    ids=["one row", "one token per row", "few tokens per row", "with a last position", "more tokens", "many rows"],
 )
 def test_few_rows_take_the_folded_form_and_many_keep_the_norm_kernel(checkpoint_factory, rows, prefill) -> None:
     """A folded model runs the folded form (addmm into the residual, scaled_silu_mul) in programs of up to
     FOLDED_MAX_ROWS rows and the norm kernels (weighted by ones) above; its input norms take theirs (the down
-    projection added into the residual, row_scale on q/k/v) in programs of one token per row that compute no last
-    position (decoder.FOLDED_INPUT_MAX_TOKENS); a program of one row projects gate/up and takes the scaled SwiGLU
-    as one op (scaled_silu_mul_linear). Every form computes the unfolded model's forward."""
+    projection added into the residual, row_scale on q/k/v) in programs of up to FOLDED_INPUT_MAX_TOKENS tokens per
+    row that compute no last position (a decode, a draft forward, a verify); a program of one row projects gate/up
+    and takes the scaled SwiGLU as one op (scaled_silu_mul_linear). Every form computes the unfolded model's
+    forward."""
     directory = checkpoint_factory("llama", seed=4)
     plain, folded = load_model(directory).model, load_model(directory, fold_norms=True).model
     tokens = torch.randint(0, plain.spec.vocab_size, rows, generator=torch.Generator().manual_seed(0))
@@ -113,7 +121,8 @@ def test_few_rows_take_the_folded_form_and_many_keep_the_norm_kernel(checkpoint_
     with torch.no_grad():
         torch.testing.assert_close(forward(folded), forward(plain), rtol=1e-5, atol=1e-5)
     targets = [node.target for node in make_fx(lambda: forward(folded))().graph.nodes]
-    few, one_token = tokens.numel() <= FOLDED_MAX_ROWS, rows[1] == 1 and not prefill
+    few = tokens.numel() <= FOLDED_MAX_ROWS
+    folded_input = few and rows[1] <= FOLDED_INPUT_MAX_TOKENS and not prefill
     one_row = tokens.numel() == 1
     assert targets.count(ops.OPS["scaled_silu_mul_linear"]) == (plain.spec.num_layers if one_row else 0)
     assert (ops.OPS["scaled_silu_mul"] in targets) == (few and not one_row)
@@ -121,6 +130,6 @@ def test_few_rows_take_the_folded_form_and_many_keep_the_norm_kernel(checkpoint_
     # o projections add into the residual (and the last position's), so do the down projections that feed a folded
     # input norm
     layers = plain.spec.num_layers
-    addmms = 0 if not few else 2 * layers - 1 if one_token else layers + 1 if prefill else layers
+    addmms = 0 if not few else 2 * layers - 1 if folded_input else layers + 1 if prefill else layers
     assert targets.count(torch.ops.aten.addmm.default) == addmms
-    assert targets.count(ops.OPS["row_scale"]) == (layers if one_token else 0)
+    assert targets.count(ops.OPS["row_scale"]) == (layers if folded_input else 0)

@@ -1,5 +1,7 @@
 # ruff: noqa  (a probe, kept with its results)
-"""Probe (issue 16; written 2026-11-30 00:00 UTC, not yet run on a GPU): what the batch-1 attention's prologue costs.
+"""Probe (issue 16; written 2026-11-30 00:00 UTC, run 2026-11-30 00:30: docs/results/2026-11-30-row-scale, where its
+tables are): what the batch-1 attention's prologue costs. Result: fused - plain 1.05-1.17 us a launch at one token
+(not worth the projection epilogue), 4.9 at five tokens, 3.6 of it the row scale's per-step cross-warp sums (fixed).
 
 A one-token forward's attention (graphspec::rotary_kv_attention as the decode and the draft forwards run it) first
 scales q, k and v by the folded input norm's row scale (each program re-reads the row's source row and sums it across
@@ -73,11 +75,16 @@ def check_cpu() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--check-cpu", action="store_true")
-    if parser.parse_args().check_cpu:
+    parser.add_argument("--row-tile", type=int, default=0, help="attention.ROW_TILE for this run (0: as it is)")
+    args = parser.parse_args()
+    if args.check_cpu:
         check_cpu()
         return
     from benchmarks import common
     from graphspec.kernels import attention
+
+    attention.ROW_TILE = args.row_tile or attention.ROW_TILE
+    print("ROW_TILE", attention.ROW_TILE)
 
     config = tuple(attention.CONFIGS[90].values())
     print(torch.cuda.get_device_name(), torch.__version__, "config", attention.CONFIGS[90], flush=True)
