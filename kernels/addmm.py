@@ -3,8 +3,8 @@
 out = a @ b + bias, the bias added to the fp32 sum before the one rounding to a's dtype (as cuBLAS does
 for beta = 1). Same tiles, split and summation order as mm (the same kernel with HAS_BIAS), so the same
 row-invariance; lowered under numerics="invariant", for alpha = beta = 1 and a [N] bias. By default only
-its "one_row" and "two_rows" rows are: kernels/gemv.py's GEMVs, where they beat cuBLAS (a one-row bias may also be
-a [1, N] residual).
+its rows of kernels/gemv.py's shape classes are (products of up to gemv.MAX_ROWS rows, where gemv.py's kernels beat
+cuBLAS; the bias may also be an [M, N] residual).
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ CONFIG_FIELDS = check_config_table(CONFIGS)
 
 
 def shape_class(bias: Tensor, mat1: Tensor, mat2: Tensor, *_: object) -> str | None:
-    """kernels/gemv.py's class of the product with this bias ("one_row", "one_row_long_k", "two_rows"), else
-    None."""
+    """kernels/gemv.py's class of the product with this bias ("one_row*", "two_rows", "few_rows*"), else None."""
     return gemv_kernel.shape_class(mat1, mat2, bias)
 
 

@@ -1,10 +1,10 @@
-"""graphspec::addmm_in_place_triton: aten.addmm_(x, a, b) of one or two rows, kernels/gemv.py writing x.
+"""graphspec::addmm_in_place_triton: aten.addmm_(x, a, b) of one to a few rows, kernels/gemv.py writing x.
 
 The folded norms' residual adds (models/decoder.add_linear, made in place by passes/addmm_in_place.py) are
 addmm_(residual, a, W.t()): at batch 1 the o and down projections of every decode layer. The kernel adds
 the product to x's fp32 value before the one rounding, as cuBLAS does with beta = 1, and writes x; like
-aten.addmm_ it returns x. Lowered by default where gemv.shape_class names the product (one row; two rows of a
-narrow weight: the registry's fits); every config row is a GEMV row (block_m <= gemv.MAX_ROWS). Not
+aten.addmm_ it returns x. Lowered by default where gemv.shape_class names the product (up to gemv.MAX_ROWS rows:
+the registry's fits); every config row is one of gemv.py's (block_m <= gemv.MAX_ROWS). Not
 row-invariant: under numerics="invariant" (which refuses folded norms) it keeps the reference.
 """
 
@@ -27,8 +27,8 @@ CONFIG_FIELDS = check_config_table(CONFIGS)
 
 
 def shape_class(self: Tensor, mat1: Tensor, mat2: Tensor, *_: object) -> str | None:
-    """kernels/gemv.py's class where it has its own config rows ("one_row_long_k", "two_rows"), else None (one
-    row: the SM's row)."""
+    """kernels/gemv.py's class where it has its own config rows ("one_row_long_k", "two_rows", "few_rows*"), else
+    None (one row: the SM's row)."""
     name = gemv_kernel.shape_class(mat1, mat2, self)
     return None if name == "one_row" else name
 
@@ -50,7 +50,7 @@ def _addmm_in_place(
         raise ValueError(f"addmm_in_place kernel: beta and alpha must be 1, got {beta} and {alpha}")
     if block_m > gemv_kernel.MAX_ROWS:
         raise ValueError(f"addmm_in_place kernel: only the GEMVs (block_m <= {gemv_kernel.MAX_ROWS}) write in place")
-    return gemv_kernel.gemv(mat1, mat2, self, self, block_n, block_k, num_warps, num_stages)
+    return gemv_kernel.gemv(mat1, mat2, self, self, block_m, block_n, block_k, num_warps, num_stages)
 
 
 # aten.addmm_'s own arguments (beta and alpha positional, as addmm_triton takes them), then the config; like

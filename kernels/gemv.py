@@ -1,5 +1,6 @@
-"""The one-row product x [1, K] @ W.t() (W [N, K], an nn.Linear weight) without tensor cores: a decode's
-projections at batch 1 (the target's one-token forward, a draft model's or EAGLE-3 head's draft forwards).
+"""Products of one to a few rows with a model weight, x [M, K] @ W.t() (W [N, K], an nn.Linear weight): a decode's
+projections at batch 1 (the target's one-token forward, a draft model's or EAGLE-3 head's draft forwards) without
+tensor cores; a verify's and a small batch's few rows with them.
 
 Why not cuBLAS: at M = 1 every projection streams its weight once, so the product is as fast as the weight
 can be read. cuBLAS (no workspace, graphspec's setting) tiles N by 64 and reads q/k/v [6144 x 4096] at 75%
@@ -18,6 +19,15 @@ narrow weights (docs/results/2026-11-29-few-row-gemv-probe, H200: 1B q/k/v 6.4 -
 and the 1B lm_head already at two), so shape_class names that case ("two_rows", up to
 TWO_ROWS_MAX_N wide: at the 8B's projections a batch-2 decode lost to cuBLAS) and the config rows lower only it:
 a 1B draft model's catch-up forward at batch 1 and its draft forwards at batch 2.
+
+few_rows_dot_kernel takes the other products of 2 to MAX_ROWS rows (a K <= 7 verify at batch 1, a batch-2 to 8
+decode) on the tensor cores: each program streams BLOCK_N weight rows across all of K, each tile the left operand of
+one dot with x's rows (padded to the dot's least 16) as the right. Alone it runs within 1 us of cuBLAS per product
+(docs/results/2026-11-29-few-row-dot-probe); launched with programmatic dependent launch, which cuBLAS's kernels
+are not, each starts while the kernel ahead finishes: 16 layers of an 8B's four products, one CUDA graph, 2.6-3.4 us
+a layer faster than cuBLAS at 2, 5 and 8 rows (docs/results/2026-11-30-verify-dot-chain; its first weight tile
+asked for before the wait was slower there). "few_rows" (N < WIDE_MIN_RATIO x K: q/k/v, o, down) and
+"few_rows_wide" (gate/up, lm_head) take their own tiles.
 
 An addend [N] (a bias) or [M, N] (a residual: the folded norm's residual add) is added to the fp32 sum
 before the one rounding, as cuBLAS does with beta = 1; the output may be the addend itself (each program
@@ -40,6 +50,7 @@ import triton.language as tl
 from graphspec.kernels.common import (
     cdiv,
     check_device,
+    interpreting,
     let_later_kernels_launch,
     pdl_launch,
     round_to,
@@ -50,16 +61,24 @@ from torch import Tensor
 __all__ = [
     "CLASS_CONFIGS",
     "CONFIGS",
+    "DOT_ROWS",
+    "FEW_ROWS_CONFIGS",
+    "FEW_ROWS_WIDE_CONFIGS",
     "LONG_K_CONFIGS",
     "MAX_ROWS",
     "TWO_ROWS_CONFIGS",
+    "WIDE_MIN_RATIO",
     "class_rows",
     "fits",
     "gemv",
     "shape_class",
 ]
 
-MAX_ROWS = 8  # the most rows of x the few-row kernel takes
+MAX_ROWS = 8  # the most rows of x the few-row kernels take
+DOT_ROWS = 16  # few_rows_dot_kernel: x's rows padded to the tensor-core dot's least
+# Products of 2 to MAX_ROWS rows not "two_rows" with N >= WIDE_MIN_RATIO x K (gate/up's N = 7K, lm_head's) take
+# "few_rows_wide"'s tile (64 x 128: 57.4 us at the 8B's gate/up where 32 x 256 took 62.0; the dot probe).
+WIDE_MIN_RATIO = 4
 # Two-row products are lowered where N <= TWO_ROWS_MAX_WIDTH x K (q/k/v, o, down): at the wide ones (gate/up's
 # N = 7-8 K, lm_head) cuBLAS reads the weight at 88-102% of the copy rate with two rows and the GEMV did not win.
 TWO_ROWS_MAX_WIDTH = 2
@@ -97,6 +116,17 @@ TWO_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
     key: {"block_m": 2, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3}
     for key in (80, 90, "default")
 }
+# 2 to MAX_ROWS rows (few_rows_dot_kernel; block_m MAX_ROWS marks it). 90: the dot probe's best "dotw" tiles at the
+# 8B's 5-row products (q/k/v 15.4 us, o 11.4, down 31.1: 32 x 256; gate/up 57.4, lm_head 233.9: 64 x 128, 4 stages,
+# 4 warps each). 80 and "default": the same, untuned.
+FEW_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
+    key: {"block_m": MAX_ROWS, "block_n": 32, "block_k": 256, "split_programs": 0, "num_warps": 4, "num_stages": 4}
+    for key in (80, 90, "default")
+}
+FEW_ROWS_WIDE_CONFIGS: dict[int | str, dict[str, int]] = {
+    key: {"block_m": MAX_ROWS, "block_n": 64, "block_k": 128, "split_programs": 0, "num_warps": 4, "num_stages": 4}
+    for key in (80, 90, "default")
+}
 
 # Each shape class's config rows, by the name shape_class gives it: the kernel ops that run these GEMVs (mm, addmm,
 # addmm_in_place) take them as their (sm, class) rows through class_rows, so a class is declared here only.
@@ -104,6 +134,8 @@ CLASS_CONFIGS: dict[str, dict[int | str, dict[str, int]]] = {
     "one_row": CONFIGS,
     "one_row_long_k": LONG_K_CONFIGS,
     "two_rows": TWO_ROWS_CONFIGS,
+    "few_rows": FEW_ROWS_CONFIGS,
+    "few_rows_wide": FEW_ROWS_WIDE_CONFIGS,
 }
 
 
@@ -223,6 +255,59 @@ def few_rows_kernel(
     tl.store(out_ptr + ms[:, None] * N + rows[None, :], round_to(total, dtype).to(dtype), mask=mask)
 
 
+@triton.jit
+def few_rows_dot_kernel(
+    x_ptr,
+    w_ptr,
+    addend_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_am,  # the addend's row stride: 0 for an [N] bias
+    HAS_ADDEND: tl.constexpr,
+    EVEN: tl.constexpr,  # N % BLOCK_N == 0 and K % BLOCK_K == 0: no masks on the weight
+    BLOCK_M: tl.constexpr,  # DOT_ROWS: x's rows padded to the dot's least
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    # The weight tile is the dot's left operand, [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_M]: the few rows are the dot's
+    # narrow side. It waits first (a first weight tile asked for before the wait was slower: module doc).
+    wait_for_earlier_kernels(USE_PDL)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    ms = tl.arange(0, BLOCK_M)
+    m_ok = ms < M
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + ms[:, None] * stride_xm
+    mask = row_ok[:, None] & m_ok[None, :]  # the output tile is transposed: [BLOCK_N, BLOCK_M]
+    if HAS_ADDEND:  # asked for before the K loop, as in gemv_kernel
+        addend = tl.load(addend_ptr + ms[None, :] * stride_am + rows[:, None], mask=mask, other=0.0)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        w = load_tile(w_rows, cols, row_ok, K, EVEN)
+        if EVEN:
+            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None], other=0.0)
+        else:
+            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
+        if UPCAST:
+            w, x = w.to(tl.float32), x.to(tl.float32)
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
+    let_later_kernels_launch(USE_PDL)
+    if HAS_ADDEND:
+        acc += addend.to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    tl.store(out_ptr + ms[None, :] * N + rows[:, None], round_to(acc, dtype).to(dtype), mask=mask)
+
+
 def fits(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> bool:
     """Whether gemv takes these operands: 1 to MAX_ROWS rows x [M, K] and a weight's transposed view w_t [K, N]
     whose columns are contiguous (strides (1, K'), as nn.Linear's weight.t()), one float dtype, and an addend of
@@ -245,13 +330,16 @@ def fits(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> bool:
 def shape_class(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> str | None:
     """Where these kernels beat cuBLAS (the probes, H200): "one_row" for every product gemv takes with one row
     ("one_row_long_k" where K >= LONG_K_MIN_RATIO x N: its own tiles), "two_rows" for two rows and
-    N <= min(TWO_ROWS_MAX_WIDTH x K, TWO_ROWS_MAX_N); None otherwise (cuBLAS keeps it)."""
+    N <= min(TWO_ROWS_MAX_WIDTH x K, TWO_ROWS_MAX_N), "few_rows" for the other products of up to MAX_ROWS rows
+    ("few_rows_wide" where N >= WIDE_MIN_RATIO x K); None where gemv does not fit (cuBLAS keeps it)."""
     if not fits(x, w_t, addend):
         return None
-    if x.shape[0] == 1:
-        return "one_row_long_k" if w_t.shape[0] >= LONG_K_MIN_RATIO * w_t.shape[1] else "one_row"
-    narrow = w_t.shape[1] <= min(TWO_ROWS_MAX_WIDTH * w_t.shape[0], TWO_ROWS_MAX_N)
-    return "two_rows" if x.shape[0] == 2 and narrow else None
+    (m, k), n = x.shape, w_t.shape[1]
+    if m == 1:
+        return "one_row_long_k" if k >= LONG_K_MIN_RATIO * n else "one_row"
+    if m == 2 and n <= min(TWO_ROWS_MAX_WIDTH * k, TWO_ROWS_MAX_N):
+        return "two_rows"
+    return "few_rows_wide" if n >= WIDE_MIN_RATIO * k else "few_rows"
 
 
 def gemv(
@@ -259,14 +347,16 @@ def gemv(
     w_t: Tensor,
     addend: Tensor | None = None,
     out: Tensor | None = None,
+    block_m: int = CONFIGS["default"]["block_m"],
     block_n: int = CONFIGS["default"]["block_n"],
     block_k: int = CONFIGS["default"]["block_k"],
     num_warps: int = CONFIGS["default"]["num_warps"],
     num_stages: int = CONFIGS["default"]["num_stages"],
 ) -> Tensor:
     """x [M, K] @ w_t [K, N] (+ addend) into `out` (a contiguous [M, N] of x's dtype, may be the addend; a new
-    tensor if None), returned: gemv_kernel for one row, few_rows_kernel for 2 to MAX_ROWS. ValueError where `fits`
-    says no."""
+    tensor if None), returned. block_m picks the kernel as a config row does: MAX_ROWS few_rows_dot_kernel (the
+    tensor cores), else gemv_kernel for one row and few_rows_kernel for 2 to MAX_ROWS. ValueError where `fits` says
+    no."""
     check_device(x, w_t, *(() if addend is None else (addend,)))
     if not fits(x, w_t, addend):
         raise ValueError(
@@ -282,6 +372,18 @@ def gemv(
     if n == 0:
         return out
     even = n % block_n == 0 and k % block_k == 0 and k > 0  # K = 0: the first tile's loads are all masked
+    addend_row = 0 if addend is None or addend.dim() == 1 else addend.stride(0)
+    if block_m == MAX_ROWS:
+        # HACK(triton<=3.9 interpreter): tl.dot on bf16/fp16 operands returns garbage under TRITON_INTERPRET=1;
+        # there the kernel upcasts the (exactly representable) operands to fp32, as kernels/mm.py does.
+        upcast = interpreting() and x.dtype != torch.float32
+        few_rows_dot_kernel[(cdiv(n, block_n),)](
+            x, w_t, out if addend is None else addend, out, m, n, k, x.stride(0), x.stride(1), w_t.stride(1),
+            addend_row, HAS_ADDEND=addend is not None, EVEN=even, BLOCK_M=DOT_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
+            STAGES=num_stages, PRECISION="ieee" if x.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
+            num_warps=num_warps, **pdl_launch(x.device),
+        )  # fmt: skip
+        return out
     if m == 1:
         gemv_kernel[(cdiv(n, block_n),)](
             x, w_t, out if addend is None else addend, out, n, k, x.stride(1), w_t.stride(1),
@@ -289,7 +391,6 @@ def gemv(
             num_warps=num_warps, **pdl_launch(x.device),
         )  # fmt: skip
         return out
-    addend_row = 0 if addend is None or addend.dim() == 1 else addend.stride(0)
     few_rows_kernel[(cdiv(n, block_n),)](
         x, w_t, out if addend is None else addend, out, m, n, k, x.stride(0), x.stride(1), w_t.stride(1), addend_row,
         HAS_ADDEND=addend is not None, EVEN=even, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n,

@@ -7,9 +7,10 @@ shapes (docs/BENCHMARKS.md, bench_linear), but it picks its algorithm, tiles and
 computed alone (a draft's one-token forward), in a batch, or as one position of a (K+1)-token verify
 block rounds differently, and a draft identical to the target is rejected.
 
-By default mm and addmm are lowered only where kernels/gemv.py's dot-free GEMVs beat cuBLAS (its shape classes
-"one_row" and "two_rows"): those config rows, block_m <= gemv.MAX_ROWS, run the GEMVs. They are not this kernel
-and never used under numerics="invariant" (which takes the SM's row at every M).
+By default mm and addmm are lowered only where kernels/gemv.py's kernels beat cuBLAS (its shape classes
+"one_row*", "two_rows" and "few_rows*": products of up to gemv.MAX_ROWS rows): those config rows, block_m <=
+gemv.MAX_ROWS, run gemv.py's kernels. They are not this kernel and never used under numerics="invariant" (which takes
+the SM's row at every M).
 
 Why a row's result cannot depend on M here: the tile (BLOCK_M, BLOCK_N, BLOCK_K), the split of K and the
 order the partial sums are added in come from the config and (N, K) only. Each program accumulates its
@@ -39,8 +40,8 @@ __all__ = ["CONFIGS", "mm", "mm_triton", "shape_class", "splits_for"]
 # weight byte once. 90: the best single row of `benchmarks/bench_linear.py --pairs llama --sweep` on an H200
 # (2026-11-25, 12 rows at M = 1, 5, 40): summed over a batch-1 K=4 step's matmuls 8.00 ms against cuBLAS's
 # 7.46 (the first guess, block_k 128 / 4 stages: 8.93; block_m 16 is 7.86 but 1.5x slower at M = 40).
-# 80 and default are untuned. (sm, class): kernels/gemv.py's rows of each shape class (gemv.class_rows; block_m 1
-# or 2), for the products its shape_class names.
+# 80 and default are untuned. (sm, class): kernels/gemv.py's rows of each shape class (gemv.class_rows; block_m 1,
+# 2 or gemv.MAX_ROWS), for the products its shape_class names.
 CONFIGS: dict[int | str | tuple[int | str, str], dict[str, int]] = {
     80: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 4},
     90: {"block_m": 64, "block_n": 64, "block_k": 64, "split_programs": 256, "num_warps": 4, "num_stages": 6},
@@ -124,8 +125,7 @@ def mm_reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, splits, HAS_BIAS: tl.con
 
 
 def shape_class(a: Tensor, b: Tensor, *_: object) -> str | None:
-    """kernels/gemv.py's class of the product ("one_row", "one_row_long_k", "two_rows": its config rows), else
-    None."""
+    """kernels/gemv.py's class of the product ("one_row*", "two_rows", "few_rows*": its config rows), else None."""
     return gemv_kernel.shape_class(a, b)
 
 
@@ -150,10 +150,10 @@ def mm(
     num_stages: int = CONFIGS["default"]["num_stages"],
 ) -> Tensor:
     """a [M, K] @ b [K, N] (+ bias [N]) as a new contiguous [M, N] of a's dtype (any strides of a and b).
-    block_m <= gemv.MAX_ROWS (the "one_row" and "two_rows" rows) runs kernels/gemv.py instead, for operands
-    gemv.fits (a bias may be [M, N])."""
+    block_m <= gemv.MAX_ROWS (the rows of gemv's shape classes) runs kernels/gemv.py instead, for operands gemv.fits
+    (a bias may be [M, N])."""
     if block_m <= gemv_kernel.MAX_ROWS:
-        return gemv_kernel.gemv(a, b, bias, None, block_n, block_k, num_warps, num_stages)
+        return gemv_kernel.gemv(a, b, bias, None, block_m, block_n, block_k, num_warps, num_stages)
     check_device(a, b, *(() if bias is None else (bias,)))
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
         raise ValueError(f"mm kernel: a {tuple(a.shape)} {a.dtype} @ b {tuple(b.shape)} {b.dtype} does not match")

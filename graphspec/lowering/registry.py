@@ -26,7 +26,9 @@ its reference, which lower_kernels then refuses.
 
 By default cuBLAS keeps aten.mm/addmm (CUBLAS_BY_DEFAULT) except at the shape classes their CONFIGS name,
 kernels/gemv.py's: "one_row" (a product of one row and a transposed weight; "one_row_long_k" where K >= 4N, its
-own tiles) and "two_rows" (two rows, a narrow weight), which its dot-free GEMVs read faster than cuBLAS.
+own tiles) and "two_rows" (two rows, a narrow weight), which its dot-free GEMVs read faster than cuBLAS, and
+"few_rows"/"few_rows_wide" (the other products of up to 8 rows: a verify at batch 1, a small batch's decode), its
+tensor-core kernel launched with programmatic dependent launch.
 aten.addmm_ (the folded norms' in-place residual adds) has only those kernels: it fits those classes.
 """
 
@@ -603,9 +605,9 @@ ATEN_OPS: dict[str, torch._ops.OpOverload] = {
 REFERENCE_OPS: dict[str, torch._ops.OpOverload] = {**ops.OPS, **ATEN_OPS}
 
 INVARIANT = "invariant"  # the numerics value, and the CONFIGS key of a kernel's row-invariant config
-# By default lowered only at the shape classes their CONFIGS name (the GEMVs' "one_row*", "two_rows"): elsewhere
-# cuBLAS is as fast or faster at the step's shapes (bench_linear, the GEMV probes). Under numerics="invariant" they
-# take the SM's row at every M.
+# By default lowered only at the shape classes their CONFIGS name (gemv.py's "one_row*", "two_rows", "few_rows*"):
+# elsewhere cuBLAS is as fast or faster at the step's shapes (bench_linear, the GEMV probes). Under
+# numerics="invariant" they take the SM's row at every M.
 CUBLAS_BY_DEFAULT = frozenset({"mm", "addmm"})
 # Row-invariant with every config row: the norms (the hybrids' too, and embed_norm_concat's) tile whole rows, sized
 # by the last dim only; rotary, rope_tables, silu_mul, gdn_gates and the KV writes are elementwise (scaled_silu_mul

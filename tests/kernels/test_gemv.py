@@ -1,5 +1,6 @@
-"""kernels/gemv.py (the one-row GEMV) against the fp64 product, and the three kernel ops that run it for one
-row (mm_triton, addmm_triton and addmm_in_place_triton with their one-row config rows) against aten's ops."""
+"""kernels/gemv.py (the one-row GEMV, the few-row CUDA-core and tensor-core kernels) against the fp64 product, and
+the three kernel ops that run them (mm_triton, addmm_triton and addmm_in_place_triton with their shape classes'
+config rows) against aten's ops."""
 
 from __future__ import annotations
 
@@ -56,6 +57,36 @@ def test_few_rows_match_fp64_product(dtype: torch.dtype, rows: int, n: int, k: i
     assert rel_error(out, exact) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [2, 3, 5, 8])
+@pytest.mark.parametrize(("n", "k", "block_k"), [(64, 512, 128), (37, 300, 64)], ids=["even", "tails"])
+@pytest.mark.parametrize("addend", [None, "bias", "residual", "in place"])
+def test_few_rows_dot_matches_fp64_product(dtype: torch.dtype, rows: int, n: int, k: int, block_k: int, addend) -> None:
+    """The tensor-core kernel (block_m MAX_ROWS, x's rows padded to DOT_ROWS inside): 2 to MAX_ROWS rows, unmasked
+    and with tails of N and K, with no addend, an [N] bias, an [M, N] residual, and written into that residual."""
+    poison_allocator()
+    g = generator(rows * n + k + 1)
+    x = torch.randn(rows, k, generator=g).to(DEVICE, dtype)
+    weight = torch.randn(n, k, generator=g).to(DEVICE, dtype)
+    residual = torch.randn(rows, n, generator=g).to(DEVICE, dtype)
+    add = {None: None, "bias": residual[0], "residual": residual, "in place": residual}[addend]
+    exact = x.double() @ weight.double().T + (0 if add is None else add.double())
+    into = residual if addend == "in place" else None
+    out = gemv.gemv(x, weight.t(), add, into, block_m=gemv.MAX_ROWS, block_n=16, block_k=block_k)
+    assert out.shape == (rows, n) and (out is residual) == (addend == "in place")
+    assert rel_error(out, exact) < TOLERANCE[dtype]
+
+
+def test_few_rows_dot_reads_strided_rows() -> None:
+    """x may be a column slice of a wider tensor (a verify's q/k/v projection output read at a row stride), as the
+    CUDA-core kernels take it."""
+    g = generator(3)
+    wide = torch.randn(5, 200, generator=g).to(DEVICE, torch.float32)
+    weight = torch.randn(48, 128, generator=g).to(DEVICE, torch.float32)
+    out = gemv.gemv(wide[:, 40:168], weight.t(), block_m=gemv.MAX_ROWS, block_n=16, block_k=64)
+    torch.testing.assert_close(out, wide[:, 40:168] @ weight.T, rtol=1e-5, atol=1e-5)
+
+
 def test_gemv_sums_in_fp32_and_rounds_once() -> None:
     """bf16 products 1 and 2^-9 sum to 1 + 2^-9, which bf16 cannot hold (it rounds to 1). Summed in fp32 with
     a -1 product, or with a residual -1 added before the one rounding, the result is 2^-9 exactly; a kernel
@@ -110,28 +141,34 @@ def test_gemv_refuses_what_it_does_not_take(case: str) -> None:
 
 def test_shape_class_names_where_the_gemvs_beat_cublas() -> None:
     """One row: "one_row" at any width, "one_row_long_k" from K = 4N; two rows: "two_rows" up to N = 2K (q/k/v, o,
-    down) and TWO_ROWS_MAX_N, None for wider weights (gate/up, lm_head, the 8B's); three or more rows: None (the
-    probe had cuBLAS ahead at 5 and 8); None where gemv does not fit (a weight that is not a transposed nn.Linear
+    down) and TWO_ROWS_MAX_N; the other products of 2 to MAX_ROWS rows: "few_rows", "few_rows_wide" from N = 4K
+    (gate/up, lm_head); None for more rows and where gemv does not fit (a weight that is not a transposed nn.Linear
     weight)."""
-    x = torch.randn(3, 64)
-    for n, one, two in (
-        (8, "one_row_long_k", "two_rows"),
-        (16, "one_row_long_k", "two_rows"),
-        (17, "one_row", "two_rows"),
-        (128, "one_row", "two_rows"),
-        (129, "one_row", None),
-        (512, "one_row", None),
+    x = torch.randn(gemv.MAX_ROWS + 1, 64)
+    for n, one, two, few in (
+        (8, "one_row_long_k", "two_rows", "few_rows"),
+        (16, "one_row_long_k", "two_rows", "few_rows"),
+        (17, "one_row", "two_rows", "few_rows"),
+        (128, "one_row", "two_rows", "few_rows"),
+        (129, "one_row", "few_rows", "few_rows"),
+        (255, "one_row", "few_rows", "few_rows"),
+        (256, "one_row", "few_rows_wide", "few_rows_wide"),
     ):
         weight = torch.randn(n, 64)
         assert gemv.shape_class(x[:1], weight.t()) == one
         assert gemv.shape_class(x[:1], weight.t(), torch.randn(1, n)) == one
         assert gemv.shape_class(x[:2], weight.t()) == two
         assert gemv.shape_class(x[:2], weight.t(), torch.randn(2, n)) == two
+        for rows in (3, 5, gemv.MAX_ROWS):
+            assert gemv.shape_class(x[:rows], weight.t()) == few, (n, rows)
+            assert gemv.shape_class(x[:rows], weight.t(), torch.randn(rows, n)) == few
         assert gemv.shape_class(x, weight.t()) is None
     assert gemv.shape_class(x[:1], torch.randn(64, 32)) is None
     # two rows: narrow and at most TWO_ROWS_MAX_N wide (the 1B's q/k/v, o, down; not the 8B's)
-    for n, k, two in ((3072, 2048, "two_rows"), (2048, 8192, "two_rows"), (3073, 4096, None), (4096, 4096, None)):
+    for n, k, two in ((3072, 2048, "two_rows"), (2048, 8192, "two_rows"), (3073, 4096, "few_rows")):
         assert gemv.shape_class(torch.randn(2, k), torch.empty(n, k).t()) == two, (n, k)
+    for n, k, few in ((6144, 4096, "few_rows"), (4096, 14336, "few_rows"), (28672, 4096, "few_rows_wide")):
+        assert gemv.shape_class(torch.randn(5, k), torch.empty(n, k).t()) == few, (n, k)
 
 
 @pytest.mark.parametrize(("n", "k", "shape_class"), [(60, 200, "one_row"), (24, 200, "one_row_long_k")])
@@ -160,6 +197,25 @@ def test_one_row_config_rows_run_the_gemv_through_the_kernel_ops(n: int, k: int,
         torch.ops.graphspec.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *mm.CONFIGS[90].values())
 
 
+@pytest.mark.parametrize(("n", "k", "shape_class"), [(60, 200, "few_rows"), (300, 64, "few_rows_wide")])
+def test_few_rows_config_rows_run_the_dot_kernel_through_the_kernel_ops(n: int, k: int, shape_class: str) -> None:
+    """mm_triton, addmm_triton (an [N] bias) and addmm_in_place_triton with the "few_rows*" rows (block_m MAX_ROWS:
+    the tensor-core kernel) compute aten's results for 5 rows; addmm_in_place_triton writes into its input."""
+    g = generator(8)
+    x, weight, residual = (torch.randn(*shape, generator=g).to(DEVICE) for shape in ((5, k), (n, k), (5, n)))
+    close = {"rtol": 1e-5, "atol": 1e-5}
+    for module in (mm, addmm_in_place):
+        assert module.shape_class(*((residual,) if module is addmm_in_place else ()), x, weight.t()) == shape_class
+    config = tuple(mm.CONFIGS[(90, shape_class)].values())
+    torch.testing.assert_close(torch.ops.graphspec.mm_triton(x, weight.t(), *config), x @ weight.T, **close)
+    out = torch.ops.graphspec.addmm_triton(residual[0], x, weight.t(), 1, 1, *config)
+    torch.testing.assert_close(out, torch.addmm(residual[0], x, weight.t()), **close)
+    expected = torch.addmm(residual, x, weight.t())
+    in_place = tuple(addmm_in_place.CONFIGS[(90, shape_class)].values())
+    assert torch.ops.graphspec.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *in_place) is residual
+    torch.testing.assert_close(residual, expected, **close)
+
+
 def test_addmm_in_place_triton_opcheck() -> None:
     """The op's schema says it writes `self` (and returns it), and its fake matches."""
     x, weight, residual = operands(16, 128, torch.bfloat16, seed=6)
@@ -176,12 +232,12 @@ def test_addmm_in_place_triton_opcheck() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
 @pytest.mark.parametrize(
     ("n", "k"), [(6144, 4096), (4096, 14336), (28672, 4096), (3072, 2048), (2048, 8192), (16384, 2048), (128256, 2048)]
 )
 def test_gemv_real_shapes_gpu(rows: int, n: int, k: int) -> None:
-    """bf16 at the real projections with the sm_90 rows (one_row*, two_rows), in place into a residual: as close to
+    """bf16 at the real projections with the sm_90 row of their shape class, in place into a residual: as close to
     the fp64 product as cuBLAS's addmm (within 1.5x its error)."""
     poison_allocator()
     g = generator(7)
@@ -190,8 +246,7 @@ def test_gemv_real_shapes_gpu(rows: int, n: int, k: int) -> None:
     )
     exact = x.double() @ weight.double().T + residual.double()
     cublas = torch.addmm(residual, x, weight.t())
-    # the row its shape class resolves to (the two-row tiles where no class takes it: the kernel runs any rows)
-    config = mm.CONFIGS[(90, gemv.shape_class(x, weight.t(), residual) or "two_rows")]
-    knobs = {name: config[name] for name in ("block_n", "block_k", "num_warps", "num_stages")}
+    config = mm.CONFIGS[(90, gemv.shape_class(x, weight.t(), residual))]
+    knobs = {name: config[name] for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
     out = gemv.gemv(x, weight.t(), residual, residual, **knobs)
     assert rel_error(out, exact) <= 1.5 * max(rel_error(cublas, exact), 1e-3)
