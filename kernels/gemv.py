@@ -1,6 +1,6 @@
 """Products of one to a few rows with a model weight, x [M, K] @ W.t() (W [N, K], an nn.Linear weight): a decode's
 projections at batch 1 (the target's one-token forward, a draft model's or EAGLE-3 head's draft forwards) without
-tensor cores; a verify's and a small batch's few rows with them.
+tensor cores, and two rows with or without them.
 
 Why not cuBLAS: at M = 1 every projection streams its weight once, so the product is as fast as the weight
 can be read. cuBLAS (no workspace, graphspec's setting) tiles N by 64 and reads q/k/v [6144 x 4096] at 75%
@@ -20,14 +20,15 @@ and the 1B lm_head already at two), so shape_class names that case ("two_rows", 
 TWO_ROWS_MAX_N wide: at the 8B's projections a batch-2 decode lost to cuBLAS) and the config rows lower only it:
 a 1B draft model's catch-up forward at batch 1 and its draft forwards at batch 2.
 
-few_rows_dot_kernel takes the other products of 2 to MAX_ROWS rows (a K <= 7 verify at batch 1, a batch-2 to 8
-decode) on the tensor cores: each program streams BLOCK_N weight rows across all of K, each tile the left operand of
-one dot with x's rows (padded to the dot's least 16) as the right. Alone it runs within 1 us of cuBLAS per product
-(docs/results/2026-11-29-few-row-dot-probe); launched with programmatic dependent launch, which cuBLAS's kernels
-are not, each starts while the kernel ahead finishes: 16 layers of an 8B's four products, one CUDA graph, 2.6-3.4 us
-a layer faster than cuBLAS at 2, 5 and 8 rows (docs/results/2026-11-30-verify-dot-chain; its first weight tile
-asked for before the wait was slower there). "few_rows" (N < WIDE_MIN_RATIO x K: q/k/v, o, down) and
-"few_rows_wide" (gate/up, lm_head) take their own tiles.
+few_rows_dot_kernel takes products of 2 to MAX_ROWS rows on the tensor cores: each program streams BLOCK_N weight
+rows across all of K, each tile the left operand of one dot with x's rows (padded to the dot's least 16) as the
+right, launched with programmatic dependent launch (which cuBLAS's kernels are not). Alone it runs within 1 us of
+cuBLAS per product at 2 to 8 rows (docs/results/2026-11-29-few-row-dot-probe), and a chain of an 8B's products
+without the layers' other kernels ran 2.6-3.4 us a layer faster (docs/results/2026-11-30-verify-dot-chain). In the
+step it won where cuBLAS is slow, at two rows (a batch-2 decode 4.303 -> 4.262 ms, the batch-2 draft-model step
+8.27 -> 8.19), and lost at five (a K = 4 verify at batch 1, 4.366 -> 4.475 ms), so shape_class gives it the
+products of up to DOT_MAX_ROWS rows that "two_rows" does not take: "few_rows" (N < WIDE_MIN_RATIO x K: q/k/v, o,
+down) and "few_rows_wide" (gate/up, lm_head), each with its own tile.
 
 An addend [N] (a bias) or [M, N] (a residual: the folded norm's residual add) is added to the fp32 sum
 before the one rounding, as cuBLAS does with beta = 1; the output may be the addend itself (each program
@@ -61,6 +62,7 @@ from torch import Tensor
 __all__ = [
     "CLASS_CONFIGS",
     "CONFIGS",
+    "DOT_MAX_ROWS",
     "DOT_ROWS",
     "FEW_ROWS_CONFIGS",
     "FEW_ROWS_WIDE_CONFIGS",
@@ -76,8 +78,10 @@ __all__ = [
 
 MAX_ROWS = 8  # the most rows of x the few-row kernels take
 DOT_ROWS = 16  # few_rows_dot_kernel: x's rows padded to the tensor-core dot's least
-# Products of 2 to MAX_ROWS rows not "two_rows" with N >= WIDE_MIN_RATIO x K (gate/up's N = 7K, lm_head's) take
-# "few_rows_wide"'s tile (64 x 128: 57.4 us at the 8B's gate/up where 32 x 256 took 62.0; the dot probe).
+# The "few_rows*" classes take products of 2 to DOT_MAX_ROWS rows (module doc: at 5 rows cuBLAS won in the step).
+DOT_MAX_ROWS = 2
+# ... those with N >= WIDE_MIN_RATIO x K (gate/up's N = 7K, lm_head's) "few_rows_wide"'s tile (64 x 128: 56.3 us at
+# the 8B's gate/up at two rows where 32 x 256 took 61.5; the dot probe).
 WIDE_MIN_RATIO = 4
 # Two-row products are lowered where N <= TWO_ROWS_MAX_WIDTH x K (q/k/v, o, down): at the wide ones (gate/up's
 # N = 7-8 K, lm_head) cuBLAS reads the weight at 88-102% of the copy rate with two rows and the GEMV did not win.
@@ -116,9 +120,9 @@ TWO_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
     key: {"block_m": 2, "block_n": 8, "block_k": 512, "split_programs": 0, "num_warps": 4, "num_stages": 3}
     for key in (80, 90, "default")
 }
-# 2 to MAX_ROWS rows (few_rows_dot_kernel; block_m MAX_ROWS marks it). 90: the dot probe's best "dotw" tiles at the
-# 8B's 5-row products (q/k/v 15.4 us, o 11.4, down 31.1: 32 x 256; gate/up 57.4, lm_head 233.9: 64 x 128, 4 stages,
-# 4 warps each). 80 and "default": the same, untuned.
+# The tensor-core kernel (few_rows_dot_kernel; block_m MAX_ROWS marks it). 90: the dot probe's best "dotw" tiles at
+# the 8B's 2-row products (q/k/v 15.4 us, o 11.4, down 30.7: 32 x 256; gate/up 56.3, lm_head 232.6: 64 x 128, 4
+# stages, 4 warps each; cuBLAS 17.8, 11.7, 30.6, 56.7, 271.4). 80 and "default": the same, untuned.
 FEW_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
     key: {"block_m": MAX_ROWS, "block_n": 32, "block_k": 256, "split_programs": 0, "num_warps": 4, "num_stages": 4}
     for key in (80, 90, "default")
@@ -330,8 +334,9 @@ def fits(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> bool:
 def shape_class(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> str | None:
     """Where these kernels beat cuBLAS (the probes, H200): "one_row" for every product gemv takes with one row
     ("one_row_long_k" where K >= LONG_K_MIN_RATIO x N: its own tiles), "two_rows" for two rows and
-    N <= min(TWO_ROWS_MAX_WIDTH x K, TWO_ROWS_MAX_N), "few_rows" for the other products of up to MAX_ROWS rows
-    ("few_rows_wide" where N >= WIDE_MIN_RATIO x K); None where gemv does not fit (cuBLAS keeps it)."""
+    N <= min(TWO_ROWS_MAX_WIDTH x K, TWO_ROWS_MAX_N), "few_rows" for the other products of up to DOT_MAX_ROWS rows
+    ("few_rows_wide" where N >= WIDE_MIN_RATIO x K); None for more rows and where gemv does not fit (cuBLAS keeps
+    it)."""
     if not fits(x, w_t, addend):
         return None
     (m, k), n = x.shape, w_t.shape[1]
@@ -339,6 +344,8 @@ def shape_class(x: Tensor, w_t: Tensor, addend: Tensor | None = None) -> str | N
         return "one_row_long_k" if k >= LONG_K_MIN_RATIO * n else "one_row"
     if m == 2 and n <= min(TWO_ROWS_MAX_WIDTH * k, TWO_ROWS_MAX_N):
         return "two_rows"
+    if m > DOT_MAX_ROWS:
+        return None
     return "few_rows_wide" if n >= WIDE_MIN_RATIO * k else "few_rows"
 
 

@@ -244,12 +244,12 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
             # The long-K one-row tiles (K >= 4N: a 1B draft's down projection), in place.
             long_k = addmm_in_place.CONFIGS[(sm, "one_row_long_k")].values()
             addmm_in_place.addmm_in_place_triton(residual, x, weight.t(), 1, 1, *long_k)
-            # A few rows (few_rows_dot_kernel, the tensor cores: a verify at batch 1) in place, both tiles, and with
-            # masked tails of N and K.
-            five, residual5 = torch.randn(5, 4096, dtype=torch.bfloat16), torch.randn(5, 64, dtype=torch.bfloat16)
+            # Two rows of a wide weight (few_rows_dot_kernel, the tensor cores: a batch-2 decode) in place, both
+            # tiles, and five rows with masked tails of N and K (the kernel takes up to MAX_ROWS).
+            five = torch.randn(5, 4096, dtype=torch.bfloat16)
             for name in ("few_rows", "few_rows_wide"):
                 few_rows = addmm_in_place.CONFIGS[(sm, name)]
-                addmm_in_place.addmm_in_place_triton(residual5, five, weight.t(), 1, 1, *few_rows.values())
+                addmm_in_place.addmm_in_place_triton(residual2, two, weight.t(), 1, 1, *few_rows.values())
                 knobs = {name: few_rows[name] for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
                 gemv.gemv(five[:, :1000], weight[:60, :1000].contiguous().t(), **knobs)
         lowered.add("addmm_in_place")

@@ -99,9 +99,9 @@ def matmul_node(
 
 def test_few_row_products_take_the_gemv_kernels_by_default() -> None:
     """By default a one-row product against a transposed weight takes the "one_row" row (the GEMV, block_m 1)
-    on every SM, two rows of a narrow weight (N <= 2K and TWO_ROWS_MAX_N) the "two_rows" row, the other products of
-    up to gemv.MAX_ROWS rows the "few_rows" rows (the tensor-core kernel, block_m MAX_ROWS; "few_rows_wide" from
-    N = 4K), and the in-place addmm the same rows; more rows or a weight the kernels cannot read keep cuBLAS. Under
+    on every SM, two rows of a narrow weight (N <= 2K and TWO_ROWS_MAX_N) the "two_rows" row, two rows of a wider
+    one the "few_rows" row (the tensor-core kernel, block_m MAX_ROWS; "few_rows_wide" from N = 4K), and the in-place
+    addmm the same rows; more rows or a weight the kernels cannot read keep cuBLAS. Under
     invariant numerics the matmuls take the SM's row (kernels/mm.py) at one row too, and the in-place addmm, which
     has no invariant kernel, keeps its reference."""
     few = importlib.import_module("graphspec.kernels.gemv").MAX_ROWS  # imported here: kernels load on first use
@@ -114,11 +114,12 @@ def test_few_row_products_take_the_gemv_kernels_by_default() -> None:
             assert long_k.sm == (key, "one_row_long_k") and long_k.config["block_n"] == 4
             two = registry.resolve(op, sm, matmul_node(op, 2))
             assert two.sm == (key, "two_rows") and two.config["block_m"] == 2
-            wide = registry.resolve(op, sm, matmul_node(op, 2, torch.randn(128, 32)))  # N > 2K: the dot, 4K: wide
+            wider = registry.resolve(op, sm, matmul_node(op, 2, torch.randn(65, 32)))  # N > 2K: the tensor cores
+            assert wider.sm == (key, "few_rows") and wider.config["block_m"] == few
+            wide = registry.resolve(op, sm, matmul_node(op, 2, torch.randn(128, 32)))  # N >= 4K: its wide tile
             assert wide.sm == (key, "few_rows_wide") and wide.config["block_m"] == few
-            for rows in (3, 5, few):
-                assert registry.resolve(op, sm, matmul_node(op, rows)).sm == (key, "few_rows")
-            assert registry.resolve(op, sm, matmul_node(op, few + 1)) is None
+            for rows in (3, 5, few, few + 1):
+                assert registry.resolve(op, sm, matmul_node(op, rows)) is None
             assert registry.resolve(op, sm, matmul_node(op, 1, torch.randn(32, 24).t())) is None
             assert registry.resolve(op, sm, matmul_node(op, 1), numerics=registry.INVARIANT).config["block_m"] == 64
         assert registry.resolve("addmm", sm, matmul_node("addmm", 1, addend_rows=1)).sm == (key, "one_row")
@@ -129,10 +130,11 @@ def test_few_row_products_take_the_gemv_kernels_by_default() -> None:
         assert two.sm == (key, "two_rows")
         node = matmul_node("addmm_in_place", 1, torch.randn(8, 32), addend_rows=1)
         assert registry.resolve("addmm_in_place", sm, node).sm == (key, "one_row_long_k")
-        five = registry.resolve("addmm_in_place", sm, matmul_node("addmm_in_place", 5, addend_rows=5))
-        assert five.sm == (key, "few_rows") and five.config["block_m"] == few
-        node = matmul_node("addmm_in_place", few + 1, addend_rows=few + 1)
-        assert registry.resolve("addmm_in_place", sm, node) is None
+        node = matmul_node("addmm_in_place", 2, torch.randn(65, 32), addend_rows=2)
+        assert registry.resolve("addmm_in_place", sm, node).sm == (key, "few_rows")
+        for rows in (3, few + 1):
+            node = matmul_node("addmm_in_place", rows, addend_rows=rows)
+            assert registry.resolve("addmm_in_place", sm, node) is None
         node = matmul_node("addmm_in_place", 1, addend_rows=1)
         assert registry.resolve("addmm_in_place", sm, node, numerics=registry.INVARIANT) is None
 
