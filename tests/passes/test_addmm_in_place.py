@@ -144,11 +144,11 @@ def test_nothing_to_do_without_addmm() -> None:
 
 @pytest.mark.parametrize("mode", ["greedy", "sample"])
 def test_the_folded_step_writes_its_residuals_in_place_and_matches_eager(folded_step_case: StepCase, mode: str):
-    """Every residual add of the folded target (2 layers: two o projections) and draft (the same in its 2-token
-    forward; in its one-token forward the first layer's down projection too, a folded input norm's) is written in
+    """Every residual add of the folded target's verify and the draft's 2-token and one-token forwards (2 layers
+    each: two o projections and the first layer's down projection, which feeds a folded input norm) is written in
     place; the step's outputs are the traced program's exactly (fp32 no-change check)."""
     gm = folded_step_case.through(mode, addmm_in_place.NAME)
-    assert targets(gm).count(ADDMM_) == 2 + 2 + 3 and ADDMM not in targets(gm)
+    assert targets(gm).count(ADDMM_) == 3 + 3 + 3 and ADDMM not in targets(gm)
     folded_step_case.assert_matches_eager(gm, mode)
 
 
