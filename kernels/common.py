@@ -111,28 +111,6 @@ def let_later_kernels_launch(USE_PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-# Weight tiles a GEMV asks L2 for before its wait, past the tile it loads there (prefetch_lines): no registers held,
-# so more of the stream is in flight while the kernel ahead finishes than one early tile puts there.
-EARLY_PREFETCH_TILES = 3
-
-
-@triton.jit
-def prefetch_lines(row_ptrs, row_ok, fallback_ptr, start, K, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
-                   USE_PDL: tl.constexpr):  # fmt: skip
-    """USE_PDL: ask L2 for TILES tiles of BLOCK_K columns from `start` (those below K) of the rows at row_ptrs [R, 1]
-    where row_ok, one prefetch.global.L2 per 128-byte line (other rows ask for fallback_ptr): a hint that holds no
-    register and returns nothing, for a model weight before wait_for_earlier_kernels. Nothing in plain stream order
-    (the interpreter has no inline PTX)."""
-    if USE_PDL:
-        line: tl.constexpr = 1024 // row_ptrs.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
-        for tile in tl.static_range(TILES):
-            cols = tl.minimum(start + tile * BLOCK_K + tl.arange(0, BLOCK_K // line) * line, K - 1)
-            ptrs = tl.where(row_ok[:, None], row_ptrs + cols[None, :], fallback_ptr)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-            )
-
-
 @functools.cache
 def _cuda_shared_memory(index: int) -> int:
     return torch.cuda.get_device_properties(index).shared_memory_per_block_optin

@@ -49,13 +49,11 @@ import torch
 import triton
 import triton.language as tl
 from graphspec.kernels.common import (
-    EARLY_PREFETCH_TILES,
     cdiv,
     check_device,
     interpreting,
     let_later_kernels_launch,
     pdl_launch,
-    prefetch_lines,
     round_to,
     wait_for_earlier_kernels,
 )
@@ -186,7 +184,6 @@ def gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
-    PREFETCH_TILES: tl.constexpr = 0,  # weight tiles past the first asked of L2 before the wait (prefetch_lines)
     USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (common.pdl_launch)
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -194,7 +191,6 @@ def gemv_kernel(
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     first = tl.arange(0, BLOCK_K)
     w_first = load_tile(w_rows, first, row_ok, K, EVEN)  # no kernel writes the weight: asked for before the wait
-    prefetch_lines(w_rows, row_ok, w_ptr, BLOCK_K, K, BLOCK_K, PREFETCH_TILES, USE_PDL)  # and the next tiles, to L2
     wait_for_earlier_kernels(USE_PDL)
     if HAS_ADDEND:  # asked for before the K loop: after it, its L2 round trip ended every program
         addend = tl.load(addend_ptr + rows, mask=row_ok, other=0.0)
@@ -232,19 +228,17 @@ def few_rows_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
-    PREFETCH_TILES: tl.constexpr = 0,  # weight tiles asked of L2 before the wait (prefetch_lines)
     USE_PDL: tl.constexpr = False,
 ):
     # gemv_kernel with a row axis: each weight tile is loaded once and multiplied into every row's accumulator.
-    # Its first tile is not loaded before the wait as in gemv_kernel: that took 16 more registers (96 -> 112,
-    # five programs an SM -> four); L2 prefetches hold none.
+    # Its first tile is not asked for before the wait as in gemv_kernel: that took 16 more registers (96 -> 112,
+    # five programs an SM -> four).
+    wait_for_earlier_kernels(USE_PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
-    prefetch_lines(w_rows, row_ok, w_ptr, 0, K, BLOCK_K, PREFETCH_TILES, USE_PDL)
-    wait_for_earlier_kernels(USE_PDL)
     ms = tl.arange(0, BLOCK_M)
     m_ok = ms < M
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + ms[:, None] * stride_xm
     mask = m_ok[:, None] & row_ok[None, :]
     if HAS_ADDEND:  # asked for before the K loop, as in gemv_kernel
@@ -401,13 +395,12 @@ def gemv(
         gemv_kernel[(cdiv(n, block_n),)](
             x, w_t, out if addend is None else addend, out, n, k, x.stride(1), w_t.stride(1),
             HAS_ADDEND=addend is not None, EVEN=even, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=num_stages,
-            PREFETCH_TILES=EARLY_PREFETCH_TILES, num_warps=num_warps, **pdl_launch(x.device),
+            num_warps=num_warps, **pdl_launch(x.device),
         )  # fmt: skip
         return out
     few_rows_kernel[(cdiv(n, block_n),)](
         x, w_t, out if addend is None else addend, out, m, n, k, x.stride(0), x.stride(1), w_t.stride(1), addend_row,
         HAS_ADDEND=addend is not None, EVEN=even, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n,
-        BLOCK_K=block_k, STAGES=num_stages, PREFETCH_TILES=EARLY_PREFETCH_TILES + 1, num_warps=num_warps,
-        **pdl_launch(x.device),
+        BLOCK_K=block_k, STAGES=num_stages, num_warps=num_warps, **pdl_launch(x.device),
     )  # fmt: skip
     return out

@@ -16,14 +16,12 @@ import torch
 import triton
 import triton.language as tl
 from graphspec.kernels.common import (
-    EARLY_PREFETCH_TILES,
     cdiv,
     check_config_table,
     check_device,
     interpreting,
     let_later_kernels_launch,
     pdl_launch,
-    prefetch_lines,
     round_to,
     wait_for_earlier_kernels,
 )
@@ -62,7 +60,6 @@ def swiglu_gemv_kernel(
     BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr,
     LIBDEVICE_EXP: tl.constexpr,
-    PREFETCH_TILES: tl.constexpr = 0,  # weight tiles past the first asked of L2 before the wait (prefetch_lines)
     USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (common.pdl_launch)
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,8 +69,6 @@ def swiglu_gemv_kernel(
     first = tl.arange(0, BLOCK_K)
     gate = load_tile(gate_rows, first, row_ok, K, EVEN)  # no kernel writes the weight: asked for before the wait
     up = load_tile(up_rows, first, row_ok, K, EVEN)
-    prefetch_lines(gate_rows, row_ok, w_ptr, BLOCK_K, K, BLOCK_K, PREFETCH_TILES, USE_PDL)  # the next tiles, to L2
-    prefetch_lines(up_rows, row_ok, w_ptr, BLOCK_K, K, BLOCK_K, PREFETCH_TILES, USE_PDL)
     wait_for_earlier_kernels(USE_PDL)
     x = load_vector(x_ptr, first, stride_xk, K, EVEN).to(tl.float32)
     acc_gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -140,8 +135,7 @@ def scaled_silu_mul_linear(
     swiglu_gemv_kernel[(cdiv(inter, block_n),)](
         x, weight_t, out, inter, k, x.stride(1), weight_t.stride(1), eps,
         EVEN=inter % block_n == 0 and k % block_k == 0 and k > 0, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=num_stages,
-        LIBDEVICE_EXP=not interpreting(), PREFETCH_TILES=EARLY_PREFETCH_TILES, num_warps=num_warps,
-        **pdl_launch(x.device),
+        LIBDEVICE_EXP=not interpreting(), num_warps=num_warps, **pdl_launch(x.device),
     )  # fmt: skip
     return out
 

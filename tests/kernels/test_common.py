@@ -133,7 +133,6 @@ def test_kernels_launched_with_pdl_wait_first() -> None:
             if not inspect.isfunction(function) or value in (
                 common.wait_for_earlier_kernels,
                 common.let_later_kernels_launch,
-                common.prefetch_lines,
             ):
                 continue
             parameters = inspect.signature(function).parameters
@@ -156,48 +155,3 @@ def test_kernels_launched_with_pdl_wait_first() -> None:
             waiting.append(name)
     expected = {"gemv_kernel", "few_rows_kernel", "few_rows_dot_kernel", "swiglu_gemv_kernel", "attention_kernel"}
     assert expected | {"attention_reduce_kernel"} <= set(waiting), waiting
-
-
-# Built apart from the interpreter (whose kernels cannot be compiled): the kernel, for sm_90 with PDL, with and
-# without its prefetches; prints the PTX's prefetch count and whether any comes after the wait, per build.
-BUILD_PREFETCH = """
-import json, sys, triton
-from triton.backends.compiler import GPUTarget
-from graphspec.kernels import gemv, scaled_silu_mul_linear
-kernel, constants = sys.argv[1], json.loads(sys.argv[2])
-function = getattr(scaled_silu_mul_linear if kernel == "swiglu_gemv_kernel" else gemv, kernel)
-for prefetch in (3, 0):
-    constexprs = {**constants, "PREFETCH_TILES": prefetch}
-    kind = lambda name: "fp32" if name == "eps" else "*bf16" if name.endswith("_ptr") else "i32"
-    signature = {name: "constexpr" if name in constexprs else kind(name) for name in function.arg_names}
-    source = triton.compiler.ASTSource(fn=function, signature=signature, constexprs=constexprs)
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
-    wait = ptx.index("griddepcontrol.wait")
-    print(json.dumps([prefetch, ptx.count("prefetch.global.L2"), "prefetch.global.L2" in ptx[wait:]]))
-"""
-
-
-@pytest.mark.parametrize("kernel", ["gemv_kernel", "few_rows_kernel", "swiglu_gemv_kernel"])
-def test_gemvs_ask_l2_for_their_next_weight_tiles_before_the_wait(kernel: str) -> None:
-    """Built for sm_90 with PDL (the interpreter runs no inline PTX), each GEMV asks L2 for PREFETCH_TILES weight
-    tiles (one prefetch.global.L2 per 128-byte line of its 8 rows, x 2 for gate and up: the PTX holds a thread's
-    share of 4 warps), all before its griddepcontrol.wait; none with PREFETCH_TILES 0."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    rows, block_k = 8, 512
-    constants = {"EVEN": True, "BLOCK_N": rows, "BLOCK_K": block_k, "STAGES": 3, "USE_PDL": True}
-    constants |= {"LIBDEVICE_EXP": True} if kernel == "swiglu_gemv_kernel" else {"HAS_ADDEND": True}
-    constants |= {"BLOCK_M": 2} if kernel == "few_rows_kernel" else {}
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    result = subprocess.run(
-        [sys.executable, "-c", BUILD_PREFETCH, kernel, json.dumps(constants)], env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    builds = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [prefetch for prefetch, _, _ in builds] == [3, 0]
-    for prefetch, count, after_wait in builds:
-        lines = prefetch * block_k * 2 // 128 * rows * (2 if kernel == "swiglu_gemv_kernel" else 1)
-        assert count >= lines // (4 * 32) and (count > 0) == (prefetch > 0) and not after_wait, (prefetch, count)
