@@ -122,14 +122,15 @@ TWO_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
 }
 # The tensor-core kernel (few_rows_dot_kernel; block_m MAX_ROWS marks it). 90: the dot probe's best "dotw" tiles at
 # the 8B's 2-row products (q/k/v 15.4 us, o 11.4, down 30.7: 32 x 256; gate/up 56.3, lm_head 232.6: 64 x 128, 4
-# stages, 4 warps each; cuBLAS 17.8, 11.7, 30.6, 56.7, 271.4). 80 and "default": the same, untuned.
+# stages, 4 warps each; cuBLAS 17.8, 11.7, 30.6, 56.7, 271.4). 80: the same, untuned. "default" (any other SM): 3
+# stages, so the narrow tile's buffers (72 KB) fit the ~99 KB a program may hold on sm_86/89/120.
 FEW_ROWS_CONFIGS: dict[int | str, dict[str, int]] = {
-    key: {"block_m": MAX_ROWS, "block_n": 32, "block_k": 256, "split_programs": 0, "num_warps": 4, "num_stages": 4}
-    for key in (80, 90, "default")
+    key: {"block_m": MAX_ROWS, "block_n": 32, "block_k": 256, "split_programs": 0, "num_warps": 4, "num_stages": stages}
+    for key, stages in ((80, 4), (90, 4), ("default", 3))
 }
 FEW_ROWS_WIDE_CONFIGS: dict[int | str, dict[str, int]] = {
-    key: {"block_m": MAX_ROWS, "block_n": 64, "block_k": 128, "split_programs": 0, "num_warps": 4, "num_stages": 4}
-    for key in (80, 90, "default")
+    key: {"block_m": MAX_ROWS, "block_n": 64, "block_k": 128, "split_programs": 0, "num_warps": 4, "num_stages": stages}
+    for key, stages in ((80, 4), (90, 4), ("default", 3))
 }
 
 # Each shape class's config rows, by the name shape_class gives it: the kernel ops that run these GEMVs (mm, addmm,
