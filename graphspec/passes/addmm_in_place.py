@@ -25,58 +25,20 @@ import torch
 import torch.fx as fx
 
 from graphspec.config import PassContext, PassResult
+from graphspec.op_nodes import is_alias, is_view, op_returns
 from graphspec.passes.cleanup import tag, tidy
 
 NAME = "addmm_in_place"
 
 ADDMM = torch.ops.aten.addmm.default
 ADDMM_ = torch.ops.aten.addmm_.default
-# Views whose schema does not say so: make_fx reshapes an op's fresh result with _unsafe_view, which aliases it.
-UNDECLARED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})
-
-
-def _returns(node: fx.Node) -> list | None:
-    """The schema returns of the op node (of its tuple's producer for a getitem), None for other targets."""
-    target = node.target
-    if target is operator.getitem and isinstance(node.args[0], fx.Node):
-        target = node.args[0].target
-    schema = getattr(target, "_schema", None)
-    return None if schema is None else list(schema.returns)
-
-
-def is_view(node: fx.Node) -> bool:
-    """Whether the node's output aliases its first argument without writing it (aten.view, t, slice..., and an
-    item of a split's or unbind's list of views)."""
-    if node.op != "call_function":
-        return False
-    if node.target is operator.getitem:
-        return isinstance(node.args[0], fx.Node) and is_view(node.args[0])
-    if node.target in UNDECLARED_VIEWS:
-        return True
-    returns = _returns(node)
-    if not returns or len(returns) != 1:
-        return False
-    alias = returns[0].alias_info
-    return alias is not None and not alias.is_write
-
-
-def is_in_place(node: fx.Node) -> bool:
-    """Whether the node writes its first argument and returns it (aten.addmm_, ...): its output is that memory."""
-    returns = _returns(node) if node.op == "call_function" and node.target is not operator.getitem else None
-    alias = returns[0].alias_info if returns and len(returns) == 1 else None
-    return alias is not None and alias.is_write
-
-
-def is_alias(node: fx.Node) -> bool:
-    """Whether the node's output is its first argument's memory: a view of it, or the result of writing it."""
-    return is_view(node) or is_in_place(node)
 
 
 def is_fresh(node: fx.Node) -> bool:
     """Whether the node's output is memory of its own: an op result that aliases none of the op's inputs."""
     if node.op != "call_function" or is_view(node):
         return False
-    returns = _returns(node)
+    returns = op_returns(node)
     if not returns:
         return False
     index = node.args[1] if node.target is operator.getitem else 0

@@ -24,8 +24,7 @@ import torch.fx as fx
 
 from graphspec import ops
 from graphspec.config import PassContext, PassResult
-from graphspec.op_nodes import positional_args
-from graphspec.passes.addmm_in_place import is_view
+from graphspec.op_nodes import is_view, positional_args
 from graphspec.passes.cleanup import may_mutate, nodes_between, tag, tidy
 
 NAME = "fuse_row_scale"
