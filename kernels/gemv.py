@@ -161,6 +161,17 @@ def load_tile(row_ptrs, cols, row_ok, K, EVEN: tl.constexpr):
 
 
 @triton.jit
+def load_rows(row_ptrs, cols, m_ok, stride, K, EVEN: tl.constexpr):
+    """[R, BLOCK_K]: the elements `cols` (at `stride`) of x's rows starting at row_ptrs [R, 1]; rows where m_ok is
+    false (past M) read 0 whatever the shape, and unless EVEN so do columns past K."""
+    if EVEN:
+        rows = tl.load(row_ptrs + cols[None, :] * stride, mask=m_ok[:, None], other=0.0)
+    else:
+        rows = tl.load(row_ptrs + cols[None, :] * stride, mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
+    return rows
+
+
+@triton.jit
 def load_vector(ptr, cols, stride, K, EVEN: tl.constexpr):
     """[BLOCK_K]: the elements `cols` of a vector at `stride`; unless EVEN, those past K read 0."""
     if EVEN:
@@ -248,10 +259,7 @@ def few_rows_kernel(
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
         w = load_tile(w_rows, cols, row_ok, K, EVEN)
-        if EVEN:  # x's rows past M are masked whatever the shape
-            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None], other=0.0)
-        else:
-            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
+        x = load_rows(x_rows, cols, m_ok, stride_xk, K, EVEN)
         acc += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
     total = tl.sum(acc, 2)
     if HAS_ADDEND:
@@ -299,10 +307,7 @@ def few_rows_dot_kernel(
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         cols = k0 + tl.arange(0, BLOCK_K)
         w = load_tile(w_rows, cols, row_ok, K, EVEN)
-        if EVEN:
-            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None], other=0.0)
-        else:
-            x = tl.load(x_rows + cols[None, :] * stride_xk, mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
+        x = load_rows(x_rows, cols, m_ok, stride_xk, K, EVEN)
         if UPCAST:
             w, x = w.to(tl.float32), x.to(tl.float32)
         acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
