@@ -22,13 +22,13 @@ a 1B draft model's catch-up forward at batch 1 and its draft forwards at batch 2
 
 few_rows_dot_kernel takes products of 2 to MAX_ROWS rows on the tensor cores: each program streams BLOCK_N weight
 rows across all of K, each tile the left operand of one dot with x's rows (padded to the dot's least 16) as the
-right, launched with programmatic dependent launch (which cuBLAS's kernels are not). Alone it runs within 1 us of
-cuBLAS per product at 2 to 8 rows (docs/results/2026-11-29-few-row-dot-probe), and a chain of an 8B's products
-without the layers' other kernels ran 2.6-3.4 us a layer faster (docs/results/2026-11-30-verify-dot-chain). In the
-step it won where cuBLAS is slow, at two rows (a batch-2 decode 4.303 -> 4.262 ms, the batch-2 draft-model step
-8.27 -> 8.19), and lost at five (a K = 4 verify at batch 1, 4.366 -> 4.475 ms), so shape_class gives it the
-products of up to DOT_MAX_ROWS rows that "two_rows" does not take: "few_rows" (N < WIDE_MIN_RATIO x K: q/k/v, o,
-down) and "few_rows_wide" (gate/up, lm_head), each with its own tile.
+right. Alone it runs within 1 us of cuBLAS per product at 2 to 8 rows (docs/results/2026-11-29-few-row-dot-probe).
+It is launched in plain stream order, not with programmatic dependent launch as the GEMVs are: a program holds
+~80-100 KB of K-loop buffers, and launched early (resident, waiting for the kernel ahead) it cost a K = 4 verify at
+batch 1 130 us, with or without letting the next kernel launch early, where launched plainly it saved 40 us over
+cuBLAS (docs/results/2026-11-30-verify-dot-pdl). So shape_class gives it the products of 2 to DOT_MAX_ROWS rows
+that "two_rows" does not take: "few_rows" (N < WIDE_MIN_RATIO x K: q/k/v, o, down) and "few_rows_wide" (gate/up,
+lm_head), each with its own tile.
 
 An addend [N] (a bias) or [M, N] (a residual: the folded norm's residual add) is added to the fp32 sum
 before the one rounding, as cuBLAS does with beta = 1; the output may be the addend itself (each program
@@ -78,8 +78,9 @@ __all__ = [
 
 MAX_ROWS = 8  # the most rows of x the few-row kernels take
 DOT_ROWS = 16  # few_rows_dot_kernel: x's rows padded to the tensor-core dot's least
-# The "few_rows*" classes take products of 2 to DOT_MAX_ROWS rows (module doc: at 5 rows cuBLAS won in the step).
-DOT_MAX_ROWS = 2
+# The "few_rows*" classes take products of 2 to DOT_MAX_ROWS rows: the most rows measured in the step (a K = 4
+# verify at batch 1); from 6 rows cuBLAS keeps them.
+DOT_MAX_ROWS = 5
 # ... those with N >= WIDE_MIN_RATIO x K (gate/up's N = 7K, lm_head's) "few_rows_wide"'s tile (64 x 128: 56.3 us at
 # the 8B's gate/up at two rows where 32 x 256 took 61.5; the dot probe).
 WIDE_MIN_RATIO = 4
@@ -289,11 +290,9 @@ def few_rows_dot_kernel(
     STAGES: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
 ):
     # The weight tile is the dot's left operand, [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_M]: the few rows are the dot's
-    # narrow side. It waits first (a first weight tile asked for before the wait was slower: module doc).
-    wait_for_earlier_kernels(USE_PDL)
+    # narrow side. Launched in plain stream order (module doc: why not with PDL).
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     ms = tl.arange(0, BLOCK_M)
@@ -311,7 +310,6 @@ def few_rows_dot_kernel(
         if UPCAST:
             w, x = w.to(tl.float32), x.to(tl.float32)
         acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
-    let_later_kernels_launch(USE_PDL)
     if HAS_ADDEND:
         acc += addend.to(tl.float32)
     dtype = out_ptr.dtype.element_ty
@@ -394,7 +392,7 @@ def gemv(
             x, w_t, out if addend is None else addend, out, m, n, k, x.stride(0), x.stride(1), w_t.stride(1),
             addend_row, HAS_ADDEND=addend is not None, EVEN=even, BLOCK_M=DOT_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
             STAGES=num_stages, PRECISION="ieee" if x.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
-            num_warps=num_warps, **pdl_launch(x.device),
+            num_warps=num_warps,
         )  # fmt: skip
         return out
     if m == 1:

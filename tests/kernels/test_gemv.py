@@ -141,8 +141,9 @@ def test_gemv_refuses_what_it_does_not_take(case: str) -> None:
 
 def test_shape_class_names_where_the_gemvs_beat_cublas() -> None:
     """One row: "one_row" at any width, "one_row_long_k" from K = 4N; two rows: "two_rows" up to N = 2K (q/k/v, o,
-    down) and TWO_ROWS_MAX_N, else "few_rows" ("few_rows_wide" from N = 4K: gate/up, lm_head); None for more rows
-    (cuBLAS won at 5 in the step) and where gemv does not fit (a weight that is not a transposed nn.Linear weight)."""
+    down) and TWO_ROWS_MAX_N, else "few_rows" ("few_rows_wide" from N = 4K: gate/up, lm_head), as at 3 to
+    DOT_MAX_ROWS rows; None for more rows and where gemv does not fit (a weight that is not a transposed nn.Linear
+    weight)."""
     x = torch.randn(gemv.MAX_ROWS + 1, 64)
     for n, one, two in (
         (8, "one_row_long_k", "two_rows"),
@@ -158,6 +159,8 @@ def test_shape_class_names_where_the_gemvs_beat_cublas() -> None:
         assert gemv.shape_class(x[:1], weight.t(), torch.randn(1, n)) == one
         assert gemv.shape_class(x[:2], weight.t()) == two
         assert gemv.shape_class(x[:2], weight.t(), torch.randn(2, n)) == two
+        for rows in (3, gemv.DOT_MAX_ROWS):
+            assert gemv.shape_class(x[:rows], weight.t()) == ("few_rows_wide" if n >= 256 else "few_rows")
         for rows in (gemv.DOT_MAX_ROWS + 1, gemv.MAX_ROWS + 1):
             assert gemv.shape_class(x[:rows], weight.t()) is None
     assert gemv.shape_class(x[:1], torch.randn(64, 32)) is None

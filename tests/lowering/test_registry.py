@@ -100,11 +100,13 @@ def matmul_node(
 def test_few_row_products_take_the_gemv_kernels_by_default() -> None:
     """By default a one-row product against a transposed weight takes the "one_row" row (the GEMV, block_m 1)
     on every SM, two rows of a narrow weight (N <= 2K and TWO_ROWS_MAX_N) the "two_rows" row, two rows of a wider
-    one the "few_rows" row (the tensor-core kernel, block_m MAX_ROWS; "few_rows_wide" from N = 4K), and the in-place
-    addmm the same rows; more rows or a weight the kernels cannot read keep cuBLAS. Under
+    one and 3 to DOT_MAX_ROWS rows of any the "few_rows" row (the tensor-core kernel, block_m MAX_ROWS;
+    "few_rows_wide" from N = 4K), and the in-place addmm the same rows; more rows or a weight the kernels cannot read
+    keep cuBLAS. Under
     invariant numerics the matmuls take the SM's row (kernels/mm.py) at one row too, and the in-place addmm, which
     has no invariant kernel, keeps its reference."""
-    few = importlib.import_module("graphspec.kernels.gemv").MAX_ROWS  # imported here: kernels load on first use
+    gemv = importlib.import_module("graphspec.kernels.gemv")  # imported here: kernels load on first use
+    few, most = gemv.MAX_ROWS, gemv.DOT_MAX_ROWS
     for sm in (80, 90, 120):
         key = sm if sm in (80, 90) else "default"
         for op in ("mm", "addmm"):
@@ -118,7 +120,9 @@ def test_few_row_products_take_the_gemv_kernels_by_default() -> None:
             assert wider.sm == (key, "few_rows") and wider.config["block_m"] == few
             wide = registry.resolve(op, sm, matmul_node(op, 2, torch.randn(128, 32)))  # N >= 4K: its wide tile
             assert wide.sm == (key, "few_rows_wide") and wide.config["block_m"] == few
-            for rows in (3, 5, few, few + 1):
+            for rows in (3, most):
+                assert registry.resolve(op, sm, matmul_node(op, rows)).sm == (key, "few_rows")
+            for rows in (most + 1, few + 1):
                 assert registry.resolve(op, sm, matmul_node(op, rows)) is None
             assert registry.resolve(op, sm, matmul_node(op, 1, torch.randn(32, 24).t())) is None
             assert registry.resolve(op, sm, matmul_node(op, 1), numerics=registry.INVARIANT).config["block_m"] == 64
@@ -132,7 +136,9 @@ def test_few_row_products_take_the_gemv_kernels_by_default() -> None:
         assert registry.resolve("addmm_in_place", sm, node).sm == (key, "one_row_long_k")
         node = matmul_node("addmm_in_place", 2, torch.randn(65, 32), addend_rows=2)
         assert registry.resolve("addmm_in_place", sm, node).sm == (key, "few_rows")
-        for rows in (3, few + 1):
+        node = matmul_node("addmm_in_place", most, addend_rows=most)
+        assert registry.resolve("addmm_in_place", sm, node).sm == (key, "few_rows")
+        for rows in (most + 1, few + 1):
             node = matmul_node("addmm_in_place", rows, addend_rows=rows)
             assert registry.resolve("addmm_in_place", sm, node) is None
         node = matmul_node("addmm_in_place", 1, addend_rows=1)
