@@ -109,7 +109,7 @@ def check_cpu() -> None:
             out = down_swiglu(gate_up, res, w, torch.empty_like(res), (32, 128, 2, 4))
             want = reference(gate_up, res, w)
             diff = (out.float() - want.float()).abs().max().item()
-            tol = 1e-4 if dtype == torch.float32 else 2 ** -6 * want.float().abs().max().item()
+            tol = 1e-4 if dtype == torch.float32 else 2**-6 * want.float().abs().max().item()
             print(f"m={m} {dtype}: max |diff| {diff:.2e} (tolerance {tol:.1e})")
             assert diff <= tol, diff
     print("check-cpu: OK")
