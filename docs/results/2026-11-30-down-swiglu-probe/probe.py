@@ -18,6 +18,7 @@ order, else within a bf16 ulp of the activations).
 
     python docs/results/2026-11-30-down-swiglu-probe/probe.py            # H200: 8B at 2 and 5 rows, 1B at 2 and 5
     TRITON_INTERPRET=1 python docs/results/2026-11-30-down-swiglu-probe/probe.py --check-cpu
+    TRITON_INTERPRET=1 python docs/results/2026-11-30-down-swiglu-probe/probe.py --dry-cpu  # main's flow, tiny
 """
 
 import argparse
@@ -115,12 +116,12 @@ def check_cpu() -> None:
     print("check-cpu: OK")
 
 
-def main() -> None:
+def main(device: str = "cuda", models: dict = MODELS, tiles: list = TILES) -> None:
     from benchmarks import common
     from graphspec.kernels import gemv
     from graphspec.kernels import scaled_silu_mul as ssm
 
-    print(f"{common.device_name('cuda')}, copy {common.measure_copy_bandwidth('cuda')['gb_s']:.0f} GB/s")
+    print(f"{common.device_name(device)}, copy {common.measure_copy_bandwidth(device)['gb_s']:.0f} GB/s")
     swiglu = ssm.CONFIGS[90]
 
     def product(x, w, addend=None, out=None):  # graphspec's GEMV/dot kernels with the row the registry would pick
@@ -130,17 +131,17 @@ def main() -> None:
         fields = {key: config[key] for key in ("block_m", "block_n", "block_k", "num_warps", "num_stages")}
         return gemv.gemv(x, w.t(), addend, out, **fields), klass
 
-    for model, (hidden, inter, layers) in MODELS.items():
-        g = torch.Generator(device="cuda").manual_seed(0)
+    for model, (hidden, inter, layers) in models.items():
+        g = torch.Generator(device=device).manual_seed(0)
         weights = [
             (
-                torch.randn(2 * inter, hidden, generator=g, device="cuda").to(torch.bfloat16) / hidden**0.5,
-                torch.randn(hidden, inter, generator=g, device="cuda").to(torch.bfloat16) / inter**0.5,
+                torch.randn(2 * inter, hidden, generator=g, device=device).to(torch.bfloat16) / hidden**0.5,
+                torch.randn(hidden, inter, generator=g, device=device).to(torch.bfloat16) / inter**0.5,
             )
             for _ in range(layers)
         ]
         for m in (2, 5):
-            start = torch.randn(m, hidden, generator=g, device="cuda").to(torch.bfloat16)
+            start = torch.randn(m, hidden, generator=g, device=device).to(torch.bfloat16)
             res = start.clone()
             buffers = [torch.empty_like(res), torch.empty_like(res)]
             classes = set()
@@ -162,22 +163,29 @@ def main() -> None:
 
             res.copy_(start)
             want = three().clone()
-            base = common.time_fn(three, "cuda", reps=30, warmup=2)["ms"] * 1e3 / layers
+            base = common.time_fn(three, device, reps=30, warmup=2)["ms"] * 1e3 / layers
             line = [f"three {base:.2f} us/layer ({'+'.join(sorted(classes))})"]
-            for tile in TILES:
+            for tile in tiles:
                 res.copy_(start)
                 got = fused(tile)
                 diff = (got.float() - want.float()).abs().max().item()
                 res.copy_(start)
-                us = common.time_fn(lambda: fused(tile), "cuda", reps=30, warmup=2)["ms"] * 1e3 / layers
+                us = common.time_fn(lambda: fused(tile), device, reps=30, warmup=2)["ms"] * 1e3 / layers
                 line.append("fused {}x{} s{} w{}: {:.2f} (max diff {:.1e})".format(*tile, us, diff))
             print(f"{model} M={m}: " + "; ".join(line), flush=True)
         weights.clear()
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--check-cpu", action="store_true")
+    parser.add_argument("--dry-cpu", action="store_true", help="main's chains at tiny shapes on the CPU (interpreter)")
     args = parser.parse_args()
-    check_cpu() if args.check_cpu else main()
+    if args.check_cpu:
+        check_cpu()
+    elif args.dry_cpu:
+        main("cpu", {"tiny": (64, 256, 2)}, [(32, 128, 2, 4)])
+    else:
+        main()
