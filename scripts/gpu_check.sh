@@ -8,7 +8,8 @@
 #   STAGES=dflash,hybrid,prefill bash scripts/gpu_check.sh # DFlash, hybrid targets, prefill + cold start
 #   STAGES=serve bash scripts/gpu_check.sh                 # serving under load
 # Stages:
-#   tests     every GPU test (pytest -m gpu; PYTEST_TARGETS / PYTEST_FLAGS narrow it; PYTEST_MARKS= (empty) runs
+#   tests     every GPU test (pytest -m gpu; PYTEST_TARGETS / PYTEST_FLAGS / PYTEST_K (a -k expression, e.g.
+#             "not dflash and not hybrid") narrow it; PYTEST_MARKS= (empty) runs
 #             the unmarked tests of the targets too, which run on CUDA when there is one: tests/kernels' do)
 #   step      benchmarks/bench_step.py (step time captured vs eager, floor, parity; BENCH_ARGS adds arguments)
 #   drafters  benchmarks/bench_drafters.py (draft model, n-gram, MTP, EAGLE-3 next to decode and verify;
@@ -80,8 +81,10 @@ STAGES="${STAGES:-tests,kernels}"
 wants() { [[ ",$STAGES," == *",$1,"* ]]; }
 # shellcheck disable=SC2086  # PYTEST_TARGETS, PYTEST_FLAGS and the *_ARGS are word lists on purpose
 if wants tests; then
+    # PYTEST_K: a -k expression, passed as one argument (PYTEST_FLAGS is split on spaces, quotes and all)
     stage "gpu tests" "${TESTS_S:-450}" "$OUT/pytest_gpu.log" \
-        "$PYTHON" -m pytest $PYTEST_MARKS $PYTEST_TARGETS $PYTEST_FLAGS -p no:cacheprovider -rs --durations=10
+        "$PYTHON" -m pytest $PYTEST_MARKS $PYTEST_TARGETS $PYTEST_FLAGS ${PYTEST_K:+-k "$PYTEST_K"} -p no:cacheprovider \
+        -rs --durations=10
 fi
 if wants step; then
     stage "bench_step" "${STEP_S:-300}" "$OUT/bench_step.log" \
