@@ -27,8 +27,8 @@ its reference, which lower_kernels then refuses.
 By default cuBLAS keeps aten.mm/addmm (CUBLAS_BY_DEFAULT) except at the shape classes their CONFIGS name,
 kernels/gemv.py's: "one_row" (a product of one row and a transposed weight; "one_row_long_k" where K >= 4N, its
 own tiles) and "two_rows" (two rows, a narrow weight), which its dot-free GEMVs read faster than cuBLAS, and
-"few_rows"/"few_rows_wide" (the other products of two rows: a batch-2 decode), its tensor-core kernel launched
-with programmatic dependent launch.
+"few_rows"/"few_rows_wide" (the other products of 2 to gemv.DOT_MAX_ROWS rows: a K = 4 verify at batch 1, a batch-2
+decode), its tensor-core kernel.
 aten.addmm_ (the folded norms' in-place residual adds) has only those kernels: it fits those classes.
 """
 
