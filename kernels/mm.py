@@ -8,7 +8,7 @@ computed alone (a draft's one-token forward), in a batch, or as one position of 
 block rounds differently, and a draft identical to the target is rejected.
 
 By default mm and addmm are lowered only where kernels/gemv.py's kernels beat cuBLAS (its shape classes
-"one_row*", "two_rows" and "few_rows*": products of one or two rows): those config rows, block_m <=
+"one_row*", "two_rows" and "few_rows*": products of one to gemv.DOT_MAX_ROWS rows): those config rows, block_m <=
 gemv.MAX_ROWS, run gemv.py's kernels. They are not this kernel and never used under numerics="invariant" (which takes
 the SM's row at every M).
 
