@@ -102,9 +102,8 @@ def test_few_row_products_take_the_gemv_kernels_by_default() -> None:
     on every SM, two rows of a narrow weight (N <= 2K and TWO_ROWS_MAX_N) the "two_rows" row, two rows of a wider
     one and 3 to DOT_MAX_ROWS rows of any the "few_rows" row (the tensor-core kernel, block_m MAX_ROWS;
     "few_rows_wide" from N = 4K), and the in-place addmm the same rows; more rows or a weight the kernels cannot read
-    keep cuBLAS. Under
-    invariant numerics the matmuls take the SM's row (kernels/mm.py) at one row too, and the in-place addmm, which
-    has no invariant kernel, keeps its reference."""
+    keep cuBLAS. Under invariant numerics the matmuls take the SM's row (kernels/mm.py) at one row too, and the
+    in-place addmm, which has no invariant kernel, keeps its reference."""
     gemv = importlib.import_module("graphspec.kernels.gemv")  # imported here: kernels load on first use
     few, most = gemv.MAX_ROWS, gemv.DOT_MAX_ROWS
     for sm in (80, 90, 120):
