@@ -80,14 +80,14 @@ def down_swiglu_kernel(
     tl.store(out_ptr + ms[None, :] * N + rows[:, None], acc.to(dtype), mask=m_ok[None, :])
 
 
-def down_swiglu(gate_up, res, w_down, out, tile):
+def down_swiglu(gate_up, res, w_down, out, tile, scale_block=2048):
     bn, bk, stages, warps = tile
     m, n = res.shape
     inter = w_down.shape[1]
     assert n % bn == 0 and inter % bk == 0 and gate_up.shape == (m, 2 * inter) and m <= 16
     interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     down_swiglu_kernel[(n // bn,)](
-        gate_up, res, w_down, out, m, n, inter, EPS, BN=bn, BK=bk, BH=2048, STAGES=stages,
+        gate_up, res, w_down, out, m, n, inter, EPS, BN=bn, BK=bk, BH=scale_block, STAGES=stages,
         LIBDEVICE_EXP=not interpret, UPCAST=interpret, num_warps=warps,
     )  # fmt: skip
     return out
@@ -116,7 +116,7 @@ def check_cpu() -> None:
     print("check-cpu: OK")
 
 
-def main(device: str = "cuda", models: dict = MODELS, tiles: list = TILES) -> None:
+def main(device: str = "cuda", models: dict = MODELS, tiles: list = TILES, scale_block: int = 2048) -> None:
     from benchmarks import common
     from graphspec.kernels import gemv
     from graphspec.kernels import scaled_silu_mul as ssm
@@ -158,7 +158,7 @@ def main(device: str = "cuda", models: dict = MODELS, tiles: list = TILES) -> No
                 src = res
                 for i, (w_gu, w_down) in enumerate(weights):
                     gate_up, _ = product(src, w_gu)
-                    src = down_swiglu(gate_up, src, w_down, buffers[i % 2], tile)
+                    src = down_swiglu(gate_up, src, w_down, buffers[i % 2], tile, scale_block)
                 return src
 
             res.copy_(start)
@@ -182,10 +182,18 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--check-cpu", action="store_true")
     parser.add_argument("--dry-cpu", action="store_true", help="main's chains at tiny shapes on the CPU (interpreter)")
+    parser.add_argument("--scale-block", type=int, default=2048, help="columns of x a step of the row-scale loop")
+    parser.add_argument("--tiles", default="", help="BNxBKsSTAGESwWARPS,... (default: TILES)")
     args = parser.parse_args()
+    tiles = TILES
+    if args.tiles:
+        tiles = [
+            tuple(int(v) for v in t.replace("x", " ").replace("s", " ").replace("w", " ").split())
+            for t in args.tiles.split(",")
+        ]
     if args.check_cpu:
         check_cpu()
     elif args.dry_cpu:
         main("cpu", {"tiny": (64, 256, 2)}, [(32, 128, 2, 4)])
     else:
-        main()
+        main(tiles=tiles, scale_block=args.scale_block)
