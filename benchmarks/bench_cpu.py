@@ -20,7 +20,6 @@ lookup, each compiled here
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import warnings
@@ -32,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import graphspec
+from benchmarks import common
 from graphspec.errors import GraphspecError
 from graphspec.examples import DEMO_DFLASH, DEMO_DRAFT, DEMO_EAGLE3, DEMO_MTP, DEMO_TARGET
 
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.drafters:
         record["drafters"] = compare_drafters(args, hf)
     if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        common.write_json(args.json, record)
     return 1 if any("error" in row for row in record.get("drafters", ())) else 0
 
 

@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         common.print_kernel_profile(f"kernels of one captured {what} at batch {args.profile}", profile)
     report["profiles"] = profiles
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        common.write_json(args.json, report)
     return 0
 
 

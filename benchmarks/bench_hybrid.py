@@ -19,7 +19,6 @@ Random weights accept almost nothing, so step time is what this compares.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -196,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         common.print_kernel_profile(f"kernels of one captured {label} at batch {args.profile}", profile)
     report["profiles"] = profiles
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        common.write_json(args.json, report)
     return 0
 
 

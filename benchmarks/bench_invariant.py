@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [measure(target, draft, numerics, args) for numerics in args.numerics]
     print(table(rows, args))
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=str))
+        common.write_json(args.json, {"args": vars(args), "rows": rows}, indent=1)
     return 0
 
 

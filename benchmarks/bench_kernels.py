@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from pathlib import Path
 
@@ -415,7 +414,7 @@ def main() -> int:
         fields = "/".join(attention_kernel.CONFIG_FIELDS)
         print_table(sweep, copy_gb_s, f"attention config sweep, fastest first per shape (config: {fields})")
     if args.json:
-        args.json.write_text(json.dumps({"copy": copy, "sm": sm, "rows": rows, "sweep": sweep}, indent=1))
+        common.write_json(args.json, {"copy": copy, "sm": sm, "rows": rows, "sweep": sweep}, indent=1)
     return 1 if failed else 0
 
 

@@ -13,7 +13,6 @@ the config that wins is the one with the shortest critical path, which the table
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                     {"op": op, "model": model, "rows": rows, "us": {str(c): us for c, us in results.items()}}
                 )
     if args.json:
-        Path(args.json).write_text(json.dumps(rows_out, indent=1))
+        common.write_json(args.json, rows_out, indent=1)
     return 0
 
 

@@ -24,7 +24,6 @@ what default numerics run (the GEMV at one row, cuBLAS elsewhere).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -207,7 +206,7 @@ def main() -> int:
         summed = ", ".join(f"{key} {value:.2f}" for key, value in totals.items())
         print(f"  {pair}: " + (summed or "needs --rows with 1, 2 and 5 (the draft's forwards and the verify)"))
     if args.json:
-        Path(args.json).write_text(json.dumps({"sm": sm, "copy_gb_s": copy_gb_s, "rows": rows, "step": estimates}))
+        common.write_json(args.json, {"sm": sm, "copy_gb_s": copy_gb_s, "rows": rows, "step": estimates})
     return 0
 
 

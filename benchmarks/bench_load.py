@@ -110,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{phases.get('checks', 0):.2f} | {phases.get('weights', 0):.2f} | {row['config_class_imported']} |"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": args.runs, "rows": rows}, indent=2) + "\n")
+        if str(REPO) not in sys.path:  # run as a script
+            sys.path.insert(0, str(REPO))
+        from benchmarks import common
+
+        common.write_json(args.json, {"runs": args.runs, "rows": rows})
     return 0
 
 

@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     report["seconds"] = time.perf_counter() - started
     print_table(report, shapes)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        common.write_json(args.json, report)
     return 0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -190,7 +189,7 @@ def main() -> int:
                 f"{reference_ms / row['ms']:5.2f}x torch{error} {'configured' if row['configured'] else ''}"
             )
     if args.json:
-        args.json.write_text(json.dumps({"sm": sm, "rows": rows}, indent=1))
+        common.write_json(args.json, {"sm": sm, "rows": rows}, indent=1)
     return 0
 
 

@@ -21,7 +21,6 @@ a JSON file and an SVG plot.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import queue
 import random
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tokens per step {stats.mean_tokens_per_step:.2f}, mean step {stats.mean_step_ms:.2f} ms")
     if args.json:
         report = {"device": common.device_name(args.device), "args": {**vars(args), "rates": rates}, "rows": rows}
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        common.write_json(args.json, report)
     if args.plot:
         Path(args.plot).write_text(svg_plot(rows, f"graphspec serving: {args.preset}, K={args.k}, {len(rows)} runs"))
     return 0

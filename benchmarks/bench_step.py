@@ -590,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         report["seconds"] = time.perf_counter() - started
         shutil.rmtree(workdir, ignore_errors=True)
         if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+            common.write_json(args.json, report)
         print_report(report)
     ok = all("error" not in row for row in report["rows"]) and report.get("parity", {}).get("identical", False)
     return 0 if ok else 1

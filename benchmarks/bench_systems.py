@@ -309,6 +309,7 @@ class Bench:
         self.log_lines: list[str] = []
         self.current = "startup"
         self.results: dict = {
+            "source": common.source_info(),
             "meta": {
                 "device": common.device_name(self.device),
                 "torch": torch.__version__,

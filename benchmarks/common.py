@@ -8,9 +8,13 @@ or with the repository root on sys.path). Nothing here needs the hub or the netw
 from __future__ import annotations
 
 import contextlib
+import datetime
+import json
 import os
+import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +41,51 @@ from graphspec.cublas import use_no_workspace  # noqa: E402
 # The benchmarks measure what graphspec's own processes run: cuBLAS without a workspace (graphspec/cublas.py).
 # CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment measures torch's default instead; headers say which.
 CUBLAS_WORKSPACE = use_no_workspace()
+
+
+# --------------------------------------------------------------------------------------------------
+# Provenance: which code a result came from.
+# --------------------------------------------------------------------------------------------------
+
+
+def _git(root: Path, args: list[str], env: dict[str, str] | None = None) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=120, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def source_info(root: Path = REPO_ROOT) -> dict[str, Any]:
+    """The code and versions a result came from. "tree" is git's tree id of the working files as they ran
+    (tracked and untracked, .gitignore applied), hashed through a scratch index so the checkout's own index is
+    untouched: it names the code even where the checkout's .git is not the history it was copied from (the device
+    tool copies the working tree; there `git log` can print an older commit). `git log --all --format='%H %T' | grep
+    TREE` finds its commit. "commit" is HEAD as git sees it there, "matches_commit" whether the files are exactly
+    that commit's."""
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(scratch, "index")}
+        tree = _git(root, ["write-tree"], env) if _git(root, ["add", "-A"], env) is not None else None
+    commit = _git(root, ["rev-parse", "HEAD"])
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("triton", "transformers"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            versions[name] = None
+    return {
+        "tree": tree,
+        "commit": commit,
+        "matches_commit": tree is not None and tree == _git(root, ["rev-parse", "HEAD^{tree}"]),
+        "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **versions,
+    }
+
+
+def write_json(path: str | Path, report: dict[str, Any] | list, indent: int = 2) -> None:
+    """A benchmark's JSON, source_info() first (a list of rows becomes {"rows": [...]})."""
+    body = report if isinstance(report, dict) else {"rows": report}
+    Path(path).write_text(json.dumps({"source": source_info(), **body}, indent=indent, default=str) + "\n")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -76,6 +76,11 @@ if ! "$PYTHON" -c 'import graphspec, graphspec.kernels' >>"$SUMMARY" 2>&1; then
     echo "graphspec is not importable; stopping" | tee -a "$SUMMARY"
     exit 1
 fi
+# Which code ran: the working files' git tree id (benchmarks/common.py source_info; `git log --all --format='%H %T' |
+# grep TREE` finds the commit). The device copies the working tree, and its .git can lag behind it. Every
+# benchmark's JSON records the same, and each ab run its own (the patched files).
+"$PYTHON" -c 'import json; from benchmarks import common; print("source", json.dumps(common.source_info()))' 2>&1 |
+    tee -a "$SUMMARY"
 
 STAGES="${STAGES:-tests,kernels}"
 wants() { [[ ",$STAGES," == *",$1,"* ]]; }
