@@ -47,7 +47,7 @@ MODELS = {"llama-1b": (32, 8, 64, 2048, 16), "llama-8b": (32, 8, 128, 4096, 32)}
 COMBINE_ELEMENTS = 8192  # the most partial elements the last split holds at once (splits x rows x D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer", "num_splits"])
 def split_attention_kernel(
     q_ptr, cache_ptr, len_ptr, out_ptr, part_out_ptr, part_lse_ptr, counter_ptr,
     layer, num_splits, seq_capacity, qk_scale,
