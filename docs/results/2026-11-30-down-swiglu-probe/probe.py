@@ -1,5 +1,5 @@
-# ruff: noqa  (a probe, prepared for the next device call)
-"""Probe (issue 16, 2026-11-30, prepared, not run): the folded MLP's scaled SwiGLU as the down projection's prologue.
+# ruff: noqa  (a probe: measures one idea, not part of the package)
+"""Probe (issue 16, 2026-11-30; results in README.md: 4-19x slower, not kept): the folded MLP's scaled SwiGLU as the down projection's prologue.
 
 A K = 4 verify at batch 1 runs each layer's MLP as three launches: the gate/up product (the tensor-core few-row
 kernel, plain launch), graphspec::scaled_silu_mul (2.6 us a launch at 5 rows, docs/results/2026-11-30-verify-dot-pdl

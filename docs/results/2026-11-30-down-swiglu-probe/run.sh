@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared 2026-11-30 (not run): the down projection with the scaled SwiGLU as its prologue against the three-launch MLP
+# Run 2026-11-30 (results in README.md): the down projection with the scaled SwiGLU as its prologue against the three-launch MLP
 # (probe.py's doc). ~1-2 minutes on an H200.   OUT=... bash docs/results/2026-11-30-down-swiglu-probe/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
