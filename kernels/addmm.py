@@ -3,8 +3,8 @@
 out = a @ b + bias, the bias added to the fp32 sum before the one rounding to a's dtype (as cuBLAS does
 for beta = 1). Same tiles, split and summation order as mm (the same kernel with HAS_BIAS), so the same
 row-invariance; lowered under numerics="invariant", for alpha = beta = 1 and a [N] bias. By default only
-its rows of kernels/gemv.py's shape classes are (products of one or two rows, where gemv.py's kernels beat cuBLAS;
-the bias may also be an [M, N] residual).
+its rows of kernels/gemv.py's shape classes are (products of one to gemv.DOT_MAX_ROWS rows, where gemv.py's kernels
+beat cuBLAS; the bias may also be an [M, N] residual).
 """
 
 from __future__ import annotations

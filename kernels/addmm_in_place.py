@@ -1,11 +1,12 @@
-"""graphspec::addmm_in_place_triton: aten.addmm_(x, a, b) of one or two rows, kernels/gemv.py writing x.
+"""graphspec::addmm_in_place_triton: aten.addmm_(x, a, b) of one to gemv.DOT_MAX_ROWS rows, kernels/gemv.py writing x.
 
 The folded norms' residual adds (models/decoder.add_linear, made in place by passes/addmm_in_place.py) are
-addmm_(residual, a, W.t()): at batch 1 the o and down projections of every decode layer. The kernel adds
-the product to x's fp32 value before the one rounding, as cuBLAS does with beta = 1, and writes x; like
-aten.addmm_ it returns x. Lowered by default where gemv.shape_class names the product (one row; two rows: the
-registry's fits); every config row is one of gemv.py's (block_m <= gemv.MAX_ROWS). Not
-row-invariant: under numerics="invariant" (which refuses folded norms) it keeps the reference.
+addmm_(residual, a, W.t()): at batch 1 the o and down projections of every decode layer and of a K = 4 verify.
+The kernel adds the product to x's fp32 value before the one rounding, as cuBLAS does with beta = 1, and writes
+x; like aten.addmm_ it returns x. Lowered by default where gemv.shape_class names the product (one row; two
+rows; the tensor-core kernel's 2 to gemv.DOT_MAX_ROWS: the registry's fits); every config row is one of gemv.py's
+(block_m <= gemv.MAX_ROWS). Not row-invariant: under numerics="invariant" (which refuses folded norms) it keeps
+the reference.
 """
 
 from __future__ import annotations
