@@ -44,7 +44,7 @@ CURRENT = {
     "add_rms_norm": tuple(add_rms_norm.CONFIGS[90].values()),
     "rms_norm": tuple(rms_norm.CONFIGS[90].values()),
     "silu_mul": tuple(silu_mul.CONFIGS[90].values()),
-    "attention_reduce": (attention.REDUCE_CHUNK, attention.REDUCE_WARPS),
+    "attention_reduce": attention.reduce_launch(SPLITS, HEAD_DIM["llama-8b"], fixed_splits=False),
 }
 
 

@@ -82,12 +82,21 @@ MAX_BLOCK_M = 128  # query rows per tile; more rows (GROUP * T > 128) take extra
 WAVE_FILL = 0.5  # wave_block_n: tile counts in (WAVE_FILL * SMs, SMs] (below, B <= 8 at 8B heads: a tie)
 MAX_SPLITS = 128  # split-K cap (the reduce kernel holds one log-sum-exp per split in registers)
 ROW_TILE = 8192  # ROW_SCALE: source elements summed per loop step (T positions x ROW_BLOCK columns)
-REDUCE_CHUNK = 16  # partial outputs [REDUCE_CHUNK, D] combined per reduce loop step
-# Warps of each reduce program (one output row of D values). One: benchmarks/bench_launch_configs.py
+REDUCE_CHUNK = 16  # partial outputs [chunk, D] combined per reduce loop step: at least this many ...
+# ... and up to MAX_REDUCE_CHUNK: every split in one chunk, so one L2 round trip, where the splits fit
+# (reduce_launch). A batch-1 row at a long cache (8192 positions: 33 splits on an H200) took three dependent
+# round trips with 16-split chunks; in one 64-split chunk (two warps) its attention + reduce ran 0.4-1.3 us
+# faster at 2000-16000 keys, 8B and 1B heads, T = 1 and 5 (docs/results/2026-11-30-long-context-splits).
+MAX_REDUCE_CHUNK = 64
+# Warps of each reduce program (one output row of D values), at least. One: benchmarks/bench_launch_configs.py
 # --ops attention_reduce on an H200 (2026-11-22, 33 splits, 32 q heads): 2.3-3.0 us per launch at the
 # step's shapes, against 2.7-4.4 us with 4 warps (cross-warp reductions of a row this small cost more
-# than they share).
+# than they share). Larger chunks take a warp per REDUCE_ROWS_PER_WARP partial rows and per
+# REDUCE_ELEMENTS_PER_WARP partial values, so no thread holds more than 128 of them (more spilled in sm_90 builds:
+# 64 rows x D 128 in one warp, 64 x 256 in two).
 REDUCE_WARPS = 1
+REDUCE_ROWS_PER_WARP = 32
+REDUCE_ELEMENTS_PER_WARP = 4096
 LOG2E = 1.4426950408889634
 
 
@@ -388,7 +397,7 @@ def attention_reduce_kernel(
     # Summed CHUNK splits at a time like the outputs (not in one BLOCK_SPLITS-wide sum): splits past the
     # row's window weigh exactly 0, so the result does not depend on how many splits the cache has. The
     # first chunk's partials are asked for with the log-sum-exps, before `top` is waited for: one L2 round
-    # trip where the splits fit one chunk (every split count a batch-1 step has).
+    # trip where the splits fit one chunk (reduce_launch makes it hold up to MAX_REDUCE_CHUNK splits).
     row = tl.program_id(0).to(tl.int64)
     dims = tl.arange(0, HEAD_DIM)
     splits = tl.arange(0, BLOCK_SPLITS)
@@ -415,6 +424,15 @@ def attention_reduce_kernel(
         total += tl.sum(weight, 0)
     out = round_to(acc / total, out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def reduce_launch(splits: int, head_dim: int, fixed_splits: bool) -> tuple[int, int]:
+    """(chunk, num_warps) of attention_reduce_kernel for `splits` partials of head_dim values a row. Fixed-size splits
+    (the "invariant" row) keep REDUCE_CHUNK: there a row's splits past its keys weigh exactly 0 and are summed in
+    chunks of their own, so the result does not depend on the split count (the cache's capacity)."""
+    chunk = REDUCE_CHUNK if fixed_splits else min(MAX_REDUCE_CHUNK, max(REDUCE_CHUNK, next_power_of_2(splits)))
+    warps = max(REDUCE_WARPS, chunk // REDUCE_ROWS_PER_WARP, chunk * head_dim // REDUCE_ELEMENTS_PER_WARP)
+    return chunk, warps
 
 
 def num_splits(
@@ -580,9 +598,10 @@ def attention(
         **pdl,
     )
     if splits > 1:
+        chunk, reduce_warps = reduce_launch(splits, head_dim, fixed_splits=bool(split_keys))
         attention_reduce_kernel[(batch * q_heads * t,)](
             part_out, part_lse, out, splits,
-            HEAD_DIM=head_dim, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=REDUCE_CHUNK, num_warps=REDUCE_WARPS, **pdl,
+            HEAD_DIM=head_dim, BLOCK_SPLITS=next_power_of_2(splits), CHUNK=chunk, num_warps=reduce_warps, **pdl,
         )  # fmt: skip
     return out
 

@@ -81,6 +81,30 @@ def test_attention_split_counts_agree(programs_per_sm: int) -> None:
     check(q, cache, 0, slot_ids, start_pos, 0.125, out)
 
 
+@pytest.mark.parametrize(
+    ("splits", "head_dim", "fixed", "launch"),
+    [(16, 128, False, (16, 1)), (2, 64, False, (16, 1)), (20, 64, False, (32, 1)), (33, 128, False, (64, 2)),
+     (33, 64, False, (64, 2)), (33, 256, False, (64, 4)), (128, 128, False, (64, 2)), (33, 128, True, (16, 1))],
+)  # fmt: skip
+def test_reduce_launch_takes_every_split_in_one_chunk_where_they_fit(
+    splits: int, head_dim: int, fixed: bool, launch: tuple[int, int]
+) -> None:
+    """Up to MAX_REDUCE_CHUNK splits are summed in one chunk (one L2 round trip) with a warp per 32 rows and per
+    4096 values; fixed-size splits (the invariant row) keep REDUCE_CHUNK, whatever their count."""
+    assert kernel.reduce_launch(splits, head_dim, fixed_splits=fixed) == launch
+
+
+@pytest.mark.parametrize("seq", [320, 608, 1600])  # 20, 38 and 100 splits of 16 keys: chunks of 32, 64, 64 twice
+def test_attention_long_split_counts_agree(seq: int) -> None:
+    """Many splits (a batch-1 row at a long cache) combine to the reference's result in one chunk or several."""
+    q, cache, slot_ids, start_pos = make_case(1, 4, 2, 2, seq, 64, torch.float32, seed=seq, layers=1)
+    start_pos[:] = seq - 2 - seq // 7  # the last splits are empty
+    splits = kernel.num_splits(1, 2, 1, seq, 16, 128, sm_count(DEVICE))
+    assert splits == seq // 16
+    out = kernel.attention(q, cache, 0, slot_ids, start_pos, 0.125, block_n=16, programs_per_sm=128)
+    check(q, cache, 0, slot_ids, start_pos, 0.125, out)
+
+
 def test_attention_empty_splits_leave_no_garbage(monkeypatch: pytest.MonkeyPatch) -> None:
     """At a short context most splits start past a row's keys, and their programs return early; what
     they leave must still combine to nothing: with the partial buffers allocated full of NaN, the result
