@@ -520,11 +520,14 @@ def main(argv: list[str] | None = None) -> int:
         pair = f"{target_shape.split('-')[-1].upper()}/{draft_shape.split('-')[-1].upper()}"
         rows, captured, eager = measure_pair(pair, compiled, args, floor_ms, eager_too=True)
         report["rows"] += rows
-        if cuda and captured.graphs[("greedy", buckets[0])].captured:
+        for mode, key in (("greedy", "profile_batch_1"), ("sample", "profile_batch_1_sample")):
+            graph = captured.graphs.get((mode, buckets[0]))
+            if not (cuda and graph is not None and graph.captured):
+                continue
             try:
-                report["profile_batch_1"] = common.kernel_profile(captured.graphs[("greedy", buckets[0])], 3)
+                report[key] = common.kernel_profile(graph, 3)
             except Exception as error:
-                report["profile_batch_1"] = {"error": f"{type(error).__name__}: {error}"}
+                report[key] = {"error": f"{type(error).__name__}: {error}"}
                 traceback.print_exc()
         if rows and "error" not in rows[0]:
             try:
@@ -618,18 +621,24 @@ def release(cuda: bool) -> None:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    for key, stock in (("profile_batch_1", False), ("profile_batch_1_stock", True)):
-        print_profile(report, report.get(key), stock)
+    for key, kind in (
+        ("profile_batch_1", "lowered"),
+        ("profile_batch_1_sample", "sampling"),
+        ("profile_batch_1_stock", "stock-torch"),
+    ):
+        print_profile(report, report.get(key), kind)
     print_regions(report.get("regions_batch_1"))
     print_summary(report)
 
 
-def print_profile(report: dict[str, Any], profile: dict[str, Any] | None, stock: bool) -> None:
+def print_profile(report: dict[str, Any], profile: dict[str, Any] | None, kind: str) -> None:
+    """A step's kernel profile; kind: "lowered" (greedy), "sampling" (the lowered sampling step), "stock-torch"."""
     if profile and "top" in profile:
+        stock = kind == "stock-torch"
         rows = [r for r in report["rows"] if "captured" in r and r["pair"].endswith(" stock") == stock]
-        step = rows[0]["captured"]["median_ms"] if rows else None
+        timing = rows[0].get("sampled" if kind == "sampling" else "captured") if rows else None
+        step = timing["median_ms"] if timing else None
         idle = f"; the step takes {step:.2f} ms" if step else ""
-        kind = "stock-torch" if stock else "lowered"
         print(
             f"\nkernels of one captured {kind} step at batch 1: {profile['kernels_per_step']:.0f} launches, "
             f"{profile['kernel_us_per_step'] / 1e3:.2f} ms of kernel time{idle}"

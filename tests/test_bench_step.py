@@ -48,3 +48,26 @@ def test_sampling_flag_refuses_greedy_parameters() -> None:
         bench_step.parse_args(["--sampling", "--temperature", "0"])
     with pytest.raises(SystemExit):
         bench_step.parse_args(["--sampling", "--top-p", "1.5"])
+
+
+def test_profiles_name_the_step_they_time(capsys) -> None:
+    """Each printed kernel profile says which step it is and that step's own time: the greedy step's, the sampling
+    step's (--sampling) or the stock-torch pair's."""
+    profile = {
+        "kernels_per_step": 2.0,
+        "kernel_us_per_step": 30.0,
+        "categories": {"gemm": {"calls_per_step": 2.0, "us_per_step": 30.0}},
+        "top": [{"name": "gemv_kernel", "calls_per_step": 2.0, "us_per_step": 30.0, "share": 1.0}],
+    }
+    report = {
+        "rows": [
+            {"pair": "8B/1B", "captured": {"median_ms": 7.5}, "sampled": {"median_ms": 8.1}},
+            {"pair": "8B/1B stock", "captured": {"median_ms": 9.9}},
+        ]
+    }
+    for kind in ("lowered", "sampling", "stock-torch"):
+        bench_step.print_profile(report, profile, kind)
+    printed = capsys.readouterr().out
+    assert "captured lowered step at batch 1: 2 launches, 0.03 ms of kernel time; the step takes 7.50 ms" in printed
+    assert "captured sampling step at batch 1: 2 launches, 0.03 ms of kernel time; the step takes 8.10 ms" in printed
+    assert "captured stock-torch step at batch 1: 2 launches, 0.03 ms of kernel time; the step takes 9.90 ms" in printed
