@@ -10,8 +10,9 @@ mkdir -p "$OUT"
 python3 -m pip install --no-deps --no-build-isolation --disable-pip-version-check -q -e . >/dev/null 2>&1
 timeout 60 python3 "$HERE/probe.py" >"$OUT/probe_h200.log" 2>&1
 cat "$OUT/probe_h200.log"
-timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_candidates.py \
-    tests/kernels/test_sample.py tests/kernels/test_verify_rejection.py -m "gpu or not gpu" -k "gpu or candidates" \
+TESTS="tests/kernels/test_candidates.py tests/kernels/test_sample.py tests/kernels/test_verify_rejection.py"
+# shellcheck disable=SC2086
+timeout 100 python3 -m pytest -q -p no:cacheprovider $TESTS -k "candidates or real or replays or q_that" \
     >"$OUT/pytest_gpu.log" 2>&1
 tail -3 "$OUT/pytest_gpu.log"
 bench() {  # bench NAME: the sampling step next to the greedy step at batch 1
@@ -22,3 +23,8 @@ bench() {  # bench NAME: the sampling step next to the greedy step at batch 1
 bench on
 git apply "$HERE/off.diff" && bench off && git apply -R "$HERE/off.diff"
 git status --short
+# The 100k-draw distribution tests last, in what time is left.
+# shellcheck disable=SC2086
+timeout 100 python3 -m pytest -q -p no:cacheprovider $TESTS -k "follow_process_logits or emits_target" \
+    >"$OUT/pytest_gpu_draws.log" 2>&1
+tail -3 "$OUT/pytest_gpu_draws.log"
