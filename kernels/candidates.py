@@ -29,8 +29,6 @@ decided row's q is bit for bit the one the full-vocab passes would compute on th
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -39,7 +37,7 @@ from torch import Tensor
 
 from graphspec.ops import WEIGHT_BITS
 
-__all__ = ["CAND_WIDTH", "DONE", "MAX_KNOWN", "candidates", "decide", "top_logits", "vocab_chunks"]
+__all__ = ["CAND_WIDTH", "DONE", "MAX_KNOWN", "candidates", "decide"]
 
 WEIGHT_SCALE = tl.constexpr(float(2**WEIGHT_BITS))
 # cand [R, CAND_WIDTH] int64 per stat row: flags, argmax, threshold key, Z, fp32 bits of the max s.
@@ -48,7 +46,6 @@ MAX_KNOWN = tl.constexpr(1)  # flag bit: the max (and for greedy rows the argmax
 DONE = tl.constexpr(2)  # flag bit: the final threshold and Z are known
 BLOCK_J = 16  # candidates compared per step of the [CAP, CAP] comparisons (keeps tiles small: no spills)
 NO_KEY = tl.constexpr(2**31)  # above every order key: a threshold that keeps nothing
-MAX_CHUNKS = 256  # top_logits: the most vocabulary chunks (their picks, chunks x cap, make the second selection)
 
 
 @triton.jit
@@ -180,41 +177,14 @@ def candidate_draw(
     return tl.min(tl.where(crossing, index, 2147483647), 0).to(tl.int32)
 
 
-def vocab_chunks(vocab: int, cap: int) -> int:
-    """How many equal chunks top_logits cuts a vocabulary into (1: it does not): the divisor of `vocab` up to
-    MAX_CHUNKS whose chunks of at least `cap` entries come nearest sqrt(cap * vocab) entries, where the two
-    selections' sizes (a chunk; the chunks' picks, chunks x cap) meet."""
-    target = math.sqrt(cap * vocab)
-    divisors = [d for d in range(2, MAX_CHUNKS + 1) if vocab % d == 0 and vocab // d >= 2 * cap]
-    return min(divisors, key=lambda d: abs(vocab // d - target), default=1)
-
-
-def top_logits(logits: Tensor, cap: int) -> tuple[Tensor, Tensor]:
-    """The cap largest of each row of logits [..., V] and their vocab indices (int64), each row in no particular
-    order: torch.topk within equal chunks of the vocabulary (vocab_chunks), then over the chunks' picks. Every
-    value of a row's top cap is among its chunk's top cap, so the values are torch.topk's over the whole row (tied
-    values may come from other indices, which decide_kernel's checks allow). On a GPU one topk over a whole
-    128k-entry row takes torch's multi-block radix select, about 15 launches; two selections over ~4k entries each
-    take torch's one-block kernel."""
-    vocab = logits.shape[-1]
-    chunks = vocab_chunks(vocab, cap)
-    if chunks == 1:
-        return torch.topk(logits, cap, dim=-1, sorted=False)
-    size = vocab // chunks
-    values, index = torch.topk(logits.unflatten(-1, (chunks, size)), cap, dim=-1, sorted=False)  # [..., chunks, cap]
-    index += torch.arange(0, vocab, size, device=logits.device)[:, None]  # vocab indices
-    values, picks = torch.topk(values.flatten(-2), cap, dim=-1, sorted=False)
-    return values, torch.gather(index.flatten(-2), -1, picks)
-
-
 def candidates(target_logits: Tensor, draft_logits: Tensor, cap: int) -> tuple[Tensor, Tensor]:
     """The cap largest logits of every stat row of target [B, K+1, V] and draft [B, K, V] (K = 0: target
     only), in stat-row order b * (2K+1) + i: (values [R, cap] in the logits' dtype, indices [R, cap]
     int64), each row in no particular order."""
     batch, positions, _ = target_logits.shape
-    values, index = top_logits(target_logits, cap)  # [B, K+1, cap]
+    values, index = torch.topk(target_logits, cap, dim=-1, sorted=False)  # [B, K+1, cap]
     if positions > 1:
-        draft_values, draft_index = top_logits(draft_logits, cap)  # [B, K, cap]
+        draft_values, draft_index = torch.topk(draft_logits, cap, dim=-1, sorted=False)  # [B, K, cap]
         values, index = torch.cat((values, draft_values), dim=1), torch.cat((index, draft_index), dim=1)
     rows = batch * (2 * positions - 1)
     return values.reshape(rows, cap), index.reshape(rows, cap)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One device call (2026-11-30): the top-k probe, the sampling kernels' GPU tests, then the sampling step with
-# candidates.top_logits ("on", the tree) and with one torch.topk over whole rows ("off", off.diff), back to back.
+# One device call (2026-11-30, as run at 2b27cf8, whose tree held top_logits.diff): the top-k probe, the sampling
+# kernels' GPU tests, then the sampling step with candidates.top_logits ("on", the tree) and with one torch.topk over
+# whole rows ("off": off.diff, the reverse of top_logits.diff's kernels/candidates.py part), back to back. The change
+# lost and was reverted; to run this again, apply top_logits.diff and write off.diff as its reverse first.
 #   OUT=... bash docs/results/2026-11-30-topk/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
