@@ -85,7 +85,7 @@ ROW_TILE = 8192  # ROW_SCALE: source elements summed per loop step (T positions 
 REDUCE_CHUNK = 16  # partial outputs [chunk, D] combined per reduce loop step: at least this many ...
 # ... and up to MAX_REDUCE_CHUNK: every split in one chunk, so one L2 round trip, where the splits fit
 # (reduce_launch). A batch-1 row at a long cache (8192 positions: 33 splits on an H200) took three dependent
-# round trips with 16-split chunks; in one 64-split chunk (two warps) its attention + reduce ran 0.4-1.3 us
+# round trips with 16-split chunks; in one 64-split chunk (two warps) its attention + reduce ran 0.3-1.3 us
 # faster at 2000-16000 keys, 8B and 1B heads, T = 1 and 5 (docs/results/2026-11-30-long-context-splits).
 MAX_REDUCE_CHUNK = 64
 # Warps of each reduce program (one output row of D values), at least. One: benchmarks/bench_launch_configs.py
