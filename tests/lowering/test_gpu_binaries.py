@@ -166,6 +166,13 @@ def recorded(checkpoint_factory, tmp_path_factory) -> tuple[list[dict], set[str]
                 cache = torch.zeros(1, 2, 2, 1, 64, 256, dtype=torch.bfloat16)
                 slot_ids, start_pos = torch.tensor([0, 1][:batch]), torch.tensor([20, 40][:batch])
                 attention.attention(q, cache, 0, slot_ids, start_pos, 256**-0.5, **config)
+        # A batch-1 row at a long cache, 64 splits: the reduce takes them in one 64-split chunk
+        # (attention.reduce_launch: 2 warps at head dim 128, 4 at 256). Few keys, so most splits exit at once.
+        for head_dim in (128, 256):
+            q = torch.randn(1, 4, 1, head_dim, dtype=torch.bfloat16)
+            cache = torch.zeros(1, 2, 1, 1, 4096, head_dim, dtype=torch.bfloat16)
+            config = {**attention.CONFIGS[90], "programs_per_sm": 64}
+            attention.attention(q, cache, 0, torch.tensor([0]), torch.tensor([100]), head_dim**-0.5, **config)
         # The fused rotary + KV write (what fuse_rotary_kv makes where attention stays apart), fp32 as the
         # step's and bf16, with each of its config rows; q/k/v as transposed slices of one projection.
         from graphspec.kernels import rotary_kv_write
