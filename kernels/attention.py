@@ -38,7 +38,6 @@ from graphspec.kernels.common import (
     let_later_kernels_launch,
     next_power_of_2,
     pdl_launch,
-    prefetch_to_l2,
     round_to,
     sm_count,
     wait_for_earlier_kernels,
@@ -98,9 +97,6 @@ MAX_REDUCE_CHUNK = 64
 REDUCE_WARPS = 1
 REDUCE_ROWS_PER_WARP = 32
 REDUCE_ELEMENTS_PER_WARP = 4096
-# Keys (and their values) of each split's first blocks a PDL-launched program asks L2 for before its wait
-# (prefetch_first_keys), so its key loop's first loads find them in L2 rather than wait on HBM; 0 turns it off.
-EARLY_KEYS = 128
 LOG2E = 1.4426950408889634
 
 
@@ -151,46 +147,6 @@ def row_inverse_rms(row_ptr, b, steps, T: tl.constexpr, stride_rb, stride_rt, ep
         src = tl.load(row_ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         squares += src * src
     return 1.0 / tl.sqrt_rn(tl.sum(squares, 1) / WIDTH + eps)  # IEEE sqrt and divide, like inverse_rms
-
-
-@triton.jit
-def split_window(start, split, num_splits, split_keys, seq_capacity, T: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(kv_len, lo, hi): the keys a row whose step starts at `start` can see at all (the last query's window, clamped
-    to the cache's capacity), and the positions [lo, hi) of split `split`: kv_len cut into num_splits chunks of
-    whole BLOCK_N blocks, or fixed split_keys chunks (> 0)."""
-    kv_len = tl.minimum(start + T, seq_capacity)
-    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
-    if split_keys > 0:
-        chunk = split_keys
-    lo = split * chunk
-    return kv_len, lo, tl.minimum(lo + chunk, kv_len)
-
-
-@triton.jit
-def prefetch_first_keys(cache_ptr, slot_ids_ptr, start_pos_ptr, b, kv_head, split, layer, slots, seq_capacity,
-                        num_splits, split_keys, stride_cl, stride_ckind, stride_cslot, stride_ch, stride_cs,
-                        stride_cd, T: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                        KEYS: tl.constexpr):  # fmt: skip
-    """Before the PDL wait: ask L2 for the keys and values at the first KEYS positions of this split, so that the key
-    loop's first loads find them there instead of waiting on HBM. A hint only: the kernels ahead may not have
-    written slot_ids and start_pos yet, so the slot and start read here are a guess (the kernel reads them again
-    after its wait), clamped into the cache: a stale guess costs wasted requests, never a result, and L2 serves
-    the loop whatever was written since. Returns nothing. (.cg: past L1, which may hold an older copy.)"""
-    slot = tl.load(slot_ids_ptr + b, cache_modifier=".cg").to(tl.int64)
-    slot = tl.minimum(tl.maximum(slot, 0), slots - 1)
-    start = tl.load(start_pos_ptr + b, cache_modifier=".cg").to(tl.int64)
-    start = tl.minimum(tl.maximum(start, 0), seq_capacity).to(tl.int32)
-    _, lo, hi = split_window(start, split, num_splits, split_keys, seq_capacity, T, BLOCK_N)
-    if lo < hi:
-        line: tl.constexpr = 1024 // cache_ptr.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
-        LINES: tl.constexpr = (HEAD_DIM + line - 1) // line
-        pos = lo + tl.arange(0, KEYS)
-        pos = tl.where(pos < hi, pos, lo)  # past the split: its first line again
-        cols = tl.minimum(tl.arange(0, LINES) * line, HEAD_DIM - 1)
-        base = cache_ptr + layer.to(tl.int64) * stride_cl + slot * stride_cslot + kv_head.to(tl.int64) * stride_ch
-        lines = base + pos[:, None] * stride_cs + cols[None, :] * stride_cd
-        prefetch_to_l2(lines)
-        prefetch_to_l2(lines + stride_ckind)
 
 
 @triton.jit
@@ -268,21 +224,14 @@ def attention_kernel(
     BLOCK_T: tl.constexpr,  # ROTARY: T rounded up to a power of 2
     PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
-    PREFETCH_KEYS: tl.constexpr = 0,  # with USE_PDL: the split's first keys asked of L2 before the wait
     USE_PDL: tl.constexpr = False,  # launched with programmatic dependent launch (common.pdl_launch)
 ):
+    wait_for_earlier_kernels(USE_PDL)
     split = tl.program_id(0)
     row_head = tl.program_id(1)  # b * Hkv + kv_head
     m_block = tl.program_id(2)
     b = row_head // num_kv_heads
     kv_head = row_head % num_kv_heads
-    if USE_PDL and PREFETCH_KEYS > 0:
-        prefetch_first_keys(
-            cache_ptr, slot_ids_ptr, start_pos_ptr, b, kv_head, split, layer, slots, seq_capacity, num_splits,
-            split_keys, stride_cl, stride_ckind, stride_cslot, stride_ch, stride_cs, stride_cd, T, HEAD_DIM, BLOCK_N,
-            PREFETCH_KEYS,
-        )  # fmt: skip
-    wait_for_earlier_kernels(USE_PDL)
     slot = tl.load(slot_ids_ptr + b).to(tl.int64)
     start = tl.load(start_pos_ptr + b).to(tl.int32)
     dtype = cache_ptr.dtype.element_ty
@@ -300,7 +249,15 @@ def attention_kernel(
     q_rows = b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh + token.to(tl.int64) * stride_qt
     q = tl.load(q_ptr + q_rows[:, None] + dims[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
 
-    kv_len, lo, hi = split_window(start, split, num_splits, split_keys, seq_capacity, T, BLOCK_N)
+    # Keys this row can see at all (the last query's window), clamped to the cache capacity, cut into
+    # num_splits chunks of whole BLOCK_N blocks (or fixed split_keys chunks): split `split` covers
+    # positions [lo, hi).
+    kv_len = tl.minimum(start + T, seq_capacity)
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    if split_keys > 0:
+        chunk = split_keys
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
     if SPLIT:
         # The split count follows the cache's capacity (a static grid), so at a short context most
         # splits start past the row's keys: they store an empty partial (log-sum-exp -inf, output 0,
@@ -636,7 +593,6 @@ def attention(
         BLOCK_T=next_power_of_2(t),
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32",
         UPCAST_DOT=upcast,
-        PREFETCH_KEYS=EARLY_KEYS,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl,

@@ -111,16 +111,6 @@ def let_later_kernels_launch(USE_PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
-@triton.jit
-def prefetch_to_l2(line_ptrs):
-    """Ask L2 for the 128-byte line at each of line_ptrs (prefetch.global.L2 through inline PTX, CUDA only): a hint
-    that holds no register and returns nothing. A stale or wrong address costs a wasted request, never a result,
-    as long as it lies inside an allocation."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [line_ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
 @functools.cache
 def _cuda_shared_memory(index: int) -> int:
     return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
