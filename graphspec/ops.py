@@ -192,7 +192,7 @@ def scaled_silu_mul_linear_reference(x: Tensor, weight_t: Tensor, eps: float) ->
 @library.op("graphspec::scaled_silu_mul_linear", mutates_args=())
 def scaled_silu_mul_linear(x: Tensor, weight_t: Tensor, eps: float) -> Tensor:
     """graphspec::scaled_silu_mul(x @ weight_t, x, eps) as one op, for x [M, H] and a gate/up weight's transposed
-    view weight_t [H, 2I]: [M, I]. The decoder emits it for MLPs of a row or two with a folded norm (models/decoder.py),
+    view weight_t [H, 2I]: [M, I]. The decoder emits it for one-row MLPs with a folded norm (models/decoder.py),
     where one kernel streams the weight and takes the row scale from the x it reads anyway
     (kernels/scaled_silu_mul_linear.py)."""
     return scaled_silu_mul_linear_reference(x, weight_t, eps).contiguous()

@@ -34,10 +34,6 @@ FOLDED_MAX_ROWS = 80
 # that, a 5-token verify at B = 1 had lost 0.4%. Prefill programs' attention (graphspec::prefill_attention) takes no
 # row scale. Other programs keep the norm kernel (weight: ones).
 FOLDED_INPUT_MAX_TOKENS = 8
-# A folded MLP of up to this many rows projects gate/up and takes its scaled SwiGLU as one op
-# (graphspec::scaled_silu_mul_linear: one kernel streams the weight and takes the row scales from the x it reads):
-# a batch-1 decode or draft forward, a draft model's two-row catch-up forward, a batch-2 decode.
-FUSED_SWIGLU_MAX_ROWS = 2
 
 
 class RMSNorm(nn.Module):
@@ -181,12 +177,11 @@ class MLP(nn.Module):
         """down(silu(gate) * up) of x's projections; with scale_eps, x is un-normalized (a folded norm's input) and
         gate and up are first scaled by its rows' rsqrt(mean(x^2) + scale_eps) (graphspec::scaled_silu_mul). With
         residual, the output is residual + that (the down projection adds into it, see add_linear)."""
-        rows = x.shape[:-1].numel()
-        if scale_eps is not None and 1 <= rows <= FUSED_SWIGLU_MAX_ROWS and self.gate_up_proj.bias is None:
-            # A few rows: the projection and its scaled SwiGLU as one op, one kernel that takes the row scales from
-            # the x it streams (kernels/scaled_silu_mul_linear.py).
+        if scale_eps is not None and x.shape[:-1].numel() == 1 and self.gate_up_proj.bias is None:
+            # One row (a batch-1 decode or draft forward): the projection and its scaled SwiGLU as one op, one kernel
+            # that takes the row scale from the x it streams (kernels/scaled_silu_mul_linear.py).
             width = x.shape[-1]
-            act = ops.scaled_silu_mul_linear(x.reshape(rows, width), self.gate_up_proj.weight.t(), scale_eps)
+            act = ops.scaled_silu_mul_linear(x.reshape(1, width), self.gate_up_proj.weight.t(), scale_eps)
             act = act.view(*x.shape[:-1], act.shape[-1])
         else:
             gate_up = self.gate_up_proj(x)

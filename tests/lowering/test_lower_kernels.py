@@ -279,10 +279,9 @@ def test_the_few_row_products_of_a_folded_batch_1_step_run_gemv_kernels(checkpoi
     """Batch 1 with folded norms, K = 2: the draft's one-token forward projects one row, so its q/k/v and lm_head mm
     take the GEMV ("one_row" rows), its in-place residual adds (o and down) addmm_in_place and its gate/up with the
     scaled SwiGLU (one op there) the fused kernel; its catch-up forward's two rows take the two-row GEMV ("two_rows",
-    block_m 2) where the weight is narrow (N <= 2K), the fused kernel for gate/up with the scaled SwiGLU, and the
-    tensor-core kernel ("few_rows_wide", block_m MAX_ROWS) where the weight is wide (this draft's q/k/v: N = 4K);
-    the verify's K + 1 = 3 rows take the tensor-core kernel too (its weights are all narrower than 4K here:
-    "few_rows"). Tokens and counts equal the unlowered step's."""
+    block_m 2) where the weight is narrow (N <= 2K) and the tensor-core kernel ("few_rows_wide", block_m MAX_ROWS)
+    where it is wide; the verify's K + 1 = 3 rows take the tensor-core kernel too (its weights are all narrower than
+    4K here: "few_rows"). Tokens and counts equal the unlowered step's."""
     target = checkpoint_factory("llama", seed=0, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
     draft = checkpoint_factory("qwen3", seed=1, head_dim=64, num_attention_heads=2, num_key_value_heads=1)
     step = StepCase(target, draft, fold_norms=True, batch=1)
@@ -310,7 +309,7 @@ def test_the_few_row_products_of_a_folded_batch_1_step_run_gemv_kernels(checkpoi
     # o and down of each layer, but the last layer's down, whose add joins the final norm (add_rms_norm)
     assert len(one_row_in_place) == (2 * layers - 1) * (K - 1)
     swiglu = torch.ops.graphspec.scaled_silu_mul_linear_triton.default
-    assert sum(n.target is swiglu for n in calls) == layers * K  # K - 1 one-row forwards and the catch-up
+    assert sum(n.target is swiglu for n in calls) == layers * (K - 1)
     assert_same_tokens(step, lowered, reference)
 
 

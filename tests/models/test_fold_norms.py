@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphspec import ops, trace
 from graphspec.models import load_model
-from graphspec.models.decoder import FOLDED_INPUT_MAX_TOKENS, FOLDED_MAX_ROWS, FUSED_SWIGLU_MAX_ROWS
+from graphspec.models.decoder import FOLDED_INPUT_MAX_TOKENS, FOLDED_MAX_ROWS
 from graphspec.models.fold_norms import fold_norms, fold_refusal
 from tests.checkpoints import make_hybrid_checkpoint
 
@@ -93,32 +93,21 @@ def test_a_hybrid_model_and_a_folded_one_are_refused(checkpoint_factory, tmp_pat
     ("rows", "prefill"),
     [
         ((1, 1), False),
-        ((2, 1), False),
-        ((1, 2), False),
         ((4, 1), False),
         ((2, 3), False),
         ((2, 3), True),
         ((2, FOLDED_INPUT_MAX_TOKENS + 1), False),
         ((2, FOLDED_MAX_ROWS // 2 + 1), False),
     ],
-    ids=[
-        "one row",
-        "two rows",
-        "two tokens",
-        "one token per row",
-        "few tokens per row",
-        "with a last position",
-        "more tokens",
-        "many rows",
-    ],
+    ids=["one row", "one token per row", "few tokens per row", "with a last position", "more tokens", "many rows"],
 )
 def test_few_rows_take_the_folded_form_and_many_keep_the_norm_kernel(checkpoint_factory, rows, prefill) -> None:
     """A folded model runs the folded form (addmm into the residual, scaled_silu_mul) in programs of up to
     FOLDED_MAX_ROWS rows and the norm kernels (weighted by ones) above; its input norms take theirs (the down
     projection added into the residual, row_scale on q/k/v) in programs of up to FOLDED_INPUT_MAX_TOKENS tokens per
-    row that compute no last position (a decode, a draft forward, a verify); a program of up to FUSED_SWIGLU_MAX_ROWS
-    rows projects gate/up and takes the scaled SwiGLU as one op (scaled_silu_mul_linear). Every form computes the
-    unfolded model's forward."""
+    row that compute no last position (a decode, a draft forward, a verify); a program of one row projects gate/up
+    and takes the scaled SwiGLU as one op (scaled_silu_mul_linear). Every form computes the unfolded model's
+    forward."""
     directory = checkpoint_factory("llama", seed=4)
     plain, folded = load_model(directory).model, load_model(directory, fold_norms=True).model
     tokens = torch.randint(0, plain.spec.vocab_size, rows, generator=torch.Generator().manual_seed(0))
@@ -134,16 +123,13 @@ def test_few_rows_take_the_folded_form_and_many_keep_the_norm_kernel(checkpoint_
     targets = [node.target for node in make_fx(lambda: forward(folded))().graph.nodes]
     few = tokens.numel() <= FOLDED_MAX_ROWS
     folded_input = few and rows[1] <= FOLDED_INPUT_MAX_TOKENS and not prefill
-    # The fused SwiGLU where a layer's MLP has at most FUSED_SWIGLU_MAX_ROWS rows: every layer's, or with a last
-    # position the last layer's (its MLP takes the last positions only)
-    layers = plain.spec.num_layers
-    fused_swiglu = tokens.numel() <= FUSED_SWIGLU_MAX_ROWS
-    last_fused = (rows[0] if prefill else tokens.numel()) <= FUSED_SWIGLU_MAX_ROWS
-    assert targets.count(ops.OPS["scaled_silu_mul_linear"]) == (layers - 1) * fused_swiglu + last_fused
-    assert (ops.OPS["scaled_silu_mul"] in targets) == (few and not fused_swiglu)
+    one_row = tokens.numel() == 1
+    assert targets.count(ops.OPS["scaled_silu_mul_linear"]) == (plain.spec.num_layers if one_row else 0)
+    assert (ops.OPS["scaled_silu_mul"] in targets) == (few and not one_row)
     assert (ops.OPS["silu_mul"] in targets) != few
     # o projections add into the residual (and the last position's), so do the down projections that feed a folded
     # input norm
+    layers = plain.spec.num_layers
     addmms = 0 if not few else 2 * layers - 1 if folded_input else layers + 1 if prefill else layers
     assert targets.count(torch.ops.aten.addmm.default) == addmms
     assert targets.count(ops.OPS["row_scale"]) == (layers if folded_input else 0)
