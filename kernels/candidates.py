@@ -44,8 +44,9 @@ WEIGHT_SCALE = tl.constexpr(float(2**WEIGHT_BITS))
 CAND_WIDTH = tl.constexpr(5)
 MAX_KNOWN = tl.constexpr(1)  # flag bit: the max (and for greedy rows the argmax) is known
 DONE = tl.constexpr(2)  # flag bit: the final threshold and Z are known
-BLOCK_J = 16  # candidates compared per step of the [CAP, CAP] comparisons (keeps tiles small: no spills)
 NO_KEY = tl.constexpr(2**31)  # above every order key: a threshold that keeps nothing
+NO_CANDIDATE = tl.constexpr(-(2**40))  # below every order key: padding lanes' key in the sorted candidates
+NO_DRAW = tl.constexpr(2**63 - 1)  # above every packed (index, key) of candidate_draw: padding lanes sort last
 
 
 @triton.jit
@@ -77,7 +78,6 @@ def decide_kernel(
     STAGE: tl.constexpr,
     NPROBE: tl.constexpr,
     BLOCK_C: tl.constexpr,
-    BLOCK_J: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
     row = tl.program_id(0)  # stat row b * (2K+1) + i, as in verify_rejection_stats_kernel
@@ -99,20 +99,23 @@ def decide_kernel(
     all_in = cap >= vocab  # no token outside the candidates
     finite = (s_top > float("-inf")) & (s_top < float("inf"))
     weight = tl.where(ok, (tl.exp(s - s_top) * WEIGHT_SCALE).to(tl.int64), 0)  # the stats kernel's weights
+    # The candidate keys in descending order (padding lanes last) and their s (the order key is a bijection on
+    # fp32 bit patterns), for the top-k and top-p thresholds below: one sort instead of [cap, cap] comparisons.
+    rank = tl.arange(0, BLOCK_C)
+    sorted_keys = tl.sort(tl.where(ok, key, NO_CANDIDATE), 0, descending=True)
+    sorted_bits = sorted_keys.to(tl.int32)
+    sorted_s = (sorted_bits ^ ((sorted_bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
     if STAGE == 0:
         # Greedy: the first index at the max, exact when no token outside ties with it.
         argmax = tl.min(tl.where(ok & (s == s_top), index, 9223372036854775807), 0)
         greedy_done = (temperature_in <= 0) & nan_free & (all_in | (s_low < s_top))
         max_known = nan_free & tl.where(sampled, finite, greedy_done)
-        # Top-k: greater[i] = #{candidate keys > key_i}; the threshold is the smallest key with fewer than
-        # top_k keys above it (the top_k-th largest key), exact when every other token is below it.
-        greater = tl.zeros([BLOCK_C], dtype=tl.int32)
-        for j0 in tl.static_range(0, BLOCK_C, BLOCK_J):
-            ok_j, _, key_j, _ = _candidates(values_ptr, index_ptr, row, cap, temperature, j0 + tl.arange(0, BLOCK_J))
-            greater += tl.sum((ok_j[None, :] & (key_j[None, :] > key[:, None])).to(tl.int32), 1)
-        in_k = ok & (greater.to(tl.int64) < top_k)
-        threshold_k = tl.min(tl.where(in_k, key, NO_KEY), 0)
+        # Top-k: the threshold is the top_k-th largest candidate key (the smallest key with fewer than top_k
+        # keys above it; every candidate when top_k >= cap), exact when every other token is below it.
+        kth = tl.max(tl.where(rank == tl.minimum(top_k, cap) - 1, sorted_keys, NO_CANDIDATE), 0)
+        threshold_k = tl.where(top_k > 0, kth, NO_KEY)
+        in_k = ok & (key >= threshold_k)
         s_threshold = tl.min(tl.where(in_k, s, float("inf")), 0)
         candidate_rows = (
             sampled & nan_free & finite & active_k & (top_k <= cap) & (all_in | (s_low < s_threshold))
@@ -133,18 +136,18 @@ def decide_kernel(
         covered = all_in | (above_low.to(tl.float64) >= bound_p * normalizer.to(tl.float64))
         candidate_rows = ((flags & DONE) == 0) & sampled & nan_free & finite & (active_k == 0) & active_p & covered
 
-    # Top-p over the candidates of the top-k set: W_>[i] = kept weight at keys strictly above key_i.
-    kept_k = ok & (key >= threshold_k)
-    above = tl.zeros([BLOCK_C], dtype=tl.int64)
-    for j0 in tl.static_range(0, BLOCK_C, BLOCK_J):
-        ok_j, s_j, key_j, _ = _candidates(values_ptr, index_ptr, row, cap, temperature, j0 + tl.arange(0, BLOCK_J))
-        weight_j = (tl.exp(s_j - s_top) * WEIGHT_SCALE).to(tl.int64)
-        kept_j = ok_j & (key_j >= threshold_k)
-        above += tl.sum(tl.where(kept_j[None, :] & (key_j[None, :] > key[:, None]), weight_j[None, :], 0), 1)
+    # Top-p over the candidates of the top-k set: a key is kept iff W_> (the kept weight at keys strictly above
+    # it) < top_p * Z. Both sets are upper sets in key order, so the final threshold is the smallest key kept.
+    # In descending key order the exclusive prefix sum E of the top-k set's weights is non-decreasing, and the
+    # positions with E < top_p * Z are a prefix ending at the smallest kept key: a tie group's W_> is E at its
+    # first position, which is below E at its last, and every later group starts at or past the first failing
+    # position. (Weights are >= 0 in the rows this can decide: NaN rows are never decided.)
+    kept_k_sorted = (sorted_keys > NO_CANDIDATE) & (sorted_keys >= threshold_k)
+    sorted_weights = tl.where(kept_k_sorted, (tl.exp(sorted_s - s_top) * WEIGHT_SCALE).to(tl.int64), 0)
+    above = tl.cumsum(sorted_weights, 0) - sorted_weights
     keep_p = (above.to(tl.float64) < bound_p * normalizer.to(tl.float64)) | (active_p == 0)
-    kept = kept_k & keep_p
-    threshold = tl.min(tl.where(kept, key, NO_KEY), 0)
-    mass = tl.sum(tl.where(kept, weight, 0), 0)
+    threshold = tl.min(tl.where(kept_k_sorted & keep_p, sorted_keys, NO_KEY), 0)
+    mass = tl.sum(tl.where(ok & (key >= threshold), weight, 0), 0)
     done = greedy_done | (candidate_rows & (mass > 0))
     threshold = tl.where(sampled, threshold, -2147483648)  # greedy rows keep the "keep all" threshold
 
@@ -158,23 +161,24 @@ def decide_kernel(
 
 
 @triton.jit
-def candidate_draw(
-    values_ptr, index_ptr, row, cap, temperature, row_max, threshold, goal, BLOCK_C: tl.constexpr, BLOCK_J: tl.constexpr
-):
+def candidate_draw(values_ptr, index_ptr, row, cap, temperature, row_max, threshold, goal, BLOCK_C: tl.constexpr):
     """Inverse CDF over a decided row's candidates in vocab index order: the smallest kept index whose
     inclusive running sum (exact int64, then float64) exceeds goal; INT32_MAX if none. Every token
-    outside the candidates has weight 0, so this is ops.sample_from over the full vocab."""
+    outside the candidates has weight 0, so this is ops.sample_from over the full vocab. The candidates are
+    sorted by index once (index and order key packed in one int64), so the running sum is one prefix sum."""
     lanes = tl.arange(0, BLOCK_C)
     ok, _, key, index = _candidates(values_ptr, index_ptr, row, cap, temperature, lanes)
-    cdf = tl.zeros([BLOCK_C], dtype=tl.int64)
-    for j0 in tl.static_range(0, BLOCK_C, BLOCK_J):
-        ok_j, s_j, key_j, index_j = _candidates(
-            values_ptr, index_ptr, row, cap, temperature, j0 + tl.arange(0, BLOCK_J)
-        )
-        weight_j = tl.where(ok_j & (key_j >= threshold), (tl.exp(s_j - row_max) * WEIGHT_SCALE).to(tl.int64), 0)
-        cdf += tl.sum(tl.where(index_j[None, :] <= index[:, None], weight_j[None, :], 0), 1)
-    crossing = ok & (key >= threshold) & (cdf.to(tl.float64) > goal)
-    return tl.min(tl.where(crossing, index, 2147483647), 0).to(tl.int32)
+    packed = tl.where(ok, (index << 32) | (key & 0xFFFFFFFF), NO_DRAW)  # indices < 2**31: no sign bit
+    packed = tl.sort(packed, 0)
+    listed = packed != NO_DRAW
+    sorted_index = packed >> 32
+    sorted_key = packed.to(tl.int32)  # the low 32 bits: the order key
+    sorted_s = (sorted_key ^ ((sorted_key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+    kept = listed & (sorted_key.to(tl.int64) >= threshold)
+    weight = tl.where(kept, (tl.exp(sorted_s - row_max) * WEIGHT_SCALE).to(tl.int64), 0)
+    cdf = tl.cumsum(weight, 0)
+    crossing = kept & (cdf.to(tl.float64) > goal)
+    return tl.min(tl.where(crossing, sorted_index, 2147483647), 0).to(tl.int32)
 
 
 def candidates(target_logits: Tensor, draft_logits: Tensor, cap: int) -> tuple[Tensor, Tensor]:
@@ -210,6 +214,6 @@ def decide(
     block_c = next_power_of_2(cap)
     decide_kernel[(rows,)](
         values, index, cand, part, temperature, top_k, top_p, vocab, cap, splits,
-        K=k, STAGE=stage, NPROBE=nprobe, BLOCK_C=block_c, BLOCK_J=min(BLOCK_J, block_c),
+        K=k, STAGE=stage, NPROBE=nprobe, BLOCK_C=block_c,
         BLOCK_S=next_power_of_2(splits), num_warps=num_warps,
     )  # fmt: skip

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graphspec.kernels.candidates import BLOCK_J, CAND_WIDTH, DONE, candidate_draw
+from graphspec.kernels.candidates import CAND_WIDTH, DONE, candidate_draw
 from graphspec.kernels.common import check_config_table, check_device, next_power_of_2
 from graphspec.kernels.verify_rejection import WEIGHT_SCALE, distribution_stats, uniform
 from torch import Tensor
@@ -69,7 +69,6 @@ def sample_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
-    BLOCK_J: tl.constexpr,
 ):
     b = tl.program_id(0)
     b64 = b.to(tl.int64)
@@ -97,8 +96,7 @@ def sample_kernel(
     decided = (tl.load(cand_ptr + b * CAND_WIDTH) & DONE) != 0
     from_candidates = tl.full([], 2147483647, tl.int32)
     if BLOCK_C > 0:
-        from_candidates = candidate_draw(values_ptr, index_ptr, b, cap, temperature, row_max, threshold, goal,
-                                         BLOCK_C, BLOCK_J)  # fmt: skip
+        from_candidates = candidate_draw(values_ptr, index_ptr, b, cap, temperature, row_max, threshold, goal, BLOCK_C)
     start = tl.where(decided, vocab, start)
 
     row_ptr = logits_ptr + b64 * stride_b
@@ -154,7 +152,7 @@ def sample(
         logits, temperature, seed, counter, stats.part, stats.state, stats.fstate, stats.values, stats.index,
         stats.cand, out, lane, vocab, stats.splits, max(cap, 1), *logits.stride(),
         NPROBE=nprobe, BLOCK_V=block_v, BLOCK_S=next_power_of_2(stats.splits), BLOCK_C=block_c,
-        BLOCK_J=min(BLOCK_J, max(block_c, 1)), num_warps=num_warps,
+        num_warps=num_warps,
     )  # fmt: skip
     return out
 
