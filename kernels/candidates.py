@@ -101,7 +101,6 @@ def decide_kernel(
     weight = tl.where(ok, (tl.exp(s - s_top) * WEIGHT_SCALE).to(tl.int64), 0)  # the stats kernel's weights
     # The candidate keys in descending order (padding lanes last) and their s (the order key is a bijection on
     # fp32 bit patterns), for the top-k and top-p thresholds below: one sort instead of [cap, cap] comparisons.
-    rank = tl.arange(0, BLOCK_C)
     sorted_keys = tl.sort(tl.where(ok, key, NO_CANDIDATE), 0, descending=True)
     sorted_bits = sorted_keys.to(tl.int32)
     sorted_s = (sorted_bits ^ ((sorted_bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
@@ -113,6 +112,7 @@ def decide_kernel(
         max_known = nan_free & tl.where(sampled, finite, greedy_done)
         # Top-k: the threshold is the top_k-th largest candidate key (the smallest key with fewer than top_k
         # keys above it; every candidate when top_k >= cap), exact when every other token is below it.
+        rank = tl.arange(0, BLOCK_C)
         kth = tl.max(tl.where(rank == tl.minimum(top_k, cap) - 1, sorted_keys, NO_CANDIDATE), 0)
         threshold_k = tl.where(top_k > 0, kth, NO_KEY)
         in_k = ok & (key >= threshold_k)
